@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# The test command: installs what is missing, builds once, runs every test (Rust unit and integration tests
+# with real FUSE mounts against the bundled emulator, then the boto3 conformance script).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export AWS_EC2_METADATA_DISABLED=true
+
+bash scripts/setup.sh
+
+echo "== build"
+cargo build --workspace --all-targets --locked 2>&1 | tail -n 3
+
+echo "== cargo nextest (unit + integration tests)"
+if cargo nextest --version >/dev/null 2>&1; then
+  cargo nextest run --workspace --locked --no-fail-fast
+else
+  cargo test --workspace --locked --no-fail-fast
+fi
+
+echo "== boto3 conformance against the emulator"
+EXPRESSFS_EMULATOR="$PWD/target/debug/expressfs-emulator" .venv/bin/python tests/conformance/boto3_conformance.py

@@ -1,0 +1,313 @@
+//! Shared harness for the integration tests: one in-process emulator per test binary, real `expressfs`
+//! daemons mounting it through FUSE, and an aws-sdk-s3 client for setting up and checking buckets.
+//!
+//! Every request goes to 127.0.0.1; credentials and region are always explicit and instance metadata is
+//! disabled, so no SDK ever looks for the EC2 metadata service.
+#![allow(dead_code)]
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::LazyLock;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use aws_sdk_s3::config::{Credentials, Region};
+use expressfs_emulator::{Emulator, EmulatorConfig};
+
+pub const ACCESS_KEY: &str = "AKIDEXPRESSFSTEST";
+pub const SECRET_KEY: &str = "expressfs-test-secret";
+pub const REGION: &str = "us-east-1";
+
+static DATA_DIR: LazyLock<tempfile::TempDir> =
+    LazyLock::new(|| tempfile::Builder::new().prefix("expressfs-emu-").tempdir().unwrap());
+
+static EMULATOR: LazyLock<Emulator> = LazyLock::new(|| start_emulator(EmulatorConfig::default()));
+
+static RUNTIME: LazyLock<tokio::runtime::Runtime> = LazyLock::new(|| {
+    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
+});
+
+static NAME_COUNTER: AtomicUsize = AtomicUsize::new(0);
+
+/// Makes sure no SDK in this process (or a child) tries the instance-metadata address.
+pub fn isolate_env() {
+    // SAFETY: set before any thread reads the environment for these names; values are constant.
+    unsafe {
+        std::env::set_var("AWS_EC2_METADATA_DISABLED", "true");
+        std::env::set_var("AWS_ACCESS_KEY_ID", ACCESS_KEY);
+        std::env::set_var("AWS_SECRET_ACCESS_KEY", SECRET_KEY);
+        std::env::set_var("AWS_REGION", REGION);
+        std::env::remove_var("AWS_PROFILE");
+        std::env::remove_var("AWS_SESSION_TOKEN");
+    }
+}
+
+/// Starts an extra emulator with its own settings (e.g. a short session TTL or a latency profile).
+pub fn start_emulator(mut config: EmulatorConfig) -> Emulator {
+    isolate_env();
+    config.listen = "127.0.0.1:0".parse().unwrap();
+    config.access_key = ACCESS_KEY.into();
+    config.secret_key = SECRET_KEY.into();
+    config.region = REGION.into();
+    let n = NAME_COUNTER.fetch_add(1, Ordering::Relaxed);
+    config.data_dir = DATA_DIR.path().join(format!("emu{n}"));
+    Emulator::start_background(config).expect("emulator starts")
+}
+
+/// The emulator shared by every test of this binary.
+pub fn emulator() -> &'static Emulator {
+    &EMULATOR
+}
+
+pub fn runtime() -> &'static tokio::runtime::Runtime {
+    &RUNTIME
+}
+
+/// A fresh directory-bucket name, unique within this process and across test processes.
+pub fn directory_bucket(tag: &str) -> String {
+    format!("{}--use1-az4--x-s3", unique_base(tag))
+}
+
+/// A fresh general-purpose bucket name.
+pub fn general_bucket(tag: &str) -> String {
+    unique_base(tag)
+}
+
+fn unique_base(tag: &str) -> String {
+    let n = NAME_COUNTER.fetch_add(1, Ordering::Relaxed);
+    let tag: String = tag.chars().filter(|c| c.is_ascii_alphanumeric()).take(20).collect::<String>().to_lowercase();
+    format!("{tag}-{}-{n}", std::process::id())
+}
+
+/// An aws-sdk-s3 client for `emu`, with explicit credentials and region.
+pub fn s3_client(emu: &Emulator) -> aws_sdk_s3::Client {
+    isolate_env();
+    let config = aws_sdk_s3::config::Builder::new()
+        .behavior_version_latest()
+        .region(Region::new(REGION))
+        .credentials_provider(Credentials::new(ACCESS_KEY, SECRET_KEY, None, None, "expressfs-tests"))
+        .endpoint_url(emu.endpoint_url())
+        .force_path_style(true)
+        .build();
+    aws_sdk_s3::Client::from_conf(config)
+}
+
+/// Creates `bucket` on `emu` through the SDK.
+pub fn create_bucket(emu: &Emulator, bucket: &str) {
+    let client = s3_client(emu);
+    runtime()
+        .block_on(client.create_bucket().bucket(bucket).send())
+        .unwrap_or_else(|e| panic!("create bucket {bucket}: {e:?}"));
+}
+
+/// Uploads `data` under `key` through the SDK (PutObject).
+pub fn put(emu: &Emulator, bucket: &str, key: &str, data: impl Into<Vec<u8>>) {
+    let client = s3_client(emu);
+    let body = aws_sdk_s3::primitives::ByteStream::from(data.into());
+    runtime()
+        .block_on(client.put_object().bucket(bucket).key(key).body(body).send())
+        .unwrap_or_else(|e| panic!("put {bucket}/{key}: {e:?}"));
+}
+
+/// Reads a whole object through the SDK.
+pub fn get(emu: &Emulator, bucket: &str, key: &str) -> Option<Vec<u8>> {
+    let client = s3_client(emu);
+    runtime().block_on(async {
+        match client.get_object().bucket(bucket).key(key).send().await {
+            Ok(out) => Some(out.body.collect().await.unwrap().into_bytes().to_vec()),
+            Err(e) if e.as_service_error().map(|s| s.is_no_such_key()).unwrap_or(false) => None,
+            Err(e) => panic!("get {bucket}/{key}: {e:?}"),
+        }
+    })
+}
+
+/// Deterministic pseudo-random bytes (xorshift), so large test data needs no storage and no RNG crate.
+pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(len);
+    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    while out.len() < len {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        let bytes = state.to_le_bytes();
+        let take = (len - out.len()).min(8);
+        out.extend_from_slice(&bytes[..take]);
+    }
+    out
+}
+
+pub fn sha256_hex(data: &[u8]) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(data))
+}
+
+pub fn sha256_file(path: &Path) -> std::io::Result<String> {
+    use sha2::Digest;
+    let mut file = std::fs::File::open(path)?;
+    let mut hasher = sha2::Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = file.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+    }
+    Ok(hex::encode(hasher.finalize()))
+}
+
+/// A live `expressfs --foreground` mount of a bucket on the emulator. Dropping it unmounts and reaps the daemon.
+pub struct Mount {
+    dir: tempfile::TempDir,
+    child: Option<Child>,
+    pub bucket: String,
+    log_path: PathBuf,
+}
+
+/// Base command for the daemon with the loopback endpoint and explicit credentials.
+pub fn expressfs_command(emu: &Emulator) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_expressfs"));
+    cmd.env("AWS_EC2_METADATA_DISABLED", "true")
+        .env("AWS_ACCESS_KEY_ID", ACCESS_KEY)
+        .env("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
+        .env("AWS_REGION", REGION)
+        .env_remove("AWS_PROFILE")
+        .env_remove("AWS_SESSION_TOKEN")
+        .arg("--endpoint-url")
+        .arg(emu.endpoint_url())
+        .arg("--region")
+        .arg(REGION);
+    cmd
+}
+
+impl Mount {
+    /// Mounts `bucket` from the shared emulator with extra CLI `args`.
+    pub fn new(bucket: &str, args: &[&str]) -> Mount {
+        Mount::on(emulator(), bucket, args)
+    }
+
+    pub fn on(emu: &Emulator, bucket: &str, args: &[&str]) -> Mount {
+        let dir = tempfile::Builder::new().prefix("expressfs-mnt-").tempdir().unwrap();
+        let log_path = dir.path().with_extension("log");
+        let log = std::fs::File::create(&log_path).unwrap();
+        let mut cmd = expressfs_command(emu);
+        cmd.arg("--foreground").args(args).arg(bucket).arg(dir.path());
+        cmd.stdin(Stdio::null()).stdout(log.try_clone().unwrap()).stderr(log);
+        let child = cmd.spawn().expect("spawn expressfs");
+        let mut mount = Mount { dir, child: Some(child), bucket: bucket.to_string(), log_path };
+        mount.wait_mounted();
+        mount
+    }
+
+    fn wait_mounted(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            if is_mounted(self.dir.path()) {
+                return;
+            }
+            if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
+                panic!("expressfs exited with {status} before mounting:\n{}", self.log());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("mount did not appear within 30 s:\n{}", self.log());
+    }
+
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// The daemon's log so far (stdout and stderr).
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log_path).unwrap_or_default()
+    }
+
+    /// Unmounts with umount(8)-style unmount and waits for the daemon to exit; returns its exit status.
+    pub fn unmount(mut self) -> ExitStatus {
+        let status = self.unmount_inner();
+        status.expect("daemon exits")
+    }
+
+    fn unmount_inner(&mut self) -> Option<ExitStatus> {
+        let mut child = self.child.take()?;
+        let _ = nix::mount::umount2(self.dir.path(), nix::mount::MntFlags::empty());
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            if let Some(status) = child.try_wait().unwrap() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = nix::mount::umount2(self.dir.path(), nix::mount::MntFlags::MNT_DETACH);
+        let _ = child.kill();
+        let status = child.wait().ok();
+        panic!("daemon did not exit within 20 s of unmount ({status:?}):\n{}", self.log());
+    }
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        if self.child.is_some() {
+            if std::thread::panicking() {
+                eprintln!("--- expressfs log ---\n{}", self.log());
+                if let Some(mut child) = self.child.take() {
+                    let _ = nix::mount::umount2(self.dir.path(), nix::mount::MntFlags::MNT_DETACH);
+                    let _ = child.kill();
+                    let _ = child.wait();
+                }
+            } else {
+                self.unmount_inner();
+            }
+        }
+        let _ = std::fs::remove_file(&self.log_path);
+    }
+}
+
+/// True when `dir` is a mount point listed in /proc/self/mountinfo.
+pub fn is_mounted(dir: &Path) -> bool {
+    let target = dir.to_string_lossy();
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .map(|info| info.lines().any(|line| line.split(' ').nth(4) == Some(&*target)))
+        .unwrap_or(false)
+}
+
+/// Uploads many objects concurrently through the SDK (setup for listing tests).
+pub fn put_many(emu: &Emulator, bucket: &str, objects: Vec<(String, Vec<u8>)>) {
+    let client = s3_client(emu);
+    runtime().block_on(async {
+        use futures::StreamExt;
+        futures::stream::iter(objects)
+            .map(|(key, data)| {
+                let client = client.clone();
+                async move {
+                    client
+                        .put_object()
+                        .bucket(bucket)
+                        .key(&key)
+                        .body(data.into())
+                        .send()
+                        .await
+                        .unwrap_or_else(|e| panic!("put {key}: {e:?}"));
+                }
+            })
+            .buffer_unordered(32)
+            .collect::<Vec<_>>()
+            .await;
+    });
+}
+
+/// Creates a bucket of the given kind on the shared emulator and returns its name.
+pub fn fresh_bucket(directory: bool, tag: &str) -> String {
+    let name = if directory { directory_bucket(tag) } else { general_bucket(tag) };
+    create_bucket(emulator(), &name);
+    name
+}
+
+/// The raw OS error of an io::Result, for errno assertions.
+pub fn errno_of<T: std::fmt::Debug>(result: std::io::Result<T>) -> i32 {
+    match result {
+        Ok(v) => panic!("expected an error, got Ok({v:?})"),
+        Err(e) => e.raw_os_error().unwrap_or_else(|| panic!("not an OS error: {e}")),
+    }
+}

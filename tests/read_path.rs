@@ -1,0 +1,246 @@
+//! Read path end to end: the real `expressfs` daemon mounts buckets served by the emulator through FUSE, and
+//! the tests read them with std::fs, as a training job would.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::fs;
+use std::io::{Read, Seek, SeekFrom};
+use std::os::unix::fs::MetadataExt;
+
+use common::*;
+use rand::{Rng, SeedableRng};
+
+fn names(dir: &std::path::Path) -> BTreeSet<String> {
+    fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect()
+}
+
+#[test]
+fn nested_directories_list_and_read() {
+    for directory in [true, false] {
+        let bucket = fresh_bucket(directory, "nested");
+        let emu = emulator();
+        put(emu, &bucket, "top.txt", b"top".to_vec());
+        put(emu, &bucket, "a/b/c/deep.bin", pattern(1, 5000));
+        put(emu, &bucket, "a/b/sibling.txt", b"sib".to_vec());
+        put(emu, &bucket, "a/x.txt", b"x".to_vec());
+        let mount = Mount::new(&bucket, &[]);
+        let root = mount.path();
+        assert_eq!(names(root), BTreeSet::from(["a".to_string(), "top.txt".to_string()]));
+        assert_eq!(names(&root.join("a")), BTreeSet::from(["b".to_string(), "x.txt".to_string()]));
+        assert_eq!(names(&root.join("a/b")), BTreeSet::from(["c".to_string(), "sibling.txt".to_string()]));
+        assert!(fs::metadata(root.join("a/b/c")).unwrap().is_dir());
+        let deep = fs::metadata(root.join("a/b/c/deep.bin")).unwrap();
+        assert!(deep.is_file());
+        assert_eq!(deep.len(), 5000);
+        assert_eq!(fs::read(root.join("a/b/c/deep.bin")).unwrap(), pattern(1, 5000));
+        assert_eq!(fs::read(root.join("top.txt")).unwrap(), b"top");
+        // Default ownership is the mounting user, default modes 0644/0755.
+        assert_eq!(deep.mode() & 0o777, 0o644);
+        assert_eq!(fs::metadata(root.join("a")).unwrap().mode() & 0o777, 0o755);
+        assert_eq!(deep.uid(), nix::unistd::getuid().as_raw());
+        assert_eq!(mount.unmount().code(), Some(0));
+    }
+}
+
+#[test]
+fn large_directory_crosses_unordered_pages() {
+    let bucket = fresh_bucket(true, "bigdir");
+    let emu = emulator();
+    let mut expected = BTreeSet::new();
+    let mut objects = Vec::new();
+    for i in 0..2600 {
+        let name = format!("f{i:05}.dat");
+        objects.push((format!("big/{name}"), format!("{i}").into_bytes()));
+        expected.insert(name);
+    }
+    // Subdirectories interleaved with files, each holding several keys, so one common prefix is likely to be
+    // returned on several pages by the unordered listing.
+    for d in 0..30 {
+        for j in 0..5 {
+            objects.push((format!("big/dir{d:02}/k{j}"), vec![b'z'; 3]));
+        }
+        expected.insert(format!("dir{d:02}"));
+    }
+    put_many(emu, &bucket, objects);
+    let mount = Mount::new(&bucket, &[]);
+    let listed: Vec<String> = fs::read_dir(mount.path().join("big"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    let unique: BTreeSet<String> = listed.iter().cloned().collect();
+    assert_eq!(unique.len(), listed.len(), "a name was listed twice");
+    assert_eq!(unique, expected);
+    assert_eq!(fs::read(mount.path().join("big/f01234.dat")).unwrap(), b"1234");
+}
+
+#[test]
+fn directory_shadows_file_of_same_name() {
+    let bucket = fresh_bucket(true, "shadow");
+    let emu = emulator();
+    put(emu, &bucket, "thing", b"i am a file".to_vec());
+    put(emu, &bucket, "thing/inner.txt", b"inner".to_vec());
+    put(emu, &bucket, "plain", b"plain file".to_vec());
+    let mount = Mount::new(&bucket, &[]);
+    let root = mount.path();
+    assert!(fs::metadata(root.join("thing")).unwrap().is_dir());
+    assert_eq!(fs::read(root.join("thing/inner.txt")).unwrap(), b"inner");
+    assert!(fs::metadata(root.join("plain")).unwrap().is_file());
+    let listed: Vec<_> = fs::read_dir(root).unwrap().map(|e| e.unwrap()).collect();
+    let things: Vec<_> = listed.iter().filter(|e| e.file_name() == "thing").collect();
+    assert_eq!(things.len(), 1, "shadowed name listed once");
+    assert!(things[0].file_type().unwrap().is_dir());
+}
+
+#[test]
+fn invalid_keys_are_hidden() {
+    let bucket = fresh_bucket(false, "invalid");
+    let emu = emulator();
+    put(emu, &bucket, "ok.txt", b"ok".to_vec());
+    put(emu, &bucket, "dir//double", b"x".to_vec());
+    put(emu, &bucket, "dot/./x", b"x".to_vec());
+    put(emu, &bucket, "dotdot/../x", b"x".to_vec());
+    put(emu, &bucket, &format!("{}", "n".repeat(256)), b"long".to_vec());
+    put(emu, &bucket, "marker/", Vec::new());
+    let mount = Mount::new(&bucket, &[]);
+    let root = mount.path();
+    let listed = names(root);
+    assert!(listed.contains("ok.txt"));
+    assert!(!listed.iter().any(|n| n.len() > 255), "over-long name listed");
+    // A `dir/` marker object is a directory, never a file.
+    assert!(fs::metadata(root.join("marker")).unwrap().is_dir());
+    // `dir//double` has an empty component: the file must not appear anywhere under `dir`.
+    if root.join("dir").exists() {
+        assert!(!names(&root.join("dir")).contains("double"));
+        assert!(!names(&root.join("dir")).contains(""));
+    }
+    if root.join("dot").exists() {
+        assert!(names(&root.join("dot")).iter().all(|n| n != "." && n != ".."));
+    }
+    assert_eq!(fs::read(root.join("ok.txt")).unwrap(), b"ok");
+}
+
+#[test]
+fn big_object_sequential_read_matches_sha256() {
+    let bucket = fresh_bucket(true, "big");
+    let emu = emulator();
+    let data = pattern(42, 256 << 20);
+    let want = sha256_hex(&data);
+    put(emu, &bucket, "shard-000.tar", data);
+    let mount = Mount::new(&bucket, &[]);
+    let path = mount.path().join("shard-000.tar");
+    assert_eq!(fs::metadata(&path).unwrap().len(), 256 << 20);
+    assert_eq!(sha256_file(&path).unwrap(), want);
+}
+
+#[test]
+fn random_ranged_reads_match() {
+    let bucket = fresh_bucket(true, "random");
+    let emu = emulator();
+    let len = 24 << 20;
+    let data = pattern(7, len);
+    put(emu, &bucket, "data.npy", data.clone());
+    let mount = Mount::new(&bucket, &[]);
+    let mut file = fs::File::open(mount.path().join("data.npy")).unwrap();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(99);
+    for _ in 0..1000 {
+        let size = rng.random_range(1..=256 * 1024);
+        let offset = rng.random_range(0..len as u64);
+        file.seek(SeekFrom::Start(offset)).unwrap();
+        let mut buf = vec![0u8; size];
+        let mut got = 0;
+        while got < size {
+            let n = file.read(&mut buf[got..]).unwrap();
+            if n == 0 {
+                break;
+            }
+            got += n;
+        }
+        let end = (offset as usize + size).min(len);
+        assert_eq!(got, end - offset as usize, "short read at {offset}+{size}");
+        assert!(buf[..got] == data[offset as usize..end], "wrong bytes at {offset}+{size}");
+    }
+    // Reading at and past the end gives 0 bytes.
+    file.seek(SeekFrom::Start(len as u64 + 10)).unwrap();
+    let mut buf = [0u8; 16];
+    assert_eq!(file.read(&mut buf).unwrap(), 0);
+}
+
+#[test]
+fn missing_file_is_enoent() {
+    let bucket = fresh_bucket(true, "missing");
+    put(emulator(), &bucket, "present", b"p".to_vec());
+    let mount = Mount::new(&bucket, &[]);
+    assert_eq!(errno_of(fs::metadata(mount.path().join("absent"))), libc::ENOENT);
+    assert_eq!(errno_of(fs::read(mount.path().join("no/such/path"))), libc::ENOENT);
+    assert_eq!(errno_of(fs::read_dir(mount.path().join("nodir"))), libc::ENOENT);
+}
+
+#[test]
+fn read_only_mount_refuses_writes_with_erofs() {
+    let bucket = fresh_bucket(true, "readonly");
+    put(emulator(), &bucket, "existing", b"e".to_vec());
+    let mount = Mount::new(&bucket, &["--read-only"]);
+    let root = mount.path();
+    assert_eq!(errno_of(fs::write(root.join("new"), b"x")), libc::EROFS);
+    assert_eq!(errno_of(fs::OpenOptions::new().write(true).open(root.join("existing"))), libc::EROFS);
+    assert_eq!(errno_of(fs::create_dir(root.join("d"))), libc::EROFS);
+    assert_eq!(errno_of(fs::remove_file(root.join("existing"))), libc::EROFS);
+    assert_eq!(fs::read(root.join("existing")).unwrap(), b"e");
+}
+
+#[test]
+fn object_replaced_under_open_file_gives_eio_not_mixed_bytes() {
+    let bucket = fresh_bucket(true, "replaced");
+    let emu = emulator();
+    let old = pattern(1, 8 << 20);
+    put(emu, &bucket, "ckpt.bin", old.clone());
+    let mount = Mount::new(&bucket, &[]);
+    let mut file = fs::File::open(mount.path().join("ckpt.bin")).unwrap();
+    let mut first = vec![0u8; 4096];
+    file.read_exact(&mut first).unwrap();
+    assert_eq!(first, old[..4096]);
+    put(emu, &bucket, "ckpt.bin", pattern(2, 8 << 20));
+    // Far from what was read so far, so no prefetched bytes can satisfy it.
+    file.seek(SeekFrom::Start(7 << 20)).unwrap();
+    let mut buf = vec![0u8; 65536];
+    match file.read_exact(&mut buf) {
+        Err(e) => assert_eq!(e.raw_os_error(), Some(libc::EIO), "unexpected error {e}"),
+        Ok(()) => assert_eq!(buf, old[7 << 20..(7 << 20) + 65536], "bytes from the new object were mixed in"),
+    }
+}
+
+#[test]
+fn unmount_makes_daemon_exit_zero() {
+    let bucket = fresh_bucket(false, "unmount");
+    put(emulator(), &bucket, "f", b"f".to_vec());
+    let mount = Mount::new(&bucket, &[]);
+    assert_eq!(fs::read(mount.path().join("f")).unwrap(), b"f");
+    let dir = mount.path().to_path_buf();
+    let status = mount.unmount();
+    assert_eq!(status.code(), Some(0));
+    assert!(!is_mounted(&dir));
+}
+
+#[test]
+fn session_refresh_keeps_mount_reading() {
+    let emu = start_emulator(expressfs_emulator::EmulatorConfig {
+        session_ttl: std::time::Duration::from_secs(5),
+        ..Default::default()
+    });
+    let bucket = directory_bucket("session");
+    create_bucket(&emu, &bucket);
+    for i in 0..20 {
+        put(&emu, &bucket, &format!("f{i}"), pattern(i, 10_000));
+    }
+    let mount = Mount::on(&emu, &bucket, &["--metadata-ttl", "minimal"]);
+    let start = std::time::Instant::now();
+    let mut i = 0u64;
+    while start.elapsed() < std::time::Duration::from_secs(20) {
+        let name = format!("f{}", i % 20);
+        assert_eq!(fs::read(mount.path().join(&name)).unwrap(), pattern(i % 20, 10_000), "read {name} at {:?}", start.elapsed());
+        i += 1;
+        std::thread::sleep(std::time::Duration::from_millis(250));
+    }
+    assert!(i >= 40);
+}
