@@ -1,0 +1,1 @@
+//! In-memory [`ObjectClient`](super::ObjectClient) for unit tests of the core. (Being written.)

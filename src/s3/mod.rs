@@ -1,0 +1,155 @@
+//! Object client layer: the only part of the daemon that talks to S3.
+//!
+//! The file system core depends on the [`ObjectClient`] trait, never on aws-sdk-s3 directly, so unit tests can
+//! run the core against [`fake::FakeClient`] and caches can wrap any client as a layer.
+//! One client instance serves exactly one bucket.
+
+pub mod error;
+pub mod fake;
+pub mod sdk;
+
+use std::ops::Range;
+use std::time::SystemTime;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+
+pub use error::ClientError;
+
+/// Metadata of one object as returned by HeadObject or ListObjectsV2.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObjectInfo {
+    pub key: String,
+    pub size: u64,
+    /// Quoted ETag exactly as the service sent it (directory-bucket ETags are not MD5: treat as opaque).
+    pub etag: String,
+    pub last_modified: SystemTime,
+}
+
+/// One page of ListObjectsV2 results. Order is whatever the service returned (unordered on directory buckets).
+#[derive(Debug, Clone, Default)]
+pub struct ListPage {
+    pub objects: Vec<ObjectInfo>,
+    /// Full common prefixes as returned, each ending in the delimiter.
+    pub common_prefixes: Vec<String>,
+    pub next_continuation_token: Option<String>,
+}
+
+/// Preconditions for writes (conditional PUT / complete / rename).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum WriteCondition {
+    /// Unconditional overwrite.
+    #[default]
+    None,
+    /// `If-None-Match: *`: fail with [`ClientError::PreconditionFailed`] if the key exists.
+    IfNoneMatch,
+    /// `If-Match: <etag>`: fail unless the current object has this ETag.
+    IfMatch(String),
+}
+
+/// Additional checksum algorithm sent with uploads.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum UploadChecksum {
+    #[default]
+    Crc32c,
+    Crc64Nvme,
+    Off,
+}
+
+/// Result of a completed upload (PutObject, CompleteMultipartUpload or an append).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PutResult {
+    pub etag: String,
+    /// Size of the object after the write, when the service reports it or it is known.
+    pub size: Option<u64>,
+}
+
+/// One uploaded part, as needed by CompleteMultipartUpload.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UploadedPart {
+    pub part_number: i32,
+    pub etag: String,
+    /// Base64 checksum returned/sent for this part, if checksums are on.
+    pub checksum: Option<String>,
+}
+
+/// The object-storage operations the file system needs, for one bucket.
+///
+/// Implementations must never return a short or partial body: `get_object` either returns exactly
+/// `range.end - range.start` bytes (clamped to the object size) or an error.
+#[async_trait]
+pub trait ObjectClient: Send + Sync + 'static {
+    /// Bucket this client is bound to (for logs and cache keys).
+    fn bucket(&self) -> &str;
+
+    /// True when the bucket is a directory bucket (S3 Express One Zone).
+    fn is_directory_bucket(&self) -> bool;
+
+    /// HeadBucket: used at mount time to fail early with a clear message.
+    async fn head_bucket(&self) -> Result<(), ClientError>;
+
+    async fn head_object(&self, key: &str) -> Result<ObjectInfo, ClientError>;
+
+    /// One ListObjectsV2 page. `delimiter` is `Some("/")` or `None`; on directory buckets `prefix` must be empty
+    /// or end in `/`.
+    async fn list_objects(
+        &self,
+        prefix: &str,
+        delimiter: Option<&str>,
+        continuation_token: Option<&str>,
+        max_keys: i32,
+    ) -> Result<ListPage, ClientError>;
+
+    /// Ranged GET. `if_match` pins the read to an ETag so a replaced object yields
+    /// [`ClientError::PreconditionFailed`] instead of mixed bytes.
+    async fn get_object(&self, key: &str, range: Range<u64>, if_match: Option<&str>) -> Result<Bytes, ClientError>;
+
+    async fn put_object(
+        &self,
+        key: &str,
+        body: Bytes,
+        condition: WriteCondition,
+    ) -> Result<PutResult, ClientError>;
+
+    /// Directory buckets only: PutObject with `x-amz-write-offset-bytes` (append at `offset`, which must equal
+    /// the current size). `condition` is normally `IfMatch(etag)` of the object being appended to.
+    async fn append_object(
+        &self,
+        key: &str,
+        offset: u64,
+        body: Bytes,
+        condition: WriteCondition,
+    ) -> Result<PutResult, ClientError>;
+
+    /// Returns the upload id.
+    async fn create_multipart_upload(&self, key: &str) -> Result<String, ClientError>;
+
+    async fn upload_part(
+        &self,
+        key: &str,
+        upload_id: &str,
+        part_number: i32,
+        body: Bytes,
+    ) -> Result<UploadedPart, ClientError>;
+
+    async fn complete_multipart_upload(
+        &self,
+        key: &str,
+        upload_id: &str,
+        parts: Vec<UploadedPart>,
+        condition: WriteCondition,
+    ) -> Result<PutResult, ClientError>;
+
+    async fn abort_multipart_upload(&self, key: &str, upload_id: &str) -> Result<(), ClientError>;
+
+    async fn delete_object(&self, key: &str) -> Result<(), ClientError>;
+
+    /// Directory buckets only: atomic RenameObject. `destination_condition` applies to the destination key
+    /// (`IfNoneMatch` refuses to replace an existing object).
+    async fn rename_object(
+        &self,
+        source_key: &str,
+        destination_key: &str,
+        destination_condition: WriteCondition,
+    ) -> Result<(), ClientError>;
+}
