@@ -270,7 +270,9 @@ fn list_pages_cover_everything_once() {
                 assert!(pages < 20, "{bucket}: listing does not end");
             }
             objects.sort();
+            // Directory buckets may repeat a common prefix on a later page; callers must merge.
             prefixes.sort();
+            prefixes.dedup();
             assert!(pages >= 3, "{bucket}: expected several pages, got {pages}");
             let expected: Vec<(String, u64)> = vec![
                 ("l/b".into(), 3),

@@ -1,11 +1,26 @@
 //! expressfs-emulator: a local S3 server that behaves like S3 Express One Zone directory buckets (and
-//! general-purpose buckets) where expressfs depends on it. (Being written.)
+//! general-purpose buckets) where expressfs depends on it: SigV4, CreateSession and session tokens,
+//! directory-bucket listing rules and order, conditional writes, appends, RenameObject, multipart limits,
+//! time-to-first-byte, request counters and fault injection. See docs/EMULATOR.md.
 //!
 //! Library API (used by the `expressfs-emulator` binary and by in-process tests):
 //! `Emulator::start_background(config)` binds, serves on its own thread/runtime, and returns a handle.
 
+pub mod body;
+pub mod buckets;
+pub mod error;
+pub mod faults;
+pub mod listing;
+pub mod multipart;
+pub mod objects;
+pub mod server;
+pub mod sigv4;
+pub mod store;
+pub mod xml;
+
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Fault injection settings (issue 8). All fields default to "no faults".
@@ -58,13 +73,32 @@ impl Default for EmulatorConfig {
 /// A running emulator. Dropping it stops the server.
 pub struct Emulator {
     addr: SocketAddr,
+    shutdown: Option<tokio::sync::oneshot::Sender<()>>,
 }
 
 impl Emulator {
     /// Binds and serves on a dedicated thread with its own tokio runtime; usable from sync tests.
     pub fn start_background(config: EmulatorConfig) -> anyhow::Result<Emulator> {
-        let _ = config;
-        anyhow::bail!("not yet implemented")
+        let listener = std::net::TcpListener::bind(config.listen)?;
+        listener.set_nonblocking(true)?;
+        let addr = listener.local_addr()?;
+        let state = prepare(config)?;
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        std::thread::Builder::new().name("emulator".into()).spawn(move || {
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .thread_name("emulator-worker")
+                .enable_all()
+                .build()
+                .expect("emulator runtime");
+            runtime.block_on(async move {
+                let listener = tokio::net::TcpListener::from_std(listener).expect("listener");
+                tokio::select! {
+                    _ = serve(listener, state) => {}
+                    _ = rx => {}
+                }
+            });
+        })?;
+        Ok(Emulator { addr, shutdown: Some(tx) })
     }
 
     pub fn addr(&self) -> SocketAddr {
@@ -74,5 +108,50 @@ impl Emulator {
     /// `http://127.0.0.1:PORT` (an IP, not `localhost`: the SDK goes virtual-hosted for directory buckets on names).
     pub fn endpoint_url(&self) -> String {
         format!("http://{}", self.addr)
+    }
+}
+
+impl Drop for Emulator {
+    fn drop(&mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+    }
+}
+
+/// Validates the configuration and creates the data directory and the pre-declared buckets.
+pub fn prepare(config: EmulatorConfig) -> anyhow::Result<Arc<server::State>> {
+    let faults = faults::Faults::new(config.faults.clone()).map_err(|e| anyhow::anyhow!(e))?;
+    if config.access_key.is_empty() || config.secret_key.is_empty() {
+        anyhow::bail!("access key and secret key must not be empty");
+    }
+    let store = store::Store::new(&config.data_dir)
+        .map_err(|e| anyhow::anyhow!("data directory {}: {e}", config.data_dir.display()))?;
+    for bucket in &config.buckets {
+        store.create_bucket(bucket).map_err(|e| anyhow::anyhow!("bucket {bucket:?}: {}", e.message))?;
+    }
+    Ok(Arc::new(server::State { config, store, faults: std::sync::Mutex::new(faults) }))
+}
+
+/// Accepts connections forever; each connection is served on its own task (HTTP/1.1 keep-alive).
+pub async fn serve(listener: tokio::net::TcpListener, state: Arc<server::State>) {
+    loop {
+        let (stream, _) = match listener.accept().await {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!("accept: {e}");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let state = Arc::clone(&state);
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |req| server::handle(Arc::clone(&state), req));
+            let _ = hyper::server::conn::http1::Builder::new()
+                .keep_alive(true)
+                .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                .await;
+        });
     }
 }

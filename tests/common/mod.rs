@@ -93,9 +93,12 @@ pub fn s3_client(emu: &Emulator) -> aws_sdk_s3::Client {
     aws_sdk_s3::Client::from_conf(config)
 }
 
-/// Creates `bucket` on `emu` through the SDK.
+/// Creates `bucket` on `emu` through the SDK. CreateBucket is signed with the long-term keys (no session),
+/// as it goes to the regional control endpoint for directory buckets.
 pub fn create_bucket(emu: &Emulator, bucket: &str) {
-    let client = s3_client(emu);
+    let client = aws_sdk_s3::Client::from_conf(
+        s3_client(emu).config().to_builder().disable_s3_express_session_auth(true).build(),
+    );
     runtime()
         .block_on(client.create_bucket().bucket(bucket).send())
         .unwrap_or_else(|e| panic!("create bucket {bucket}: {e:?}"));

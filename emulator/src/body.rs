@@ -1,0 +1,403 @@
+//! Response bodies (small in-memory ones, and file ranges streamed from disk) and request-body intake
+//! (plain or `aws-chunked`, hashed while it streams to a file).
+
+use std::fs::File;
+use std::io::Write;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::{Buf, Bytes, BytesMut};
+use http_body::{Frame, SizeHint};
+use http_body_util::BodyExt;
+use md5::Md5;
+use sha2::{Digest, Sha256};
+use tokio::sync::mpsc;
+
+use crate::error::S3Error;
+
+/// Chunk size for reads from disk: large enough that loopback throughput is not syscall-bound.
+const READ_CHUNK: usize = 1024 * 1024;
+
+/// How a streamed file body should misbehave (fault injection).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BodyFault {
+    None,
+    /// Stop after half the bytes with an error: the connection is reset mid-body.
+    ResetMidBody,
+    /// Stop after half the bytes without an error: hyper closes the connection short of Content-Length.
+    Truncate,
+}
+
+pub enum ResponseBody {
+    Full(Option<Bytes>),
+    Stream { rx: mpsc::Receiver<std::io::Result<Bytes>>, remaining: u64 },
+}
+
+impl ResponseBody {
+    pub fn empty() -> Self {
+        ResponseBody::Full(None)
+    }
+
+    pub fn full(data: impl Into<Bytes>) -> Self {
+        let data = data.into();
+        ResponseBody::Full((!data.is_empty()).then_some(data))
+    }
+
+    /// Streams `len` bytes of `file` from `offset`, reading on a blocking thread a chunk ahead of the socket.
+    pub fn file_range(file: File, offset: u64, len: u64, fault: BodyFault) -> Self {
+        let (tx, rx) = mpsc::channel(4);
+        let stop_at = match fault {
+            BodyFault::None => len,
+            _ => len / 2,
+        };
+        tokio::task::spawn_blocking(move || {
+            let mut sent = 0u64;
+            while sent < stop_at {
+                let n = (stop_at - sent).min(READ_CHUNK as u64) as usize;
+                let mut buf = vec![0u8; n];
+                let result = file.read_exact_at(&mut buf, offset + sent).map(|_| Bytes::from(buf));
+                let failed = result.is_err();
+                if tx.blocking_send(result).is_err() || failed {
+                    return;
+                }
+                sent += n as u64;
+            }
+            if fault == BodyFault::ResetMidBody {
+                let _ = tx.blocking_send(Err(std::io::Error::other("injected connection reset")));
+            }
+        });
+        ResponseBody::Stream { rx, remaining: len }
+    }
+}
+
+impl http_body::Body for ResponseBody {
+    type Data = Bytes;
+    type Error = std::io::Error;
+
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        match self.get_mut() {
+            ResponseBody::Full(data) => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
+            ResponseBody::Stream { rx, remaining } => match rx.poll_recv(cx) {
+                Poll::Ready(Some(Ok(chunk))) => {
+                    *remaining = remaining.saturating_sub(chunk.len() as u64);
+                    Poll::Ready(Some(Ok(Frame::data(chunk))))
+                }
+                Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(e))),
+                Poll::Ready(None) => Poll::Ready(None),
+                Poll::Pending => Poll::Pending,
+            },
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            ResponseBody::Full(d) => d.is_none(),
+            ResponseBody::Stream { remaining, .. } => *remaining == 0,
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            ResponseBody::Full(d) => SizeHint::with_exact(d.as_ref().map_or(0, |d| d.len() as u64)),
+            ResponseBody::Stream { remaining, .. } => SizeHint::with_exact(*remaining),
+        }
+    }
+}
+
+/// Which digests to compute over an uploaded body.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct DigestPlan {
+    pub md5: bool,
+    pub sha256: bool,
+    pub crc32: bool,
+    pub crc32c: bool,
+    pub crc64nvme: bool,
+}
+
+#[derive(Debug, Default, Clone)]
+pub struct Received {
+    pub size: u64,
+    pub md5: Option<[u8; 16]>,
+    pub sha256_hex: Option<String>,
+    /// Base64 of the big-endian CRCs, as S3 writes them in `x-amz-checksum-*`.
+    pub crc32: Option<String>,
+    pub crc32c: Option<String>,
+    pub crc64nvme: Option<String>,
+    /// Trailing headers of an `aws-chunked` body (lower-case names).
+    pub trailers: Vec<(String, String)>,
+}
+
+struct Hashers {
+    md5: Option<Md5>,
+    sha256: Option<Sha256>,
+    crc32: Option<crc32fast::Hasher>,
+    crc32c: Option<u32>,
+    crc64: Option<crc64fast_nvme::Digest>,
+    size: u64,
+}
+
+impl Hashers {
+    fn new(plan: DigestPlan) -> Self {
+        Hashers {
+            md5: plan.md5.then(Md5::new),
+            sha256: plan.sha256.then(Sha256::new),
+            crc32: plan.crc32.then(crc32fast::Hasher::new),
+            crc32c: plan.crc32c.then_some(0),
+            crc64: plan.crc64nvme.then(crc64fast_nvme::Digest::new),
+            size: 0,
+        }
+    }
+
+    fn update(&mut self, data: &[u8]) {
+        self.size += data.len() as u64;
+        if let Some(h) = &mut self.md5 {
+            h.update(data);
+        }
+        if let Some(h) = &mut self.sha256 {
+            h.update(data);
+        }
+        if let Some(h) = &mut self.crc32 {
+            h.update(data);
+        }
+        if let Some(c) = &mut self.crc32c {
+            *c = crc32c::crc32c_append(*c, data);
+        }
+        if let Some(h) = &mut self.crc64 {
+            h.write(data);
+        }
+    }
+
+    fn finish(self, trailers: Vec<(String, String)>) -> Received {
+        use base64::Engine;
+        let b64 = |b: &[u8]| base64::engine::general_purpose::STANDARD.encode(b);
+        Received {
+            size: self.size,
+            md5: self.md5.map(|h| h.finalize().into()),
+            sha256_hex: self.sha256.map(|h| hex::encode(h.finalize())),
+            crc32: self.crc32.map(|h| b64(&h.finalize().to_be_bytes())),
+            crc32c: self.crc32c.map(|c| b64(&c.to_be_bytes())),
+            crc64nvme: self.crc64.map(|h| b64(&h.sum64().to_be_bytes())),
+            trailers,
+        }
+    }
+}
+
+/// Incremental decoder of the `aws-chunked` content encoding (signed or unsigned chunks, optional trailers).
+#[derive(Default)]
+struct ChunkDecoder {
+    buf: BytesMut,
+    data_left: u64,
+    state: ChunkState,
+    trailers: Vec<(String, String)>,
+}
+
+#[derive(Default, PartialEq, Eq)]
+enum ChunkState {
+    #[default]
+    Header,
+    Data,
+    DataEnd,
+    Trailers,
+    Done,
+}
+
+impl ChunkDecoder {
+    /// Feeds raw bytes; calls `out` with each piece of decoded payload.
+    fn feed(&mut self, input: &[u8], out: &mut dyn FnMut(&[u8]) -> Result<(), S3Error>) -> Result<(), S3Error> {
+        self.buf.extend_from_slice(input);
+        loop {
+            match self.state {
+                ChunkState::Header => {
+                    let Some(line) = self.take_line()? else { return Ok(()) };
+                    let size_hex = line.split(';').next().unwrap_or("").trim();
+                    let size = u64::from_str_radix(size_hex, 16)
+                        .map_err(|_| S3Error::incomplete_body(format!("bad aws-chunked header {line:?}")))?;
+                    if size == 0 {
+                        self.state = ChunkState::Trailers;
+                    } else {
+                        self.data_left = size;
+                        self.state = ChunkState::Data;
+                    }
+                }
+                ChunkState::Data => {
+                    if self.buf.is_empty() {
+                        return Ok(());
+                    }
+                    let n = (self.data_left as usize).min(self.buf.len());
+                    let piece = self.buf.split_to(n);
+                    out(&piece)?;
+                    self.data_left -= n as u64;
+                    if self.data_left == 0 {
+                        self.state = ChunkState::DataEnd;
+                    }
+                }
+                ChunkState::DataEnd => {
+                    if self.buf.len() < 2 {
+                        return Ok(());
+                    }
+                    if &self.buf[..2] != b"\r\n" {
+                        return Err(S3Error::incomplete_body("aws-chunked data not followed by CRLF".into()));
+                    }
+                    self.buf.advance(2);
+                    self.state = ChunkState::Header;
+                }
+                ChunkState::Trailers => {
+                    let Some(line) = self.take_line()? else { return Ok(()) };
+                    if line.is_empty() {
+                        self.state = ChunkState::Done;
+                    } else if let Some((k, v)) = line.split_once(':') {
+                        self.trailers.push((k.trim().to_ascii_lowercase(), v.trim().to_string()));
+                    }
+                }
+                ChunkState::Done => return Ok(()),
+            }
+        }
+    }
+
+    fn take_line(&mut self) -> Result<Option<String>, S3Error> {
+        match self.buf.windows(2).position(|w| w == b"\r\n") {
+            Some(pos) => {
+                let line = String::from_utf8_lossy(&self.buf[..pos]).into_owned();
+                self.buf.advance(pos + 2);
+                Ok(Some(line))
+            }
+            None if self.buf.len() > 64 * 1024 => Err(S3Error::incomplete_body("aws-chunked line too long".into())),
+            None => Ok(None),
+        }
+    }
+
+    fn finish(self) -> Result<Vec<(String, String)>, S3Error> {
+        // Some clients end the trailer section without the final empty line.
+        if self.state == ChunkState::Done || (self.state == ChunkState::Trailers && self.buf.is_empty()) {
+            Ok(self.trailers)
+        } else {
+            Err(S3Error::incomplete_body("aws-chunked body ended early".into()))
+        }
+    }
+}
+
+/// Streams a request body to `dest`, decoding `aws-chunked` when `chunked`, and digests it on the way.
+/// `limit` bounds the decoded size (the service's maximum object or part size).
+pub async fn receive_to_file<B>(
+    body: B,
+    chunked: bool,
+    plan: DigestPlan,
+    dest: &Path,
+    limit: u64,
+) -> Result<Received, S3Error>
+where
+    B: http_body::Body<Data = Bytes> + Unpin,
+    B::Error: std::fmt::Display,
+{
+    let file = File::create(dest).map_err(S3Error::internal)?;
+    // Disk writes go to a blocking thread through a small queue, so a slow disk pushes back on the socket.
+    let (tx, mut rx) = mpsc::channel::<Vec<u8>>(4);
+    let writer = tokio::task::spawn_blocking(move || -> std::io::Result<()> {
+        let mut file = file;
+        while let Some(buf) = rx.blocking_recv() {
+            file.write_all(&buf)?;
+        }
+        file.flush()
+    });
+
+    let mut hashers = Hashers::new(plan);
+    let mut decoder = chunked.then(ChunkDecoder::default);
+    let mut pending: Vec<u8> = Vec::with_capacity(READ_CHUNK);
+    let mut body = body;
+    let mut failure: Option<S3Error> = None;
+    while let Some(frame) = body.frame().await {
+        let frame = match frame {
+            Ok(f) => f,
+            Err(e) => {
+                failure = Some(S3Error::incomplete_body(format!("request body: {e}")));
+                break;
+            }
+        };
+        let Ok(data) = frame.into_data() else { continue };
+        let mut sink = |piece: &[u8]| -> Result<(), S3Error> {
+            hashers.update(piece);
+            if hashers.size > limit {
+                return Err(S3Error::entity_too_large(limit));
+            }
+            pending.extend_from_slice(piece);
+            Ok(())
+        };
+        let fed = match &mut decoder {
+            Some(d) => d.feed(&data, &mut sink),
+            None => sink(&data),
+        };
+        if let Err(e) = fed {
+            failure = Some(e);
+            break;
+        }
+        if pending.len() >= READ_CHUNK {
+            let full = std::mem::replace(&mut pending, Vec::with_capacity(READ_CHUNK));
+            if tx.send(full).await.is_err() {
+                break;
+            }
+        }
+    }
+    if !pending.is_empty() && failure.is_none() {
+        let _ = tx.send(pending).await;
+    }
+    drop(tx);
+    let written = writer.await.map_err(|e| S3Error::internal(std::io::Error::other(e)))?;
+    if let Some(e) = failure {
+        return Err(e);
+    }
+    written.map_err(S3Error::internal)?;
+    let trailers = match decoder {
+        Some(d) => d.finish()?,
+        None => Vec::new(),
+    };
+    Ok(hashers.finish(trailers))
+}
+
+/// Decodes a whole `aws-chunked` body held in memory (small XML documents).
+pub fn decode_chunked(data: &[u8]) -> Result<Vec<u8>, S3Error> {
+    let mut decoder = ChunkDecoder::default();
+    let mut out = Vec::with_capacity(data.len());
+    decoder.feed(data, &mut |p| {
+        out.extend_from_slice(p);
+        Ok(())
+    })?;
+    decoder.finish()?;
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn decode(input: &[u8], split: usize) -> (Vec<u8>, Vec<(String, String)>) {
+        let mut d = ChunkDecoder::default();
+        let mut out = Vec::new();
+        for piece in input.chunks(split) {
+            d.feed(piece, &mut |p| {
+                out.extend_from_slice(p);
+                Ok(())
+            })
+            .unwrap();
+        }
+        (out, d.finish().unwrap())
+    }
+
+    #[test]
+    fn decodes_signed_and_unsigned_chunks_with_trailers() {
+        let body = b"5;chunk-signature=abc\r\nhello\r\n6\r\n world\r\n0\r\nx-amz-checksum-crc32c:AAAA\r\n\r\n";
+        for split in [1, 3, 7, 1000] {
+            let (data, trailers) = decode(body, split);
+            assert_eq!(data, b"hello world");
+            assert_eq!(trailers, vec![("x-amz-checksum-crc32c".to_string(), "AAAA".to_string())]);
+        }
+    }
+
+    #[test]
+    fn refuses_a_body_cut_short() {
+        let mut d = ChunkDecoder::default();
+        d.feed(b"a\r\nhello", &mut |_| Ok(())).unwrap();
+        assert!(d.finish().is_err());
+    }
+}

@@ -1,0 +1,265 @@
+//! Multipart uploads: create, upload part, complete, abort, list parts, list uploads.
+//! Rules checked as the service does: part numbers 1..=10,000, parts of at least 5 MiB but the last,
+//! ascending order in Complete, matching ETags and checksums; directory buckets also need consecutive parts.
+
+use std::io::Write;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use hyper::body::Incoming;
+use md5::{Digest, Md5};
+
+use crate::body::ResponseBody;
+use crate::error::S3Error;
+use crate::objects::{check_write_conditions, commit, new_etag, receive_verified, validate_key};
+use crate::server::{Answer, Ctx, State, respond, set_header, small_body, xml_response};
+use crate::store::{Object, Part, Upload};
+use crate::xml::{self, HEADER, NS, el};
+
+pub const MIN_PART_SIZE: u64 = 5 * 1024 * 1024;
+pub const MAX_PARTS: u32 = 10_000;
+
+pub fn create(state: &Arc<State>, ctx: &Ctx) -> Answer {
+    validate_key(&ctx.key)?;
+    let id = base64_id(state.store.unique());
+    {
+        let mut buckets = state.store.buckets();
+        let b = buckets.get_mut(&ctx.bucket).ok_or_else(S3Error::no_such_bucket)?;
+        let dir = b.dir.join(format!("mpu-{}", state.store.unique()));
+        std::fs::create_dir_all(&dir).map_err(S3Error::internal)?;
+        b.uploads.insert(
+            id.clone(),
+            Upload {
+                key: ctx.key.clone(),
+                dir,
+                initiated: SystemTime::now(),
+                checksum_algorithm: ctx.header("x-amz-checksum-algorithm").map(|a| a.to_ascii_lowercase()),
+                parts: Default::default(),
+            },
+        );
+    }
+    let mut out = format!("{HEADER}<InitiateMultipartUploadResult xmlns=\"{NS}\">");
+    el(&mut out, "Bucket", &ctx.bucket);
+    el(&mut out, "Key", &ctx.key);
+    el(&mut out, "UploadId", &id);
+    out.push_str("</InitiateMultipartUploadResult>");
+    let mut r = xml_response(out);
+    if let Some(alg) = ctx.header("x-amz-checksum-algorithm") {
+        set_header(&mut r, "x-amz-checksum-algorithm", alg);
+    }
+    Ok(r)
+}
+
+fn base64_id(raw: String) -> String {
+    use base64::Engine;
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(format!("upload-{raw}"))
+}
+
+fn upload_id(ctx: &Ctx) -> Result<String, S3Error> {
+    ctx.q("uploadId").filter(|s| !s.is_empty()).map(str::to_string).ok_or_else(S3Error::no_such_upload)
+}
+
+fn check_upload(state: &Arc<State>, ctx: &Ctx, id: &str) -> Result<bool, S3Error> {
+    let buckets = state.store.buckets();
+    let b = buckets.get(&ctx.bucket).ok_or_else(S3Error::no_such_bucket)?;
+    match b.uploads.get(id) {
+        Some(u) if u.key == ctx.key => Ok(b.directory),
+        _ => Err(S3Error::no_such_upload()),
+    }
+}
+
+pub async fn upload_part(state: &Arc<State>, ctx: &Ctx, body: Incoming) -> Answer {
+    let id = upload_id(ctx)?;
+    let number: u32 = ctx
+        .q("partNumber")
+        .and_then(|n| n.parse().ok())
+        .filter(|n| (1..=MAX_PARTS).contains(n))
+        .ok_or_else(|| S3Error::invalid_argument("Part number must be an integer between 1 and 10000, inclusive"))?;
+    let directory = check_upload(state, ctx, &id)?;
+    let (path, received, checksum) = receive_verified(state, ctx, body, "part", directory).await?;
+    let part = Part {
+        file: path.clone(),
+        size: received.size,
+        etag: new_etag(directory, received.md5),
+        md5: received.md5,
+        checksums: checksum.clone().into_iter().collect(),
+    };
+    let etag = part.etag.clone();
+    let replaced = {
+        let mut buckets = state.store.buckets();
+        let upload = buckets.get_mut(&ctx.bucket).and_then(|b| b.uploads.get_mut(&id));
+        match upload {
+            Some(u) => u.parts.insert(number, part),
+            None => {
+                drop(buckets);
+                let _ = std::fs::remove_file(&path);
+                return Err(S3Error::no_such_upload());
+            }
+        }
+    };
+    if let Some(old) = replaced {
+        let _ = std::fs::remove_file(old.file);
+    }
+    let mut r = respond(200, ResponseBody::empty());
+    set_header(&mut r, "etag", &etag);
+    if let Some((alg, value)) = checksum {
+        if let (Ok(n), Ok(v)) = (http::HeaderName::try_from(format!("x-amz-checksum-{alg}")), http::HeaderValue::from_str(&value)) {
+            r.headers_mut().insert(n, v);
+        }
+    }
+    Ok(r)
+}
+
+pub async fn complete(state: &Arc<State>, ctx: &Ctx, body: Incoming) -> Answer {
+    let id = upload_id(ctx)?;
+    let body = small_body(ctx, body, 4 * 1024 * 1024).await?;
+    let requested = xml::parse_complete(&body)?;
+    // Validate against the stored parts and collect the files to concatenate.
+    let (directory, parts) = {
+        let buckets = state.store.buckets();
+        let b = buckets.get(&ctx.bucket).ok_or_else(S3Error::no_such_bucket)?;
+        let upload = b.uploads.get(&id).filter(|u| u.key == ctx.key).ok_or_else(S3Error::no_such_upload)?;
+        let mut parts = Vec::with_capacity(requested.len());
+        for (i, p) in requested.iter().enumerate() {
+            if i > 0 && p.part_number <= requested[i - 1].part_number {
+                return Err(S3Error::new(400, "InvalidPartOrder", "The list of parts was not in ascending order. The parts list must be specified in order by part number."));
+            }
+            if b.directory && p.part_number != i as u32 + 1 {
+                return Err(S3Error::new(400, "InvalidPartOrder", "Directory buckets need consecutive part numbers starting at 1."));
+            }
+            let stored = upload.parts.get(&p.part_number).ok_or_else(|| invalid_part(p.part_number))?;
+            if stored.etag.trim_matches('"') != p.etag.trim_matches('"') {
+                return Err(invalid_part(p.part_number));
+            }
+            for (alg, value) in &p.checksums {
+                if stored.checksums.iter().any(|(a, v)| a == alg && v != value) {
+                    return Err(invalid_part(p.part_number));
+                }
+            }
+            if i + 1 < requested.len() && stored.size < MIN_PART_SIZE {
+                return Err(S3Error::new(400, "EntityTooSmall", "Your proposed upload is smaller than the minimum allowed object size."));
+            }
+            parts.push(stored.clone());
+        }
+        // Conditions are checked now (fail fast) and again at commit.
+        check_write_conditions(ctx, b.objects.get(&ctx.key).map(|o| o.as_ref()))?;
+        (b.directory, parts)
+    };
+
+    let dest = state.store.new_file(&ctx.bucket, "obj")?;
+    let files: Vec<_> = parts.iter().map(|p| p.file.clone()).collect();
+    let dest_clone = dest.clone();
+    tokio::task::spawn_blocking(move || -> std::io::Result<()> {
+        let mut out = std::io::BufWriter::with_capacity(1 << 20, std::fs::File::create(&dest_clone)?);
+        for f in files {
+            std::io::copy(&mut std::fs::File::open(f)?, &mut out)?;
+        }
+        out.flush()
+    })
+    .await
+    .map_err(|e| S3Error::internal(std::io::Error::other(e)))?
+    .map_err(S3Error::internal)?;
+
+    let size = parts.iter().map(|p| p.size).sum();
+    let etag = if directory {
+        new_etag(true, None)
+    } else {
+        let mut h = Md5::new();
+        for p in &parts {
+            h.update(p.md5.unwrap_or_default());
+        }
+        format!("\"{}-{}\"", hex::encode(h.finalize()), parts.len())
+    };
+    let object = Object {
+        file: dest,
+        size,
+        etag: etag.clone(),
+        last_modified: SystemTime::now(),
+        content_type: "binary/octet-stream".into(),
+        checksum: None,
+        parts: parts.len() as u32,
+    };
+    commit(state, ctx, object)?;
+    remove_upload(state, &ctx.bucket, &id);
+
+    let mut out = format!("{HEADER}<CompleteMultipartUploadResult xmlns=\"{NS}\">");
+    el(&mut out, "Location", &format!("/{}/{}", ctx.bucket, ctx.key));
+    el(&mut out, "Bucket", &ctx.bucket);
+    el(&mut out, "Key", &ctx.key);
+    el(&mut out, "ETag", &etag);
+    out.push_str("</CompleteMultipartUploadResult>");
+    Ok(xml_response(out))
+}
+
+fn invalid_part(n: u32) -> S3Error {
+    S3Error::new(
+        400,
+        "InvalidPart",
+        format!("One or more of the specified parts could not be found (part {n}). The part may not have been uploaded, or the specified entity tag or checksum may not match the part's."),
+    )
+}
+
+fn remove_upload(state: &Arc<State>, bucket: &str, id: &str) -> bool {
+    let removed = state.store.buckets().get_mut(bucket).and_then(|b| b.uploads.remove(id));
+    match removed {
+        Some(u) => {
+            let _ = std::fs::remove_dir_all(u.dir);
+            for p in u.parts.values() {
+                let _ = std::fs::remove_file(&p.file);
+            }
+            true
+        }
+        None => false,
+    }
+}
+
+pub fn abort(state: &Arc<State>, ctx: &Ctx) -> Answer {
+    let id = upload_id(ctx)?;
+    check_upload(state, ctx, &id)?;
+    if !remove_upload(state, &ctx.bucket, &id) {
+        return Err(S3Error::no_such_upload());
+    }
+    Ok(respond(204, ResponseBody::empty()))
+}
+
+pub fn list_parts(state: &Arc<State>, ctx: &Ctx) -> Answer {
+    let id = upload_id(ctx)?;
+    let buckets = state.store.buckets();
+    let b = buckets.get(&ctx.bucket).ok_or_else(S3Error::no_such_bucket)?;
+    let u = b.uploads.get(&id).filter(|u| u.key == ctx.key).ok_or_else(S3Error::no_such_upload)?;
+    let mut out = format!("{HEADER}<ListPartsResult xmlns=\"{NS}\">");
+    el(&mut out, "Bucket", &ctx.bucket);
+    el(&mut out, "Key", &ctx.key);
+    el(&mut out, "UploadId", &id);
+    el(&mut out, "IsTruncated", "false");
+    for (n, p) in &u.parts {
+        out.push_str("<Part>");
+        el(&mut out, "PartNumber", &n.to_string());
+        el(&mut out, "ETag", &p.etag);
+        el(&mut out, "Size", &p.size.to_string());
+        out.push_str("</Part>");
+    }
+    out.push_str("</ListPartsResult>");
+    Ok(xml_response(out))
+}
+
+pub fn list_uploads(state: &Arc<State>, ctx: &Ctx) -> Answer {
+    let prefix = ctx.q("prefix").unwrap_or("");
+    let buckets = state.store.buckets();
+    let b = buckets.get(&ctx.bucket).ok_or_else(S3Error::no_such_bucket)?;
+    let mut uploads: Vec<_> = b.uploads.iter().filter(|(_, u)| u.key.starts_with(prefix)).collect();
+    uploads.sort_by(|a, b| (&a.1.key, a.0).cmp(&(&b.1.key, b.0)));
+    let mut out = format!("{HEADER}<ListMultipartUploadsResult xmlns=\"{NS}\">");
+    el(&mut out, "Bucket", &ctx.bucket);
+    el(&mut out, "Prefix", prefix);
+    el(&mut out, "IsTruncated", "false");
+    for (id, u) in uploads.iter().take(1000) {
+        out.push_str("<Upload>");
+        el(&mut out, "Key", &u.key);
+        el(&mut out, "UploadId", id);
+        el(&mut out, "Initiated", &xml::iso8601(u.initiated));
+        out.push_str("</Upload>");
+    }
+    out.push_str("</ListMultipartUploadsResult>");
+    Ok(xml_response(out))
+}

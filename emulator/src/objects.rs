@@ -1,0 +1,516 @@
+//! Object operations: GetObject/HeadObject, PutObject (and directory-bucket appends), CopyObject,
+//! RenameObject, DeleteObject, DeleteObjects.
+
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use base64::Engine;
+use hyper::body::Incoming;
+use percent_encoding::percent_decode_str;
+
+use crate::body::{BodyFault, DigestPlan, Received, ResponseBody, receive_to_file};
+use crate::error::S3Error;
+use crate::server::{Answer, Ctx, State, respond, set_header, small_body, xml_response};
+use crate::store::Object;
+use crate::xml::{self, HEADER, NS, el};
+
+pub const MAX_PUT_SIZE: u64 = 5 * 1024 * 1024 * 1024;
+/// Directory buckets allow at most this many appends (and parts) per object.
+pub const MAX_APPENDS: u32 = 10_000;
+const CHECKSUM_ALGORITHMS: [&str; 5] = ["crc32", "crc32c", "crc64nvme", "sha1", "sha256"];
+
+pub fn is_aws_chunked(ctx: &Ctx) -> bool {
+    ctx.header("content-encoding").is_some_and(|e| e.split(',').any(|p| p.trim() == "aws-chunked"))
+        || ctx.header("x-amz-content-sha256").is_some_and(|v| v.starts_with("STREAMING-"))
+}
+
+/// ETag for new content: MD5 on general-purpose buckets, an opaque random value on directory buckets.
+pub fn new_etag(directory: bool, md5: Option<[u8; 16]>) -> String {
+    match (directory, md5) {
+        (false, Some(m)) => format!("\"{}\"", hex::encode(m)),
+        _ => format!("\"{}\"", hex::encode(rand::random::<[u8; 16]>())),
+    }
+}
+
+/// Which checksum the client declared (header or trailer), if any.
+pub fn declared_checksum(ctx: &Ctx) -> Option<String> {
+    for alg in CHECKSUM_ALGORITHMS {
+        if ctx.headers.contains_key(format!("x-amz-checksum-{alg}").as_str()) {
+            return Some(alg.to_string());
+        }
+    }
+    if let Some(trailer) = ctx.header("x-amz-trailer") {
+        if let Some(alg) = trailer.trim().strip_prefix("x-amz-checksum-") {
+            return Some(alg.to_ascii_lowercase());
+        }
+    }
+    ctx.header("x-amz-sdk-checksum-algorithm").map(|a| a.to_ascii_lowercase())
+}
+
+/// Receives a body to a new file in the bucket, checking payload hash, Content-MD5 and declared checksums.
+/// Returns what was received and the declared checksum that was verified.
+pub async fn receive_verified(
+    state: &Arc<State>,
+    ctx: &Ctx,
+    body: Incoming,
+    kind: &str,
+    directory: bool,
+) -> Result<(std::path::PathBuf, Received, Option<(String, String)>), S3Error> {
+    let payload_hash = ctx.header("x-amz-content-sha256").unwrap_or("").to_string();
+    let sha_signed = payload_hash.len() == 64 && payload_hash.bytes().all(|b| b.is_ascii_hexdigit());
+    let checksum = declared_checksum(ctx);
+    let plan = DigestPlan {
+        md5: !directory || ctx.headers.contains_key("content-md5"),
+        sha256: sha_signed,
+        crc32: checksum.as_deref() == Some("crc32"),
+        crc32c: checksum.as_deref() == Some("crc32c"),
+        crc64nvme: checksum.as_deref() == Some("crc64nvme"),
+    };
+    let path = state.store.new_file(&ctx.bucket, kind)?;
+    let received = match receive_to_file(body, is_aws_chunked(ctx), plan, &path, MAX_PUT_SIZE).await {
+        Ok(r) => r,
+        Err(e) => {
+            let _ = std::fs::remove_file(&path);
+            return Err(e);
+        }
+    };
+    let fail = |e: S3Error| {
+        let _ = std::fs::remove_file(&path);
+        Err(e)
+    };
+    if let Some(declared) = ctx.header("x-amz-decoded-content-length") {
+        if declared.parse::<u64>().ok() != Some(received.size) {
+            return fail(S3Error::incomplete_body(format!("x-amz-decoded-content-length {declared} but {} bytes arrived", received.size)));
+        }
+    }
+    if sha_signed && received.sha256_hex.as_deref() != Some(payload_hash.to_ascii_lowercase().as_str()) {
+        return fail(S3Error::new(400, "XAmzContentSHA256Mismatch", "The provided 'x-amz-content-sha256' header does not match what was computed."));
+    }
+    if let Some(expected) = ctx.header("content-md5") {
+        let got = received.md5.map(|m| base64::engine::general_purpose::STANDARD.encode(m));
+        if got.as_deref() != Some(expected.trim()) {
+            return fail(S3Error::bad_digest("Content-MD5"));
+        }
+    }
+    let mut verified = None;
+    if let Some(alg) = checksum {
+        let name = format!("x-amz-checksum-{alg}");
+        let claimed = ctx
+            .header(&name)
+            .map(str::to_string)
+            .or_else(|| received.trailers.iter().find(|(k, _)| *k == name).map(|(_, v)| v.clone()));
+        let computed = match alg.as_str() {
+            "crc32" => received.crc32.clone(),
+            "crc32c" => received.crc32c.clone(),
+            "crc64nvme" => received.crc64nvme.clone(),
+            _ => None,
+        };
+        match (claimed, computed) {
+            (Some(c), Some(v)) if c == v => verified = Some((alg, v)),
+            (Some(_), Some(_)) => return fail(S3Error::bad_digest(&name)),
+            // SHA-1/SHA-256 checksums are accepted unverified (documented limitation).
+            (Some(c), None) => verified = Some((alg, c)),
+            (None, Some(v)) => verified = Some((alg, v)),
+            (None, None) => {}
+        }
+    }
+    Ok((path, received, verified))
+}
+
+/// `If-None-Match: *` / `If-Match: etag` on a write, checked against the current object.
+pub fn check_write_conditions(ctx: &Ctx, current: Option<&Object>) -> Result<(), S3Error> {
+    if let Some(v) = ctx.header("if-none-match") {
+        if v.trim() != "*" {
+            return Err(S3Error::not_implemented("If-None-Match with a value other than *"));
+        }
+        if current.is_some() {
+            return Err(S3Error::precondition_failed("If-None-Match"));
+        }
+    }
+    if let Some(v) = ctx.header("if-match") {
+        match current {
+            None => return Err(S3Error::no_such_key()),
+            Some(o) if !etag_matches(v, &o.etag) => return Err(S3Error::precondition_failed("If-Match")),
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+fn etag_matches(condition: &str, etag: &str) -> bool {
+    condition.split(',').any(|c| {
+        let c = c.trim();
+        c == "*" || c.trim_matches('"') == etag.trim_matches('"')
+    })
+}
+
+fn parse_range(value: &str, size: u64) -> Result<Option<(u64, u64)>, S3Error> {
+    let invalid = || S3Error::new(416, "InvalidRange", "The requested range is not satisfiable");
+    let Some(spec) = value.trim().strip_prefix("bytes=") else { return Ok(None) };
+    if spec.contains(',') {
+        return Ok(None); // S3 ignores multi-range requests and sends the whole object.
+    }
+    let (a, b) = spec.split_once('-').ok_or_else(invalid)?;
+    let (start, end) = if a.is_empty() {
+        let n: u64 = b.parse().map_err(|_| invalid())?;
+        if n == 0 || size == 0 {
+            return Err(invalid());
+        }
+        (size.saturating_sub(n), size - 1)
+    } else {
+        let start: u64 = a.parse().map_err(|_| invalid())?;
+        let end: u64 = if b.is_empty() { u64::MAX } else { b.parse().map_err(|_| invalid())? };
+        if end < start {
+            return Ok(None);
+        }
+        if start >= size {
+            return Err(invalid());
+        }
+        (start, end.min(size - 1))
+    };
+    Ok(Some((start, end)))
+}
+
+pub fn get_object(state: &Arc<State>, ctx: &Ctx) -> Answer {
+    if ctx.has("partNumber") {
+        return Err(S3Error::not_implemented("GetObject with partNumber"));
+    }
+    let (object, file) = {
+        let buckets = state.store.buckets();
+        let b = buckets.get(&ctx.bucket).ok_or_else(S3Error::no_such_bucket)?;
+        let o = Arc::clone(b.objects.get(&ctx.key).ok_or_else(S3Error::no_such_key)?);
+        // Opened under the lock: a concurrent overwrite then deletes a file we already hold open.
+        let file = std::fs::File::open(&o.file).map_err(S3Error::internal)?;
+        (o, file)
+    };
+    let not_modified = || {
+        let mut r = respond(304, ResponseBody::empty());
+        set_header(&mut r, "etag", &object.etag);
+        set_header(&mut r, "last-modified", &xml::http_date(object.last_modified));
+        r
+    };
+    if let Some(v) = ctx.header("if-match") {
+        if !etag_matches(v, &object.etag) {
+            return Err(S3Error::precondition_failed("If-Match"));
+        }
+    } else if let Some(since) = ctx.header("if-unmodified-since").and_then(xml::parse_http_date) {
+        if truncate_secs(object.last_modified) > since {
+            return Err(S3Error::precondition_failed("If-Unmodified-Since"));
+        }
+    }
+    if let Some(v) = ctx.header("if-none-match") {
+        if etag_matches(v, &object.etag) {
+            return Ok(not_modified());
+        }
+    } else if let Some(since) = ctx.header("if-modified-since").and_then(xml::parse_http_date) {
+        if truncate_secs(object.last_modified) <= since {
+            return Ok(not_modified());
+        }
+    }
+    let range = match ctx.header("range") {
+        Some(r) => parse_range(r, object.size)?,
+        None => None,
+    };
+    let (status, start, len) = match range {
+        Some((s, e)) => (206, s, e - s + 1),
+        None => (200, 0, object.size),
+    };
+    let head = ctx.method == http::Method::HEAD;
+    let fault = if head || len < 2 { BodyFault::None } else { ctx.body_fault };
+    let body = if head || len == 0 { ResponseBody::empty() } else { ResponseBody::file_range(file, start, len, fault) };
+    let mut r = respond(status, body);
+    set_header(&mut r, "content-length", &len.to_string());
+    set_header(&mut r, "etag", &object.etag);
+    set_header(&mut r, "last-modified", &xml::http_date(object.last_modified));
+    set_header(&mut r, "content-type", &object.content_type);
+    set_header(&mut r, "accept-ranges", "bytes");
+    if status == 206 {
+        set_header(&mut r, "content-range", &format!("bytes {start}-{}/{}", start + len - 1, object.size));
+    }
+    if status == 200 && ctx.header("x-amz-checksum-mode").is_some_and(|m| m.eq_ignore_ascii_case("ENABLED")) {
+        if let Some((alg, value)) = &object.checksum {
+            let name = format!("x-amz-checksum-{alg}");
+            if let (Ok(n), Ok(v)) = (http::HeaderName::try_from(name), http::HeaderValue::from_str(value)) {
+                r.headers_mut().insert(n, v);
+                set_header(&mut r, "x-amz-checksum-type", "FULL_OBJECT");
+            }
+        }
+    }
+    if state.store.buckets().get(&ctx.bucket).is_some_and(|b| b.directory) {
+        set_header(&mut r, "x-amz-storage-class", "EXPRESS_ONEZONE");
+    }
+    Ok(r)
+}
+
+fn truncate_secs(t: SystemTime) -> SystemTime {
+    let secs = t.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default().as_secs();
+    SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(secs)
+}
+
+fn checksum_header(r: &mut http::Response<ResponseBody>, checksum: &Option<(String, String)>) {
+    if let Some((alg, value)) = checksum {
+        if let (Ok(n), Ok(v)) = (http::HeaderName::try_from(format!("x-amz-checksum-{alg}")), http::HeaderValue::from_str(value)) {
+            r.headers_mut().insert(n, v);
+        }
+    }
+}
+
+pub async fn put_object(state: &Arc<State>, ctx: &Ctx, body: Incoming) -> Answer {
+    let directory = {
+        let buckets = state.store.buckets();
+        buckets.get(&ctx.bucket).ok_or_else(S3Error::no_such_bucket)?.directory
+    };
+    validate_key(&ctx.key)?;
+    if let Some(offset) = ctx.header("x-amz-write-offset-bytes") {
+        if !directory {
+            return Err(S3Error::not_implemented("x-amz-write-offset-bytes (appends) on general purpose buckets"));
+        }
+        let offset: u64 = offset.trim().parse().map_err(|_| S3Error::invalid_argument("x-amz-write-offset-bytes must be a non-negative integer"))?;
+        return append(state, ctx, body, offset).await;
+    }
+    let (path, received, checksum) = receive_verified(state, ctx, body, "obj", directory).await?;
+    let object = Object {
+        file: path.clone(),
+        size: received.size,
+        etag: new_etag(directory, received.md5),
+        last_modified: SystemTime::now(),
+        content_type: ctx.header("content-type").unwrap_or("binary/octet-stream").to_string(),
+        checksum: checksum.clone(),
+        parts: 1,
+    };
+    let etag = object.etag.clone();
+    commit(state, ctx, object)?;
+    let mut r = respond(200, ResponseBody::empty());
+    set_header(&mut r, "etag", &etag);
+    checksum_header(&mut r, &checksum);
+    Ok(r)
+}
+
+/// Swaps a new object in if the write conditions still hold; deletes the file it replaced.
+pub fn commit(state: &Arc<State>, ctx: &Ctx, object: Object) -> Result<(), S3Error> {
+    let new_file = object.file.clone();
+    let replaced = {
+        let mut buckets = state.store.buckets();
+        let Some(b) = buckets.get_mut(&ctx.bucket) else {
+            let _ = std::fs::remove_file(&new_file);
+            return Err(S3Error::no_such_bucket());
+        };
+        if let Err(e) = check_write_conditions(ctx, b.objects.get(&ctx.key).map(|o| o.as_ref())) {
+            drop(buckets);
+            let _ = std::fs::remove_file(&new_file);
+            return Err(e);
+        }
+        b.objects.insert(ctx.key.clone(), Arc::new(object))
+    };
+    if let Some(old) = replaced {
+        if old.file != new_file {
+            let _ = std::fs::remove_file(&old.file);
+        }
+    }
+    Ok(())
+}
+
+async fn append(state: &Arc<State>, ctx: &Ctx, body: Incoming, offset: u64) -> Answer {
+    let (tmp, received, _) = receive_verified(state, ctx, body, "append", true).await?;
+    let result = (|| {
+        let mut buckets = state.store.buckets();
+        let b = buckets.get_mut(&ctx.bucket).ok_or_else(S3Error::no_such_bucket)?;
+        let current = b.objects.get(&ctx.key).cloned();
+        check_write_conditions(ctx, current.as_deref())?;
+        let Some(current) = current else {
+            if offset != 0 {
+                return Err(S3Error::new(400, "InvalidWriteOffset", "The write offset value that you specified does not match the current object size."));
+            }
+            let object = Object {
+                file: tmp.clone(),
+                size: received.size,
+                etag: new_etag(true, None),
+                last_modified: SystemTime::now(),
+                content_type: ctx.header("content-type").unwrap_or("binary/octet-stream").to_string(),
+                checksum: None,
+                parts: 1,
+            };
+            let etag = object.etag.clone();
+            b.objects.insert(ctx.key.clone(), Arc::new(object));
+            return Ok((etag, received.size, false));
+        };
+        if offset != current.size {
+            return Err(S3Error::new(400, "InvalidWriteOffset", "The write offset value that you specified does not match the current object size."));
+        }
+        if current.parts >= MAX_APPENDS {
+            return Err(S3Error::new(400, "TooManyParts", "The object has reached the maximum number of appends (10,000)."));
+        }
+        // Appending under the lock keeps appends to one object ordered; bodies are already on local disk.
+        let mut dest = std::fs::OpenOptions::new().append(true).open(&current.file).map_err(S3Error::internal)?;
+        let mut src = std::fs::File::open(&tmp).map_err(S3Error::internal)?;
+        std::io::copy(&mut src, &mut dest).map_err(S3Error::internal)?;
+        let object = Object {
+            file: current.file.clone(),
+            size: current.size + received.size,
+            etag: new_etag(true, None),
+            last_modified: SystemTime::now(),
+            content_type: current.content_type.clone(),
+            checksum: None,
+            parts: current.parts + 1,
+        };
+        let etag = object.etag.clone();
+        let size = object.size;
+        b.objects.insert(ctx.key.clone(), Arc::new(object));
+        Ok((etag, size, true))
+    })();
+    match result {
+        Ok((etag, size, appended)) => {
+            if appended {
+                let _ = std::fs::remove_file(&tmp);
+            }
+            let mut r = respond(200, ResponseBody::empty());
+            set_header(&mut r, "etag", &etag);
+            set_header(&mut r, "x-amz-object-size", &size.to_string());
+            Ok(r)
+        }
+        Err(e) => {
+            let _ = std::fs::remove_file(&tmp);
+            Err(e)
+        }
+    }
+}
+
+/// Keys are 1 to 1024 bytes of UTF-8 (path-style requests have already been decoded).
+pub fn validate_key(key: &str) -> Result<(), S3Error> {
+    if key.is_empty() || key.len() > 1024 {
+        return Err(S3Error::new(400, "KeyTooLongError", "Your key is too long (or empty)"));
+    }
+    Ok(())
+}
+
+pub async fn copy_object(state: &Arc<State>, ctx: &Ctx) -> Answer {
+    validate_key(&ctx.key)?;
+    let source = ctx.header("x-amz-copy-source").unwrap_or("");
+    let source = percent_decode_str(source.split('?').next().unwrap_or("")).decode_utf8_lossy().into_owned();
+    let source = source.trim_start_matches('/');
+    let (src_bucket, src_key) = source.split_once('/').ok_or_else(|| S3Error::invalid_argument("Copy Source must mention the source bucket and key: sourcebucket/sourcekey"))?;
+    let (src, directory) = {
+        let buckets = state.store.buckets();
+        let sb = buckets.get(src_bucket).ok_or_else(S3Error::no_such_bucket)?;
+        let o = Arc::clone(sb.objects.get(src_key).ok_or_else(S3Error::no_such_key)?);
+        let directory = buckets.get(&ctx.bucket).ok_or_else(S3Error::no_such_bucket)?.directory;
+        (o, directory)
+    };
+    if let Some(v) = ctx.header("x-amz-copy-source-if-match") {
+        if !etag_matches(v, &src.etag) {
+            return Err(S3Error::precondition_failed("x-amz-copy-source-if-match"));
+        }
+    }
+    let dest = state.store.new_file(&ctx.bucket, "obj")?;
+    let (from, to) = (src.file.clone(), dest.clone());
+    tokio::task::spawn_blocking(move || std::fs::copy(from, to))
+        .await
+        .map_err(|e| S3Error::internal(std::io::Error::other(e)))?
+        .map_err(S3Error::internal)?;
+    let etag = if directory { new_etag(true, None) } else { src.etag.clone() };
+    let object = Object { file: dest, etag: etag.clone(), last_modified: SystemTime::now(), ..(*src).clone() };
+    let modified = object.last_modified;
+    commit(state, ctx, object)?;
+    let mut out = format!("{HEADER}<CopyObjectResult xmlns=\"{NS}\">");
+    el(&mut out, "ETag", &etag);
+    el(&mut out, "LastModified", &xml::iso8601(modified));
+    out.push_str("</CopyObjectResult>");
+    Ok(xml_response(out))
+}
+
+/// RenameObject (directory buckets): atomically moves `x-amz-rename-source` to the request key.
+pub fn rename_object(state: &Arc<State>, ctx: &Ctx) -> Answer {
+    validate_key(&ctx.key)?;
+    let raw = ctx.header("x-amz-rename-source").ok_or_else(|| S3Error::invalid_request("x-amz-rename-source is required"))?;
+    let source = percent_decode_str(raw.strip_prefix('/').unwrap_or(raw)).decode_utf8_lossy().into_owned();
+    validate_key(&source)?;
+    let replaced = {
+        let mut buckets = state.store.buckets();
+        let b = buckets.get_mut(&ctx.bucket).ok_or_else(S3Error::no_such_bucket)?;
+        if !b.directory {
+            return Err(S3Error::not_implemented("RenameObject on general purpose buckets"));
+        }
+        let src = Arc::clone(b.objects.get(&source).ok_or_else(S3Error::no_such_key)?);
+        if let Some(v) = ctx.header("x-amz-rename-source-if-match") {
+            if !etag_matches(v, &src.etag) {
+                return Err(S3Error::precondition_failed("x-amz-rename-source-if-match"));
+            }
+        }
+        if let Some(v) = ctx.header("x-amz-rename-source-if-none-match") {
+            if etag_matches(v, &src.etag) {
+                return Err(S3Error::precondition_failed("x-amz-rename-source-if-none-match"));
+            }
+        }
+        check_write_conditions(ctx, b.objects.get(&ctx.key).map(|o| o.as_ref()))?;
+        if source == ctx.key {
+            None
+        } else {
+            b.objects.remove(&source);
+            let moved = Object { last_modified: SystemTime::now(), ..(*src).clone() };
+            b.objects.insert(ctx.key.clone(), Arc::new(moved))
+        }
+    };
+    if let Some(old) = replaced {
+        let _ = std::fs::remove_file(&old.file);
+    }
+    Ok(respond(200, ResponseBody::empty()))
+}
+
+pub fn delete_object(state: &Arc<State>, ctx: &Ctx) -> Answer {
+    remove_key(state, &ctx.bucket, &ctx.key, ctx.header("if-match"))?;
+    Ok(respond(204, ResponseBody::empty()))
+}
+
+fn remove_key(state: &Arc<State>, bucket: &str, key: &str, if_match: Option<&str>) -> Result<(), S3Error> {
+    let removed = {
+        let mut buckets = state.store.buckets();
+        let b = buckets.get_mut(bucket).ok_or_else(S3Error::no_such_bucket)?;
+        if let Some(cond) = if_match {
+            match b.objects.get(key) {
+                None => return Err(S3Error::no_such_key()),
+                Some(o) if !etag_matches(cond, &o.etag) => return Err(S3Error::precondition_failed("If-Match")),
+                _ => {}
+            }
+        }
+        b.objects.remove(key)
+    };
+    if let Some(old) = removed {
+        let _ = std::fs::remove_file(&old.file);
+    }
+    Ok(())
+}
+
+/// DeleteObjects: `<Delete><Object><Key>k</Key></Object>...<Quiet>true</Quiet></Delete>`.
+pub async fn delete_objects(state: &Arc<State>, ctx: &Ctx, body: Incoming) -> Answer {
+    let body = small_body(ctx, body, 2 * 1024 * 1024).await?;
+    let text = String::from_utf8_lossy(&body);
+    let quiet = text.contains("<Quiet>true</Quiet>");
+    let mut keys = Vec::new();
+    for piece in text.split("<Key>").skip(1) {
+        let key = piece.split("</Key>").next().unwrap_or("");
+        keys.push(quick_xml::escape::unescape(key).map(|k| k.into_owned()).unwrap_or_else(|_| key.to_string()));
+    }
+    if keys.len() > 1000 {
+        return Err(S3Error::new(400, "MalformedXML", "At most 1000 keys per DeleteObjects request"));
+    }
+    let mut out = format!("{HEADER}<DeleteResult xmlns=\"{NS}\">");
+    for key in keys {
+        match remove_key(state, &ctx.bucket, &key, None) {
+            Ok(()) if quiet => {}
+            Ok(()) => {
+                out.push_str("<Deleted>");
+                el(&mut out, "Key", &key);
+                out.push_str("</Deleted>");
+            }
+            Err(e) => {
+                out.push_str("<Error>");
+                el(&mut out, "Key", &key);
+                el(&mut out, "Code", e.code);
+                el(&mut out, "Message", &e.message);
+                out.push_str("</Error>");
+            }
+        }
+    }
+    out.push_str("</DeleteResult>");
+    Ok(xml_response(out))
+}
