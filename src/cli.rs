@@ -1,1 +1,281 @@
-//! (Being written.)
+//! Command line. Flag names follow Mountpoint's (`mount-s3`) wherever the same idea exists, so switching
+//! is a matter of changing the binary name. `-o a,b=c` (fstab style) is expanded to the same flags.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Parser;
+
+use crate::s3::UploadChecksum;
+
+#[derive(Parser, Debug, Clone)]
+#[command(
+    name = "expressfs",
+    version,
+    about = "Mount an S3 Express One Zone directory bucket (or a general purpose bucket) as a local file system",
+    after_help = "Credentials come from the standard AWS chain (environment, profile, instance role).\n\
+                  Directory buckets need the s3express:CreateSession permission."
+)]
+pub struct Args {
+    /// Bucket to mount: base--azid--x-s3 (directory bucket) or a general purpose bucket name
+    pub bucket: String,
+
+    /// Directory to mount the bucket at (must exist and be empty)
+    pub mountpoint: PathBuf,
+
+    // ---- Bucket options
+    /// Mount only keys under this prefix (must end in '/')
+    #[arg(long, help_heading = "Bucket options")]
+    pub prefix: Option<String>,
+    /// AWS region (default: from the directory bucket's zone, then AWS_REGION, then us-east-1)
+    #[arg(long, help_heading = "Bucket options")]
+    pub region: Option<String>,
+    /// S3 endpoint URL (e.g. http://127.0.0.1:9000 for a local emulator)
+    #[arg(long, help_heading = "Bucket options")]
+    pub endpoint_url: Option<String>,
+    /// Use path-style addressing (implied by --endpoint-url)
+    #[arg(long, help_heading = "Bucket options")]
+    pub force_path_style: bool,
+    /// Named profile from the AWS config and credentials files
+    #[arg(long, help_heading = "Bucket options")]
+    pub profile: Option<String>,
+    /// Additional checksum sent with every upload
+    #[arg(long, value_parser = ["crc32c", "crc64nvme", "off"], default_value = "crc32c", help_heading = "Bucket options")]
+    pub upload_checksums: String,
+
+    // ---- Mount options
+    /// Refuse every write (EROFS)
+    #[arg(long, help_heading = "Mount options")]
+    pub read_only: bool,
+    /// Allow replacing existing objects (open with O_TRUNC, rename over a file)
+    #[arg(long, help_heading = "Mount options")]
+    pub allow_overwrite: bool,
+    /// Allow deleting objects (unlink)
+    #[arg(long, help_heading = "Mount options")]
+    pub allow_delete: bool,
+    /// Directory buckets: opening an existing file without O_TRUNC appends to it
+    #[arg(long, help_heading = "Mount options")]
+    pub incremental_upload: bool,
+    /// Stay in the foreground (default: detach once the mount is live)
+    #[arg(short, long, help_heading = "Mount options")]
+    pub foreground: bool,
+    /// Let other users access the mount (needs user_allow_other in /etc/fuse.conf for non-root)
+    #[arg(long, help_heading = "Mount options")]
+    pub allow_other: bool,
+    /// Let root access the mount
+    #[arg(long, help_heading = "Mount options")]
+    pub allow_root: bool,
+    /// Unmount automatically when the daemon exits (needs fusermount3)
+    #[arg(long, help_heading = "Mount options")]
+    pub auto_unmount: bool,
+    /// FUSE worker threads
+    #[arg(long, default_value_t = 16, help_heading = "Mount options")]
+    pub max_threads: usize,
+    /// Files open for writing at once; more fail with EMFILE
+    #[arg(long, default_value_t = 64, help_heading = "Mount options")]
+    pub max_open_writers: usize,
+
+    // ---- File permissions
+    /// Owner of every file and directory (default: the mounting user)
+    #[arg(long, help_heading = "File permissions")]
+    pub uid: Option<u32>,
+    /// Group of every file and directory (default: the mounting user's group)
+    #[arg(long, help_heading = "File permissions")]
+    pub gid: Option<u32>,
+    /// Permission bits of directories, in octal
+    #[arg(long, default_value = "0755", value_parser = parse_mode, help_heading = "File permissions")]
+    pub dir_mode: u16,
+    /// Permission bits of files, in octal
+    #[arg(long, default_value = "0644", value_parser = parse_mode, help_heading = "File permissions")]
+    pub file_mode: u16,
+
+    // ---- Performance and caching
+    /// Size of each ranged GET, in bytes (suffixes K, M, G accepted)
+    #[arg(long, default_value = "8M", value_parser = parse_size, help_heading = "Performance and caching")]
+    pub read_part_size: u64,
+    /// Size of each uploaded part, in bytes (at least 5M)
+    #[arg(long, default_value = "8M", value_parser = parse_size, help_heading = "Performance and caching")]
+    pub write_part_size: u64,
+    /// Sets both --read-part-size and --write-part-size
+    #[arg(long, value_parser = parse_size, help_heading = "Performance and caching")]
+    pub part_size: Option<u64>,
+    /// Most bytes fetched ahead for one sequential reader
+    #[arg(long, default_value = "64M", value_parser = parse_size, help_heading = "Performance and caching")]
+    pub max_prefetch: u64,
+    /// How long metadata is trusted: seconds, "minimal" or "indefinite"
+    #[arg(long, default_value = "1", value_parser = parse_ttl, help_heading = "Performance and caching")]
+    pub metadata_ttl: Duration,
+    /// How long a missing name is remembered: seconds, "minimal" or "indefinite"
+    #[arg(long, value_parser = parse_ttl, help_heading = "Performance and caching")]
+    pub negative_metadata_ttl: Option<Duration>,
+    /// Local directory for staging out-of-order writes
+    #[arg(long, help_heading = "Performance and caching")]
+    pub cache: Option<PathBuf>,
+    /// Largest file that may be staged locally for out-of-order writes (0 disables staging)
+    #[arg(long, default_value = "1G", value_parser = parse_size, help_heading = "Performance and caching")]
+    pub max_staged_file_size: u64,
+
+    // ---- Logging
+    /// Debug logging for expressfs (RUST_LOG overrides)
+    #[arg(long, help_heading = "Logging")]
+    pub debug: bool,
+    /// Write logs to files in this directory (default: stderr in the foreground, nothing in the background)
+    #[arg(long, help_heading = "Logging")]
+    pub log_directory: Option<PathBuf>,
+    /// No logging at all
+    #[arg(long, help_heading = "Logging")]
+    pub no_log: bool,
+}
+
+impl Args {
+    pub fn upload_checksum(&self) -> UploadChecksum {
+        match self.upload_checksums.as_str() {
+            "crc64nvme" => UploadChecksum::Crc64Nvme,
+            "off" => UploadChecksum::Off,
+            _ => UploadChecksum::Crc32c,
+        }
+    }
+
+    /// Checks that the flags make sense together.
+    pub fn validate(&self) -> Result<(), String> {
+        if let Some(prefix) = &self.prefix {
+            if !prefix.is_empty() && !prefix.ends_with('/') {
+                return Err(format!("--prefix {prefix:?} must end in '/'"));
+            }
+            if prefix.starts_with('/') || prefix.contains("//") {
+                return Err(format!("--prefix {prefix:?} must not start with '/' or contain '//'"));
+            }
+        }
+        if self.write_part_size() < 5 * 1024 * 1024 {
+            return Err("--write-part-size must be at least 5M (S3's minimum part size)".into());
+        }
+        if self.read_part_size() < 64 * 1024 {
+            return Err("--read-part-size must be at least 64K".into());
+        }
+        if self.read_only && (self.allow_delete || self.allow_overwrite || self.incremental_upload) {
+            return Err("--read-only cannot be combined with --allow-delete, --allow-overwrite or --incremental-upload".into());
+        }
+        if self.max_threads == 0 {
+            return Err("--max-threads must be at least 1".into());
+        }
+        Ok(())
+    }
+
+    pub fn read_part_size(&self) -> u64 {
+        self.part_size.unwrap_or(self.read_part_size)
+    }
+
+    pub fn write_part_size(&self) -> u64 {
+        self.part_size.unwrap_or(self.write_part_size)
+    }
+}
+
+fn parse_mode(s: &str) -> Result<u16, String> {
+    let v = u16::from_str_radix(s.trim_start_matches("0o"), 8).map_err(|_| format!("{s:?} is not an octal mode like 0644"))?;
+    if v > 0o7777 {
+        return Err(format!("{s:?} is not a permission mode"));
+    }
+    Ok(v)
+}
+
+/// Bytes with an optional K/M/G (binary) suffix.
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let (digits, mult) = match t.char_indices().last() {
+        Some((i, c)) if c.is_ascii_alphabetic() => {
+            let mult = match c.to_ascii_uppercase() {
+                'K' => 1u64 << 10,
+                'M' => 1 << 20,
+                'G' => 1 << 30,
+                _ => return Err(format!("{s:?}: unknown size suffix (use K, M or G)")),
+            };
+            (&t[..i], mult)
+        }
+        _ => (t, 1),
+    };
+    let n: u64 = digits.parse().map_err(|_| format!("{s:?} is not a size like 8388608 or 8M"))?;
+    n.checked_mul(mult).ok_or_else(|| format!("{s:?} is too large"))
+}
+
+fn parse_ttl(s: &str) -> Result<Duration, String> {
+    match s {
+        "minimal" => Ok(Duration::ZERO),
+        "indefinite" => Ok(Duration::from_secs(100 * 365 * 24 * 3600)),
+        _ => s
+            .parse::<f64>()
+            .ok()
+            .filter(|v| v.is_finite() && *v >= 0.0)
+            .map(Duration::from_secs_f64)
+            .ok_or_else(|| format!("{s:?} is not a number of seconds, \"minimal\" or \"indefinite\"")),
+    }
+}
+
+/// Options that mount(8)/fstab pass but that mean nothing to us.
+const IGNORED_MOUNT_OPTIONS: &[&str] = &["defaults", "auto", "noauto", "nofail", "_netdev", "user", "users", "nouser", "rw", "dev", "suid", "exec", "noexec", "nodev", "nosuid", "atime", "noatime", "relatime"];
+
+/// Expands `-o a,b=c` into `--a --b c` (underscores become dashes), the form fstab and mount(8) use.
+pub fn expand_mount_options(argv: Vec<String>) -> Result<Vec<String>, String> {
+    let mut out = Vec::with_capacity(argv.len());
+    let mut iter = argv.into_iter();
+    while let Some(arg) = iter.next() {
+        let list = if arg == "-o" {
+            iter.next().ok_or("-o needs a comma-separated list of options")?
+        } else if let Some(rest) = arg.strip_prefix("-o").filter(|r| !r.is_empty()) {
+            rest.to_string()
+        } else {
+            out.push(arg);
+            continue;
+        };
+        for opt in list.split(',').filter(|o| !o.is_empty()) {
+            let (name, value) = opt.split_once('=').map_or((opt, None), |(n, v)| (n, Some(v)));
+            if IGNORED_MOUNT_OPTIONS.contains(&name) || name.starts_with("x-systemd.") || name.starts_with("comment=") {
+                continue;
+            }
+            let flag = match name {
+                "ro" => "read-only".to_string(),
+                other => other.replace('_', "-"),
+            };
+            out.push(format!("--{flag}"));
+            if let Some(v) = value {
+                out.push(v.to_string());
+            }
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Args, String> {
+        let argv: Vec<String> = std::iter::once("expressfs").chain(args.iter().copied()).map(String::from).collect();
+        let a = Args::try_parse_from(expand_mount_options(argv)?).map_err(|e| e.to_string())?;
+        a.validate()?;
+        Ok(a)
+    }
+
+    #[test]
+    fn sizes_modes_and_ttls() {
+        assert_eq!(parse_size("8M").unwrap(), 8 << 20);
+        assert_eq!(parse_size("4096").unwrap(), 4096);
+        assert!(parse_size("8X").is_err());
+        assert_eq!(parse_mode("0640").unwrap(), 0o640);
+        assert!(parse_mode("999").is_err());
+        assert_eq!(parse_ttl("minimal").unwrap(), Duration::ZERO);
+        assert_eq!(parse_ttl("2.5").unwrap(), Duration::from_millis(2500));
+        assert!(parse_ttl("-1").is_err());
+    }
+
+    #[test]
+    fn flags_and_fstab_options() {
+        let a = parse(&["b--use1-az4--x-s3", "/mnt", "-o", "ro,allow_other,region=us-west-2,_netdev,x-systemd.automount"]).unwrap();
+        assert!(a.read_only && a.allow_other);
+        assert_eq!(a.region.as_deref(), Some("us-west-2"));
+        assert!(parse(&["b", "/mnt", "--prefix", "data"]).unwrap_err().contains("end in '/'"));
+        assert!(parse(&["b", "/mnt", "--write-part-size", "1M"]).unwrap_err().contains("5M"));
+        assert!(parse(&["b", "/mnt", "--read-only", "--allow-delete"]).is_err());
+        let p = parse(&["b", "/mnt", "--part-size", "16M"]).unwrap();
+        assert_eq!((p.read_part_size(), p.write_part_size()), (16 << 20, 16 << 20));
+    }
+}

@@ -1,1 +1,300 @@
-//! (Being written.)
+//! Process lifecycle: checks, detaching, readiness, signals.
+//!
+//! By default the process forks before any thread exists; the parent waits on a pipe and exits 0 only once
+//! the mount is live, or prints why it is not and exits 1. `--foreground` stays attached. SIGINT/SIGTERM
+//! unmount cleanly; an external `umount` ends the session and the daemon exits 0.
+
+use std::io::{Read, Write};
+use std::os::fd::OwnedFd;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use clap::Parser;
+use tracing::info;
+
+use crate::bucket;
+use crate::cli::{Args, expand_mount_options};
+use crate::fs::{FsConfig, S3Filesystem};
+use crate::fuse::{self, FuseOptions};
+use crate::s3::sdk::{SdkClient, SdkClientConfig};
+use crate::s3::{ClientError, ObjectClient};
+
+/// Where startup outcome goes: straight to the terminal, or through the pipe to the waiting parent.
+enum Reporter {
+    Terminal,
+    Parent(std::fs::File),
+}
+
+impl Reporter {
+    fn ready(&mut self, message: &str) {
+        match self {
+            Reporter::Terminal => eprintln!("{message}"),
+            Reporter::Parent(pipe) => {
+                let _ = writeln!(pipe, "OK {message}");
+            }
+        }
+        notify_systemd("READY=1");
+    }
+
+    fn fail(&mut self, message: &str) -> i32 {
+        match self {
+            Reporter::Terminal => eprintln!("expressfs: error: {message}"),
+            Reporter::Parent(pipe) => {
+                let _ = writeln!(pipe, "ERR {message}");
+            }
+        }
+        1
+    }
+}
+
+/// Tells systemd (Type=notify units) about our state; a no-op elsewhere.
+fn notify_systemd(state: &str) {
+    let Some(socket) = std::env::var_os("NOTIFY_SOCKET") else { return };
+    let sock = match std::os::unix::net::UnixDatagram::unbound() {
+        Ok(s) => s,
+        Err(_) => return,
+    };
+    let path = socket.to_string_lossy().into_owned();
+    let _ = if let Some(abstract_name) = path.strip_prefix('@') {
+        use std::os::linux::net::SocketAddrExt;
+        std::os::unix::net::SocketAddr::from_abstract_name(abstract_name.as_bytes()).and_then(|a| sock.send_to_addr(state.as_bytes(), &a))
+    } else {
+        sock.send_to(state.as_bytes(), &path)
+    };
+}
+
+/// Entry point of the binary; returns the exit code.
+pub fn main() -> i32 {
+    let argv = match expand_mount_options(std::env::args().collect()) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("expressfs: error: {e}");
+            return 2;
+        }
+    };
+    let args = match Args::try_parse_from(argv) {
+        Ok(a) => a,
+        Err(e) => {
+            let _ = e.print();
+            return if e.use_stderr() { 2 } else { 0 };
+        }
+    };
+    let mut terminal = Reporter::Terminal;
+    if let Err(e) = args.validate() {
+        return terminal.fail(&e);
+    }
+    let name = match bucket::parse(&args.bucket) {
+        Ok(n) => n,
+        Err(e) => return terminal.fail(&e),
+    };
+    let region = match resolve_region(&args, &name) {
+        Ok(r) => r,
+        Err(e) => return terminal.fail(&e),
+    };
+    if let Err(e) = check_mountpoint(&args.mountpoint) {
+        return terminal.fail(&e);
+    }
+    if !Path::new("/dev/fuse").exists() {
+        return terminal.fail("FUSE is not available: /dev/fuse is missing (load the fuse module; in a container, pass --device /dev/fuse)");
+    }
+    if args.foreground {
+        return serve(args, name, region, Reporter::Terminal);
+    }
+    match detach() {
+        Ok(Detached::Child(pipe)) => serve(args, name, region, Reporter::Parent(std::fs::File::from(pipe))),
+        Ok(Detached::Parent(code)) => code,
+        Err(e) => terminal.fail(&format!("cannot start the background daemon: {e}")),
+    }
+}
+
+fn resolve_region(args: &Args, name: &bucket::BucketName) -> Result<String, String> {
+    if let Some(r) = &args.region {
+        return Ok(r.clone());
+    }
+    if let Some(zone) = &name.zone {
+        return bucket::region_of_zone(zone).map(str::to_string).ok_or_else(|| {
+            format!("cannot tell the region of availability zone {zone:?} (bucket {}): pass --region", name.name)
+        });
+    }
+    Ok(std::env::var("AWS_REGION").or_else(|_| std::env::var("AWS_DEFAULT_REGION")).unwrap_or_else(|_| "us-east-1".into()))
+}
+
+fn check_mountpoint(path: &Path) -> Result<(), String> {
+    let meta = std::fs::metadata(path).map_err(|e| format!("mount point {}: {e}", path.display()))?;
+    if !meta.is_dir() {
+        return Err(format!("mount point {} is not a directory", path.display()));
+    }
+    let mut entries = std::fs::read_dir(path).map_err(|e| format!("mount point {}: {e}", path.display()))?;
+    if entries.next().is_some() {
+        return Err(format!("mount point {} is not empty", path.display()));
+    }
+    Ok(())
+}
+
+enum Detached {
+    Parent(i32),
+    Child(OwnedFd),
+}
+
+/// Forks (before any thread exists). The parent waits for the child's report and returns its exit code.
+fn detach() -> std::io::Result<Detached> {
+    let (read_end, write_end) = nix::unistd::pipe()?;
+    // SAFETY: single-threaded at this point (no runtime, no logging thread yet).
+    match unsafe { nix::unistd::fork() }? {
+        nix::unistd::ForkResult::Parent { .. } => {
+            drop(write_end);
+            let mut answer = String::new();
+            let _ = std::fs::File::from(read_end).read_to_string(&mut answer);
+            let line = answer.lines().next().unwrap_or("");
+            if line.starts_with("OK") {
+                Ok(Detached::Parent(0))
+            } else if let Some(message) = line.strip_prefix("ERR ") {
+                eprintln!("expressfs: error: {message}");
+                Ok(Detached::Parent(1))
+            } else {
+                eprintln!("expressfs: error: the daemon exited before the mount was ready (see --log-directory)");
+                Ok(Detached::Parent(1))
+            }
+        }
+        nix::unistd::ForkResult::Child => {
+            drop(read_end);
+            let _ = nix::unistd::setsid();
+            // Detach from the terminal: stdio goes to /dev/null, logs to --log-directory.
+            if let Ok(null) = std::fs::OpenOptions::new().read(true).write(true).open("/dev/null") {
+                use std::os::fd::AsRawFd;
+                for fd in 0..3 {
+                    // SAFETY: dup2 onto the standard descriptors of this process.
+                    unsafe { libc::dup2(null.as_raw_fd(), fd) };
+                }
+            }
+            Ok(Detached::Child(write_end))
+        }
+    }
+}
+
+/// Explains a failure of the startup checks in terms a user can act on.
+fn explain(e: &ClientError, bucket: &str, region: &str, directory: bool) -> String {
+    match e {
+        ClientError::NoSuchBucket { .. } => format!("bucket {bucket} does not exist (region {region})"),
+        ClientError::NotFound { .. } => format!("bucket {bucket} does not exist (region {region})"),
+        ClientError::AccessDenied { code, message } => {
+            let hint = if directory {
+                "; directory buckets need the s3express:CreateSession permission on the bucket"
+            } else {
+                "; check s3:ListBucket and s3:GetObject permissions"
+            };
+            format!("access denied to bucket {bucket} ({code}: {message}){hint}")
+        }
+        ClientError::NoCredentials(m) => format!(
+            "no AWS credentials found ({m}): set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, use --profile, or run with an instance role"
+        ),
+        other => format!("cannot use bucket {bucket} (region {region}): {other}"),
+    }
+}
+
+fn serve(args: Args, name: bucket::BucketName, region: String, mut reporter: Reporter) -> i32 {
+    let background = matches!(reporter, Reporter::Parent(_));
+    let _log = match crate::logging::init(args.debug, if args.no_log { None } else { args.log_directory.as_deref() }, args.no_log || background) {
+        Ok(g) => g,
+        Err(e) => return reporter.fail(&format!("log directory: {e}")),
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread().thread_name("expressfs-io").enable_all().build() {
+        Ok(r) => r,
+        Err(e) => return reporter.fail(&format!("cannot start the async runtime: {e}")),
+    };
+    let prefix = args.prefix.clone().unwrap_or_default();
+    let mut sdk = SdkClientConfig::new(name.name.clone(), region.clone());
+    sdk.endpoint_url = args.endpoint_url.clone();
+    sdk.force_path_style = args.force_path_style || args.endpoint_url.is_some();
+    sdk.profile = args.profile.clone();
+    sdk.is_directory_bucket = name.is_directory();
+    sdk.upload_checksum = args.upload_checksum();
+    let client = runtime.block_on(async {
+        let client = SdkClient::new(sdk).await?;
+        client.head_bucket().await?;
+        // A listing proves the session (CreateSession) and read access, not just that the bucket exists.
+        client.list_objects(&prefix, Some("/"), None, 1).await?;
+        Ok::<_, ClientError>(client)
+    });
+    let client: Arc<dyn ObjectClient> = match client {
+        Ok(c) => Arc::new(c),
+        Err(e) => return reporter.fail(&explain(&e, &name.name, &region, name.is_directory())),
+    };
+
+    let mut config = FsConfig::new(
+        args.uid.unwrap_or_else(|| nix::unistd::getuid().as_raw()),
+        args.gid.unwrap_or_else(|| nix::unistd::getgid().as_raw()),
+    );
+    config.prefix = prefix.clone();
+    config.dir_mode = args.dir_mode;
+    config.file_mode = args.file_mode;
+    config.read_only = args.read_only;
+    config.allow_overwrite = args.allow_overwrite;
+    config.allow_delete = args.allow_delete;
+    config.incremental_upload = args.incremental_upload;
+    config.read_part_size = args.read_part_size();
+    config.write_part_size = args.write_part_size();
+    config.max_prefetch = args.max_prefetch;
+    config.max_writers = args.max_open_writers;
+    config.metadata_ttl = args.metadata_ttl;
+    config.negative_metadata_ttl = args.negative_metadata_ttl.unwrap_or(args.metadata_ttl);
+    config.staging_limit = args.max_staged_file_size;
+    config.staging_dir = if args.max_staged_file_size == 0 {
+        None
+    } else {
+        Some(args.cache.clone().unwrap_or_else(std::env::temp_dir))
+    };
+    let fs = S3Filesystem::new(client, config);
+    let fs_name = if prefix.is_empty() { name.name.clone() } else { format!("{}/{}", name.name, prefix.trim_end_matches('/')) };
+    let options = FuseOptions {
+        mountpoint: args.mountpoint.clone(),
+        fs_name,
+        read_only: args.read_only,
+        allow_other: args.allow_other,
+        allow_root: args.allow_root,
+        auto_unmount: args.auto_unmount,
+        threads: args.max_threads,
+    };
+    let mounted = match fuse::mount(fs, runtime.handle().clone(), &options) {
+        Ok(m) => m,
+        Err(e) => return reporter.fail(&format!("cannot mount at {}: {e}", args.mountpoint.display())),
+    };
+    info!(bucket = %name.name, mountpoint = %args.mountpoint.display(), %region, "mounted");
+    reporter.ready(&format!("{} mounted at {}", name.name, args.mountpoint.display()));
+    drop(reporter);
+
+    let stop = Arc::new(AtomicBool::new(false));
+    {
+        let stop = Arc::clone(&stop);
+        runtime.spawn(async move {
+            use tokio::signal::unix::{SignalKind, signal};
+            let (Ok(mut int), Ok(mut term)) = (signal(SignalKind::interrupt()), signal(SignalKind::terminate())) else { return };
+            tokio::select! {
+                _ = int.recv() => {}
+                _ = term.recv() => {}
+            }
+            stop.store(true, Ordering::SeqCst);
+        });
+    }
+    loop {
+        if mounted.is_finished() {
+            info!("unmounted");
+            let _ = mounted.join();
+            break;
+        }
+        if stop.load(Ordering::SeqCst) {
+            info!("signal received; unmounting");
+            if let Err(e) = mounted.unmount() {
+                tracing::error!("unmount failed: {e}");
+                return 1;
+            }
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    notify_systemd("STOPPING=1");
+    runtime.shutdown_timeout(Duration::from_secs(5));
+    0
+}

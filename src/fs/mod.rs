@@ -1,9 +1,29 @@
-//! File system core: inodes, lookup, readdir, read and write handles. No fuser types here. (Being written.)
+//! File system core: inodes, lookup, readdir, read and write handles. No fuser types here: the FUSE
+//! adapter calls these async methods and turns [`FsError`] into errno.
 
-use std::sync::Arc;
-use std::time::Duration;
+pub mod error;
+pub mod inode;
+pub mod names;
+pub mod read;
+pub mod write;
 
-use crate::s3::ObjectClient;
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant, SystemTime};
+
+use bytes::Bytes;
+use tokio::sync::Mutex as AsyncMutex;
+use tracing::debug;
+
+pub use error::{FsError, FsResult};
+pub use inode::ROOT_INO;
+use inode::{InodeTable, Kind, Stat};
+use read::Reader;
+use write::{Writer, WriterOptions};
+
+use crate::s3::{ObjectClient, WriteCondition};
 
 /// Configuration of the core, built by the CLI layer from flags.
 #[derive(Debug, Clone)]
@@ -19,19 +39,798 @@ pub struct FsConfig {
     pub allow_delete: bool,
     pub incremental_upload: bool,
     pub read_part_size: u64,
+    /// Most bytes one read handle fetches ahead.
+    pub max_prefetch: u64,
     pub write_part_size: u64,
+    /// Files open for writing at once (each holds up to a few parts in memory).
+    pub max_writers: usize,
+    /// Where out-of-order writes are staged; None disables staging.
+    pub staging_dir: Option<PathBuf>,
+    pub staging_limit: u64,
     /// How long lookups, attributes and listings are trusted.
     pub metadata_ttl: Duration,
     pub negative_metadata_ttl: Duration,
 }
 
+impl FsConfig {
+    pub fn new(uid: u32, gid: u32) -> FsConfig {
+        FsConfig {
+            prefix: String::new(),
+            uid,
+            gid,
+            dir_mode: 0o755,
+            file_mode: 0o644,
+            read_only: false,
+            allow_overwrite: false,
+            allow_delete: false,
+            incremental_upload: false,
+            read_part_size: 8 * 1024 * 1024,
+            max_prefetch: 64 * 1024 * 1024,
+            write_part_size: 8 * 1024 * 1024,
+            max_writers: 64,
+            staging_dir: Some(std::env::temp_dir()),
+            staging_limit: 1024 * 1024 * 1024,
+            metadata_ttl: Duration::from_secs(1),
+            negative_metadata_ttl: Duration::from_secs(1),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FileKind {
+    File,
+    Directory,
+}
+
+/// Attributes of a node, in file-system terms.
+#[derive(Debug, Clone)]
+pub struct Attr {
+    pub ino: u64,
+    pub kind: FileKind,
+    pub size: u64,
+    pub mtime: SystemTime,
+    pub perm: u16,
+    pub uid: u32,
+    pub gid: u32,
+}
+
+#[derive(Debug, Clone)]
+pub struct DirEntry {
+    pub ino: u64,
+    pub kind: FileKind,
+    pub name: String,
+}
+
+/// How a file is opened.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct OpenMode {
+    pub write: bool,
+    pub read: bool,
+    pub truncate: bool,
+    pub append: bool,
+}
+
+enum Handle {
+    Read(AsyncMutex<Reader>),
+    Write { ino: u64, writer: AsyncMutex<Writer> },
+    Dir { entries: Mutex<Option<Arc<Vec<DirEntry>>>>, ino: u64 },
+}
+
 pub struct S3Filesystem {
-    _client: Arc<dyn ObjectClient>,
-    _config: FsConfig,
+    client: Arc<dyn ObjectClient>,
+    config: FsConfig,
+    inodes: Mutex<InodeTable>,
+    /// Names known not to exist, until the given instant.
+    negative: Mutex<HashMap<(u64, String), Instant>>,
+    handles: Mutex<HashMap<u64, Arc<Handle>>>,
+    next_handle: AtomicU64,
+    writers: AtomicU64,
 }
 
 impl S3Filesystem {
     pub fn new(client: Arc<dyn ObjectClient>, config: FsConfig) -> S3Filesystem {
-        S3Filesystem { _client: client, _config: config }
+        S3Filesystem {
+            inodes: Mutex::new(InodeTable::new(&config.prefix)),
+            client,
+            config,
+            negative: Mutex::new(HashMap::new()),
+            handles: Mutex::new(HashMap::new()),
+            next_handle: AtomicU64::new(1),
+            writers: AtomicU64::new(0),
+        }
+    }
+
+    pub fn config(&self) -> &FsConfig {
+        &self.config
+    }
+
+    fn table(&self) -> MutexGuard<'_, InodeTable> {
+        self.inodes.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn negative(&self) -> MutexGuard<'_, HashMap<(u64, String), Instant>> {
+        self.negative.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn attr_of(&self, node: &inode::Node) -> Attr {
+        let (kind, perm) = match node.kind {
+            Kind::File => (FileKind::File, self.config.file_mode),
+            Kind::Directory => (FileKind::Directory, self.config.dir_mode),
+        };
+        Attr { ino: node.ino, kind, size: node.stat.size, mtime: node.stat.mtime, perm, uid: self.config.uid, gid: self.config.gid }
+    }
+
+    fn expiry(&self) -> Instant {
+        Instant::now() + self.config.metadata_ttl
+    }
+
+    fn dir_node(&self, ino: u64) -> FsResult<inode::Node> {
+        let node = self.table().get(ino).cloned().ok_or(FsError::NotFound)?;
+        if node.kind != Kind::Directory {
+            return Err(FsError::NotADirectory);
+        }
+        Ok(node)
+    }
+
+    fn handle(&self, fh: u64) -> FsResult<Arc<Handle>> {
+        self.handles.lock().unwrap_or_else(|e| e.into_inner()).get(&fh).cloned().ok_or(FsError::BadHandle)
+    }
+
+    fn add_handle(&self, handle: Handle) -> u64 {
+        let fh = self.next_handle.fetch_add(1, Ordering::Relaxed);
+        self.handles.lock().unwrap_or_else(|e| e.into_inner()).insert(fh, Arc::new(handle));
+        fh
+    }
+
+    fn check_name(name: &str) -> FsResult<()> {
+        if name.len() > names::NAME_MAX {
+            return Err(FsError::NameTooLong);
+        }
+        if !names::is_valid_name(name) {
+            return Err(FsError::NotFound);
+        }
+        Ok(())
+    }
+
+    /// Asks the bucket what `parent/name` is: the object `key` and the prefix `key/` are checked at once;
+    /// when both exist the directory wins.
+    async fn resolve(&self, parent: &inode::Node, name: &str) -> FsResult<Option<(Kind, Stat)>> {
+        let key = format!("{}{name}", parent.key);
+        let dir_prefix = format!("{key}/");
+        let (head, list) = tokio::join!(self.client.head_object(&key), self.client.list_objects(&dir_prefix, Some("/"), None, 1));
+        let list = list.map_err(|e| FsError::client(&dir_prefix, e))?;
+        if !list.objects.is_empty() || !list.common_prefixes.is_empty() {
+            return Ok(Some((Kind::Directory, Stat::directory())));
+        }
+        match head {
+            Ok(info) => Ok(Some((Kind::File, Stat { size: info.size, mtime: info.last_modified, etag: Some(info.etag) }))),
+            Err(e) => match FsError::client(&key, e) {
+                FsError::NotFound => Ok(None),
+                other => Err(other),
+            },
+        }
+    }
+
+    pub async fn lookup(&self, parent: u64, name: &str) -> FsResult<Attr> {
+        Self::check_name(name)?;
+        let parent_node = self.dir_node(parent)?;
+        let now = Instant::now();
+        {
+            let mut table = self.table();
+            if let Some(node) = table.child(parent, name) {
+                if node.is_fresh(now) {
+                    let ino = node.ino;
+                    let attr = self.attr_of(node);
+                    table.add_lookup(ino);
+                    return Ok(attr);
+                }
+            }
+        }
+        if self.negative().get(&(parent, name.to_string())).is_some_and(|until| *until > now) {
+            return Err(FsError::NotFound);
+        }
+        match self.resolve(&parent_node, name).await? {
+            Some((kind, stat)) => {
+                let mut table = self.table();
+                let ino = table.upsert(parent, name, kind, stat, self.expiry());
+                table.add_lookup(ino);
+                Ok(self.attr_of(table.get(ino).expect("just inserted")))
+            }
+            None => {
+                let mut table = self.table();
+                let local = table.child(parent, name).filter(|n| n.local || n.writers > 0).map(|n| n.ino);
+                if let Some(ino) = local {
+                    table.add_lookup(ino);
+                    return Ok(self.attr_of(table.get(ino).expect("present")));
+                }
+                table.detach(parent, name);
+                drop(table);
+                if !self.config.negative_metadata_ttl.is_zero() {
+                    self.negative().insert((parent, name.to_string()), now + self.config.negative_metadata_ttl);
+                }
+                Err(FsError::NotFound)
+            }
+        }
+    }
+
+    pub fn forget(&self, ino: u64, n: u64) {
+        self.table().forget(ino, n);
+    }
+
+    pub async fn getattr(&self, ino: u64) -> FsResult<Attr> {
+        let node = self.table().get(ino).cloned().ok_or(FsError::NotFound)?;
+        if node.kind == Kind::Directory || node.is_fresh(Instant::now()) {
+            return Ok(self.attr_of(&node));
+        }
+        match self.client.head_object(&node.key).await {
+            Ok(info) => {
+                let mut table = self.table();
+                let expires = self.expiry();
+                let n = table.get_mut(ino).ok_or(FsError::NotFound)?;
+                n.stat = Stat { size: info.size, mtime: info.last_modified, etag: Some(info.etag) };
+                n.expires = expires;
+                Ok(self.attr_of(n))
+            }
+            Err(e) => Err(FsError::client(&node.key, e)),
+        }
+    }
+
+    /// chmod/chown/utimens are accepted and ignored (modes come from the mount flags); size changes only on
+    /// files being written.
+    pub async fn setattr(&self, ino: u64, size: Option<u64>, fh: Option<u64>) -> FsResult<Attr> {
+        if let Some(size) = size {
+            if self.config.read_only {
+                return Err(FsError::ReadOnly);
+            }
+            let handle = match fh {
+                Some(fh) => Some(self.handle(fh)?),
+                None => self.writer_handle_for(ino),
+            };
+            match handle.as_deref() {
+                Some(Handle::Write { writer, .. }) => {
+                    let mut w = writer.lock().await;
+                    w.truncate(size)?;
+                    let new_size = w.size();
+                    if let Some(n) = self.table().get_mut(ino) {
+                        n.stat.size = new_size;
+                    }
+                }
+                _ => {
+                    let current = self.getattr(ino).await?;
+                    if current.size != size {
+                        return Err(FsError::NotPermitted("truncate of a file that is not open for writing"));
+                    }
+                }
+            }
+        }
+        self.getattr(ino).await
+    }
+
+    fn writer_handle_for(&self, ino: u64) -> Option<Arc<Handle>> {
+        self.handles
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .find(|h| matches!(h.as_ref(), Handle::Write { ino: i, .. } if *i == ino))
+            .cloned()
+    }
+
+    pub fn opendir(&self, ino: u64) -> FsResult<u64> {
+        self.dir_node(ino)?;
+        Ok(self.add_handle(Handle::Dir { entries: Mutex::new(None), ino }))
+    }
+
+    /// Lists the whole directory (all pages) once per handle; entries are merged without assuming any order,
+    /// duplicates dropped, a directory shadowing a file of the same name, invalid names hidden.
+    async fn list_dir(&self, dir: &inode::Node) -> FsResult<Vec<DirEntry>> {
+        let mut found: HashMap<String, (Kind, Stat)> = HashMap::new();
+        let mut token: Option<String> = None;
+        loop {
+            let page = self
+                .client
+                .list_objects(&dir.key, Some("/"), token.as_deref(), 1000)
+                .await
+                .map_err(|e| FsError::client(&dir.key, e))?;
+            for prefix in &page.common_prefixes {
+                let Some(name) = prefix.strip_prefix(dir.key.as_str()).and_then(|p| p.strip_suffix('/')) else { continue };
+                if names::is_valid_name(name) {
+                    found.insert(name.to_string(), (Kind::Directory, Stat::directory()));
+                }
+            }
+            for object in page.objects {
+                let Some(name) = object.key.strip_prefix(dir.key.as_str()) else { continue };
+                if !names::is_valid_name(name) {
+                    continue;
+                }
+                let stat = Stat { size: object.size, mtime: object.last_modified, etag: Some(object.etag) };
+                found.entry(name.to_string()).or_insert((Kind::File, stat));
+            }
+            match page.next_continuation_token {
+                Some(t) if !t.is_empty() => token = Some(t),
+                _ => break,
+            }
+        }
+        let expires = self.expiry();
+        let mut table = self.table();
+        let mut entries = Vec::with_capacity(found.len() + 2);
+        entries.push(DirEntry { ino: dir.ino, kind: FileKind::Directory, name: ".".into() });
+        entries.push(DirEntry { ino: dir.parent, kind: FileKind::Directory, name: "..".into() });
+        for (name, (kind, stat)) in found {
+            let ino = table.upsert(dir.ino, &name, kind, stat, expires);
+            let kind = if kind == Kind::File { FileKind::File } else { FileKind::Directory };
+            entries.push(DirEntry { ino, kind, name });
+        }
+        let listed: std::collections::HashSet<String> = entries.iter().map(|e| e.name.clone()).collect();
+        for (name, ino, kind) in table.local_children(dir.ino) {
+            if !listed.contains(&name) {
+                let kind = if kind == Kind::File { FileKind::File } else { FileKind::Directory };
+                entries.push(DirEntry { ino, kind, name });
+            }
+        }
+        Ok(entries)
+    }
+
+    /// Entries from index `offset` on (offsets are positions in this handle's snapshot).
+    pub async fn readdir(&self, fh: u64, offset: u64) -> FsResult<Arc<Vec<DirEntry>>> {
+        let handle = self.handle(fh)?;
+        let Handle::Dir { entries, ino } = handle.as_ref() else { return Err(FsError::BadHandle) };
+        if offset == 0 || entries.lock().unwrap_or_else(|e| e.into_inner()).is_none() {
+            let dir = self.dir_node(*ino)?;
+            let listed = Arc::new(self.list_dir(&dir).await?);
+            *entries.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::clone(&listed));
+            return Ok(listed);
+        }
+        Ok(entries.lock().unwrap_or_else(|e| e.into_inner()).clone().unwrap_or_default())
+    }
+
+    fn release_handle(&self, fh: u64) -> Option<Arc<Handle>> {
+        self.handles.lock().unwrap_or_else(|e| e.into_inner()).remove(&fh)
+    }
+
+    pub async fn open(&self, ino: u64, mode: OpenMode) -> FsResult<u64> {
+        let node = self.table().get(ino).cloned().ok_or(FsError::NotFound)?;
+        if node.kind == Kind::Directory {
+            return Err(FsError::IsADirectory);
+        }
+        if node.writers > 0 {
+            return Err(FsError::Busy("the file is being written; open it after close"));
+        }
+        if mode.write {
+            if self.config.read_only {
+                return Err(FsError::ReadOnly);
+            }
+            if node.local {
+                return Err(FsError::Busy("the file is being written"));
+            }
+            return self.open_existing_for_write(&node, mode).await;
+        }
+        // Refresh the ETag if our view is stale, so reads are pinned to what exists now.
+        let attr_fresh = node.is_fresh(Instant::now()) && node.stat.etag.is_some();
+        let (size, etag) = if attr_fresh {
+            (node.stat.size, node.stat.etag.clone().unwrap_or_default())
+        } else {
+            let info = self.client.head_object(&node.key).await.map_err(|e| FsError::client(&node.key, e))?;
+            let expires = self.expiry();
+            if let Some(n) = self.table().get_mut(ino) {
+                n.stat = Stat { size: info.size, mtime: info.last_modified, etag: Some(info.etag.clone()) };
+                n.expires = expires;
+            }
+            (info.size, info.etag)
+        };
+        let reader = Reader::new(Arc::clone(&self.client), node.key.clone(), etag, size, self.config.read_part_size, self.config.max_prefetch);
+        Ok(self.add_handle(Handle::Read(AsyncMutex::new(reader))))
+    }
+
+    fn writer_options(&self, condition: WriteCondition) -> WriterOptions {
+        WriterOptions {
+            part_size: self.config.write_part_size as usize,
+            condition,
+            staging_dir: self.config.staging_dir.clone(),
+            staging_limit: self.config.staging_limit,
+        }
+    }
+
+    fn reserve_writer(&self) -> FsResult<()> {
+        let n = self.writers.fetch_add(1, Ordering::SeqCst);
+        if n as usize >= self.config.max_writers {
+            self.writers.fetch_sub(1, Ordering::SeqCst);
+            return Err(FsError::TooManyWriters(self.config.max_writers));
+        }
+        Ok(())
+    }
+
+    async fn open_existing_for_write(&self, node: &inode::Node, mode: OpenMode) -> FsResult<u64> {
+        let writer = if mode.truncate {
+            if !self.config.allow_overwrite {
+                return Err(FsError::NotPermitted("overwriting an object needs --allow-overwrite"));
+            }
+            Writer::new(Arc::clone(&self.client), node.key.clone(), self.writer_options(WriteCondition::None))
+        } else if self.config.incremental_upload && self.client.is_directory_bucket() {
+            let info = self.client.head_object(&node.key).await.map_err(|e| FsError::client(&node.key, e))?;
+            Writer::append(Arc::clone(&self.client), node.key.clone(), info.size, self.writer_options(WriteCondition::None))
+        } else {
+            return Err(FsError::NotPermitted(
+                "existing objects can only be replaced (O_TRUNC with --allow-overwrite) or appended to (--incremental-upload on a directory bucket)",
+            ));
+        };
+        self.reserve_writer()?;
+        let size = writer.size();
+        {
+            let mut table = self.table();
+            if let Some(n) = table.get_mut(node.ino) {
+                n.writers += 1;
+                n.stat.size = size;
+            }
+        }
+        Ok(self.add_handle(Handle::Write { ino: node.ino, writer: AsyncMutex::new(writer) }))
+    }
+
+    /// Creates a new file, open for writing. Fails if the name exists (unless overwriting is allowed).
+    pub async fn create(&self, parent: u64, name: &str) -> FsResult<(Attr, u64)> {
+        if self.config.read_only {
+            return Err(FsError::ReadOnly);
+        }
+        Self::check_name(name)?;
+        let parent_node = self.dir_node(parent)?;
+        if let Some(existing) = self.table().child(parent, name).cloned() {
+            if existing.local || existing.writers > 0 {
+                return Err(FsError::Exists);
+            }
+        }
+        let condition = match self.resolve(&parent_node, name).await? {
+            Some((Kind::Directory, _)) => return Err(FsError::Exists),
+            Some((Kind::File, _)) if !self.config.allow_overwrite => return Err(FsError::Exists),
+            Some((Kind::File, _)) => WriteCondition::None,
+            None if self.config.allow_overwrite => WriteCondition::None,
+            None => WriteCondition::IfNoneMatch,
+        };
+        self.reserve_writer()?;
+        let key = format!("{}{name}", parent_node.key);
+        let writer = Writer::new(Arc::clone(&self.client), key, self.writer_options(condition));
+        let attr = {
+            let mut table = self.table();
+            let stat = Stat { size: 0, mtime: SystemTime::now(), etag: None };
+            let ino = table.upsert(parent, name, Kind::File, stat, self.expiry());
+            table.add_lookup(ino);
+            let node = table.get_mut(ino).expect("just inserted");
+            node.local = true;
+            node.writers += 1;
+            node.stat.size = 0;
+            self.attr_of(node)
+        };
+        self.negative().remove(&(parent, name.to_string()));
+        let fh = self.add_handle(Handle::Write { ino: attr.ino, writer: AsyncMutex::new(writer) });
+        Ok((attr, fh))
+    }
+
+    pub async fn read(&self, fh: u64, offset: u64, size: u32) -> FsResult<Bytes> {
+        let handle = self.handle(fh)?;
+        match handle.as_ref() {
+            Handle::Read(reader) => reader.lock().await.read(offset, size).await,
+            Handle::Write { .. } => Err(FsError::Busy("reading a file while writing it is not supported")),
+            Handle::Dir { .. } => Err(FsError::IsADirectory),
+        }
+    }
+
+    pub async fn write(&self, fh: u64, offset: u64, data: &[u8]) -> FsResult<u32> {
+        let handle = self.handle(fh)?;
+        let Handle::Write { ino, writer } = handle.as_ref() else { return Err(FsError::BadHandle) };
+        let mut w = writer.lock().await;
+        let n = w.write(offset, data).await?;
+        let size = w.size();
+        if let Some(node) = self.table().get_mut(*ino) {
+            node.stat.size = size;
+            node.stat.mtime = SystemTime::now();
+        }
+        Ok(n)
+    }
+
+    /// fsync: everything written is durable in the bucket when this returns Ok.
+    pub async fn fsync(&self, fh: u64) -> FsResult<()> {
+        let handle = self.handle(fh)?;
+        match handle.as_ref() {
+            Handle::Write { ino, writer } => {
+                let mut w = writer.lock().await;
+                let result = w.commit().await?;
+                if let Some(put) = result {
+                    let size = w.size();
+                    let mut table = self.table();
+                    let expires = self.expiry();
+                    if let Some(node) = table.get_mut(*ino) {
+                        node.local = false;
+                        node.stat = Stat { size, mtime: SystemTime::now(), etag: Some(put.etag) };
+                        node.expires = expires;
+                    }
+                }
+                Ok(())
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// close(2) of one descriptor. Uploads here (not at release) so close() reports the outcome.
+    pub async fn flush(&self, fh: u64) -> FsResult<()> {
+        self.fsync(fh).await
+    }
+
+    pub async fn release(&self, fh: u64) -> FsResult<()> {
+        let Some(handle) = self.release_handle(fh) else { return Ok(()) };
+        if let Handle::Write { ino, writer } = handle.as_ref() {
+            let mut w = writer.lock().await;
+            let result = w.commit().await;
+            if result.is_err() {
+                w.abort().await;
+            }
+            self.writers.fetch_sub(1, Ordering::SeqCst);
+            let mut table = self.table();
+            if let Some(node) = table.get_mut(*ino) {
+                node.writers = node.writers.saturating_sub(1);
+                if let Ok(Some(put)) = &result {
+                    node.stat.etag = Some(put.etag.clone());
+                    node.local = false;
+                }
+                if node.local && node.writers == 0 {
+                    // Never uploaded: the name goes away again.
+                    let (parent, name) = (node.parent, node.name.clone());
+                    table.detach(parent, &name);
+                }
+            }
+            result?;
+        }
+        Ok(())
+    }
+
+    pub async fn mkdir(&self, parent: u64, name: &str) -> FsResult<Attr> {
+        if self.config.read_only {
+            return Err(FsError::ReadOnly);
+        }
+        Self::check_name(name)?;
+        let parent_node = self.dir_node(parent)?;
+        if self.table().child(parent, name).is_some_and(|n| n.local || n.writers > 0) || self.resolve(&parent_node, name).await?.is_some() {
+            return Err(FsError::Exists);
+        }
+        let mut table = self.table();
+        let ino = table.upsert(parent, name, Kind::Directory, Stat::directory(), self.expiry());
+        table.add_lookup(ino);
+        let node = table.get_mut(ino).expect("just inserted");
+        node.local = true;
+        let attr = self.attr_of(node);
+        drop(table);
+        self.negative().remove(&(parent, name.to_string()));
+        Ok(attr)
+    }
+
+    pub async fn rmdir(&self, parent: u64, name: &str) -> FsResult<()> {
+        if self.config.read_only {
+            return Err(FsError::ReadOnly);
+        }
+        let node = self.table().child(parent, name).cloned();
+        let parent_node = self.dir_node(parent)?;
+        let prefix = match &node {
+            Some(n) if n.kind != Kind::Directory => return Err(FsError::NotADirectory),
+            Some(n) => n.key.clone(),
+            None => format!("{}{name}/", parent_node.key),
+        };
+        if let Some(n) = &node {
+            if self.table().local_children(n.ino).iter().any(|_| true) {
+                return Err(FsError::NotEmpty);
+            }
+        }
+        let page = self.client.list_objects(&prefix, Some("/"), None, 1).await.map_err(|e| FsError::client(&prefix, e))?;
+        if !page.objects.is_empty() || !page.common_prefixes.is_empty() {
+            return Err(FsError::NotEmpty);
+        }
+        if node.is_none() {
+            return Err(FsError::NotFound);
+        }
+        self.table().detach(parent, name);
+        Ok(())
+    }
+
+    pub async fn unlink(&self, parent: u64, name: &str) -> FsResult<()> {
+        if self.config.read_only {
+            return Err(FsError::ReadOnly);
+        }
+        if !self.config.allow_delete {
+            return Err(FsError::NotPermitted("deleting objects needs --allow-delete"));
+        }
+        let parent_node = self.dir_node(parent)?;
+        let existing = self.table().child(parent, name).cloned();
+        let node = match existing {
+            Some(n) => n,
+            None => {
+                self.lookup(parent, name).await?;
+                let n = self.table().child(parent, name).cloned().ok_or(FsError::NotFound)?;
+                self.table().forget(n.ino, 1);
+                n
+            }
+        };
+        if node.kind == Kind::Directory {
+            return Err(FsError::IsADirectory);
+        }
+        if node.writers > 0 || node.local {
+            return Err(FsError::Busy("the file is being written"));
+        }
+        let key = format!("{}{name}", parent_node.key);
+        self.client.delete_object(&key).await.map_err(|e| FsError::client(&key, e))?;
+        debug!(key, "deleted");
+        self.table().detach(parent, name);
+        Ok(())
+    }
+
+    /// rename(2): files on directory buckets use RenameObject (atomic). Anything else is EXDEV, so `mv`
+    /// falls back to copy and delete.
+    pub async fn rename(&self, parent: u64, name: &str, new_parent: u64, new_name: &str, no_replace: bool) -> FsResult<()> {
+        if self.config.read_only {
+            return Err(FsError::ReadOnly);
+        }
+        Self::check_name(new_name)?;
+        let from_dir = self.dir_node(parent)?;
+        let to_dir = self.dir_node(new_parent)?;
+        if !self.client.is_directory_bucket() {
+            return Err(FsError::CrossDevice("rename needs RenameObject, which only directory buckets have"));
+        }
+        let existing = self.table().child(parent, name).cloned();
+        let node = match existing {
+            Some(n) => n,
+            None => match self.resolve(&from_dir, name).await? {
+                Some((Kind::File, _)) => inode::Node {
+                    ino: 0,
+                    parent,
+                    name: name.into(),
+                    kind: Kind::File,
+                    key: format!("{}{name}", from_dir.key),
+                    stat: Stat::directory(),
+                    expires: Instant::now(),
+                    lookups: 0,
+                    local: false,
+                    writers: 0,
+                },
+                Some((Kind::Directory, _)) => return Err(FsError::CrossDevice("directories cannot be renamed atomically")),
+                None => return Err(FsError::NotFound),
+            },
+        };
+        if node.kind == Kind::Directory {
+            return Err(FsError::CrossDevice("directories cannot be renamed atomically"));
+        }
+        if node.writers > 0 || node.local {
+            return Err(FsError::Busy("the file is being written"));
+        }
+        let destination = format!("{}{new_name}", to_dir.key);
+        let target = self.resolve(&to_dir, new_name).await?;
+        let condition = match target {
+            Some((Kind::Directory, _)) => return Err(FsError::IsADirectory),
+            Some((Kind::File, _)) if no_replace => return Err(FsError::Exists),
+            Some((Kind::File, _)) if !self.config.allow_overwrite => {
+                return Err(FsError::NotPermitted("replacing an object needs --allow-overwrite"));
+            }
+            _ if no_replace || !self.config.allow_overwrite => WriteCondition::IfNoneMatch,
+            _ => WriteCondition::None,
+        };
+        self.client
+            .rename_object(&node.key, &destination, condition)
+            .await
+            .map_err(|e| match FsError::client(&destination, e) {
+                FsError::ObjectChanged { .. } => FsError::Exists,
+                other => other,
+            })?;
+        let mut table = self.table();
+        if node.ino != 0 {
+            table.rename(parent, name, new_parent, new_name);
+            if let Some(n) = table.get_mut(node.ino) {
+                n.expires = Instant::now();
+            }
+        } else {
+            table.detach(new_parent, new_name);
+        }
+        drop(table);
+        self.negative().remove(&(new_parent, new_name.to_string()));
+        Ok(())
+    }
+
+    /// Node-count and capacity figures for statfs: an object store has no fixed size.
+    pub fn statfs(&self) -> (u64, u64) {
+        let nodes = self.table().len() as u64;
+        (1 << 40, nodes)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::s3::fake::FakeClient;
+
+    async fn fs_with(keys: &[(&str, &[u8])], config: FsConfig, directory: bool) -> (Arc<FakeClient>, S3Filesystem) {
+        let fake = Arc::new(FakeClient::new("b", directory));
+        for (k, v) in keys {
+            fake.put_object(k, Bytes::copy_from_slice(v), WriteCondition::None).await.unwrap();
+        }
+        let client: Arc<dyn ObjectClient> = fake.clone();
+        (fake, S3Filesystem::new(client, config))
+    }
+
+    fn config() -> FsConfig {
+        FsConfig::new(1000, 1000)
+    }
+
+    #[tokio::test]
+    async fn lookup_prefers_directories_and_lists_without_duplicates() {
+        let (_, fs) = fs_with(&[("a", b"file"), ("a/x", b"1"), ("b", b"22"), ("c//d", b"bad"), ("dir/", b"")], config(), true).await;
+        let a = fs.lookup(ROOT_INO, "a").await.unwrap();
+        assert_eq!(a.kind, FileKind::Directory);
+        let b = fs.lookup(ROOT_INO, "b").await.unwrap();
+        assert_eq!((b.kind, b.size), (FileKind::File, 2));
+        assert!(matches!(fs.lookup(ROOT_INO, "nope").await, Err(FsError::NotFound)));
+        let fh = fs.opendir(ROOT_INO).unwrap();
+        let mut names: Vec<String> = fs.readdir(fh, 0).await.unwrap().iter().map(|e| e.name.clone()).collect();
+        names.sort();
+        assert_eq!(names, vec![".", "..", "a", "b", "c", "dir"]);
+        let c = fs.lookup(ROOT_INO, "c").await.unwrap();
+        let fh = fs.opendir(c.ino).unwrap();
+        let inside: Vec<String> = fs.readdir(fh, 0).await.unwrap().iter().map(|e| e.name.clone()).collect();
+        assert_eq!(inside, vec![".", ".."], "empty path component hidden");
+    }
+
+    #[tokio::test]
+    async fn create_write_close_then_read_back() {
+        let (fake, fs) = fs_with(&[], config(), true).await;
+        let (attr, fh) = fs.create(ROOT_INO, "new.bin").await.unwrap();
+        fs.write(fh, 0, b"hello ").await.unwrap();
+        fs.write(fh, 6, b"world").await.unwrap();
+        assert_eq!(fs.getattr(attr.ino).await.unwrap().size, 11);
+        fs.flush(fh).await.unwrap();
+        fs.release(fh).await.unwrap();
+        assert_eq!(&fake.object("new.bin").unwrap()[..], b"hello world");
+        let rh = fs.open(attr.ino, OpenMode { read: true, ..Default::default() }).await.unwrap();
+        assert_eq!(&fs.read(rh, 0, 100).await.unwrap()[..], b"hello world");
+    }
+
+    #[tokio::test]
+    async fn overwrite_and_delete_need_their_flags() {
+        let (_, fs) = fs_with(&[("k", b"v")], config(), true).await;
+        assert!(matches!(fs.create(ROOT_INO, "k").await, Err(FsError::Exists)));
+        let a = fs.lookup(ROOT_INO, "k").await.unwrap();
+        let trunc = OpenMode { write: true, truncate: true, ..Default::default() };
+        assert!(matches!(fs.open(a.ino, trunc).await, Err(FsError::NotPermitted(_))));
+        assert!(matches!(fs.unlink(ROOT_INO, "k").await, Err(FsError::NotPermitted(_))));
+
+        let mut c = config();
+        c.allow_overwrite = true;
+        c.allow_delete = true;
+        let (fake, fs) = fs_with(&[("k", b"v")], c, true).await;
+        let a = fs.lookup(ROOT_INO, "k").await.unwrap();
+        let fh = fs.open(a.ino, trunc).await.unwrap();
+        fs.write(fh, 0, b"new").await.unwrap();
+        fs.release(fh).await.unwrap();
+        assert_eq!(&fake.object("k").unwrap()[..], b"new");
+        fs.unlink(ROOT_INO, "k").await.unwrap();
+        assert!(fake.object("k").is_none());
+    }
+
+    #[tokio::test]
+    async fn rename_is_atomic_on_directory_buckets_and_exdev_elsewhere() {
+        let (fake, fs) = fs_with(&[("a", b"1"), ("d/x", b"2")], config(), true).await;
+        let d = fs.lookup(ROOT_INO, "d").await.unwrap();
+        fs.rename(ROOT_INO, "a", d.ino, "b", false).await.unwrap();
+        assert_eq!(&fake.object("d/b").unwrap()[..], b"1");
+        assert!(fake.object("a").is_none());
+        assert!(matches!(fs.rename(d.ino, "b", d.ino, "x", false).await, Err(FsError::NotPermitted(_))));
+        let (_, general) = fs_with(&[("a", b"1")], config(), false).await;
+        assert!(matches!(general.rename(ROOT_INO, "a", ROOT_INO, "b", false).await, Err(FsError::CrossDevice(_))));
+    }
+
+    #[tokio::test]
+    async fn mkdir_rmdir_and_read_only() {
+        let (_, fs) = fs_with(&[("full/x", b"1")], config(), true).await;
+        let m = fs.mkdir(ROOT_INO, "m").await.unwrap();
+        assert_eq!(fs.lookup(ROOT_INO, "m").await.unwrap().ino, m.ino);
+        fs.rmdir(ROOT_INO, "m").await.unwrap();
+        fs.lookup(ROOT_INO, "full").await.unwrap();
+        assert!(matches!(fs.rmdir(ROOT_INO, "full").await, Err(FsError::NotEmpty)));
+        let mut c = config();
+        c.read_only = true;
+        let (_, ro) = fs_with(&[], c, true).await;
+        assert!(matches!(ro.create(ROOT_INO, "x").await, Err(FsError::ReadOnly)));
+        assert!(matches!(ro.mkdir(ROOT_INO, "x").await, Err(FsError::ReadOnly)));
     }
 }

@@ -1,0 +1,246 @@
+//! The inode table: numbers for keys and prefixes, their last-known stat, and how long it is trusted.
+//!
+//! A node is identified by (parent, name, kind). Looking the same name up again reuses its number while
+//! the kind stays the same; when a name changes kind (a file replaced by a directory), it gets a new number.
+
+use std::collections::HashMap;
+use std::time::{Instant, SystemTime};
+
+pub const ROOT_INO: u64 = 1;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    File,
+    Directory,
+}
+
+/// What the bucket (or our own write) says about a node.
+#[derive(Debug, Clone)]
+pub struct Stat {
+    pub size: u64,
+    pub mtime: SystemTime,
+    /// ETag of the object a file node stands for (None for directories and files not yet uploaded).
+    pub etag: Option<String>,
+}
+
+impl Stat {
+    pub fn directory() -> Stat {
+        Stat { size: 0, mtime: SystemTime::now(), etag: None }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Node {
+    pub ino: u64,
+    pub parent: u64,
+    pub name: String,
+    pub kind: Kind,
+    /// Object key for files; key prefix ending in `/` for directories (the mount prefix for the root).
+    pub key: String,
+    pub stat: Stat,
+    /// Until when `stat` (and this name's existence) may be served without asking the bucket.
+    pub expires: Instant,
+    /// Kernel references (lookup count); the node is dropped when it reaches zero.
+    pub lookups: u64,
+    /// Exists only here so far: a directory made by mkdir, or a file being written.
+    pub local: bool,
+    /// Open write handles.
+    pub writers: u32,
+}
+
+impl Node {
+    pub fn is_fresh(&self, now: Instant) -> bool {
+        self.local || self.writers > 0 || self.expires > now
+    }
+}
+
+pub struct InodeTable {
+    nodes: HashMap<u64, Node>,
+    children: HashMap<(u64, String), u64>,
+    next: u64,
+}
+
+impl InodeTable {
+    pub fn new(root_prefix: &str) -> InodeTable {
+        let root = Node {
+            ino: ROOT_INO,
+            parent: ROOT_INO,
+            name: String::new(),
+            kind: Kind::Directory,
+            key: root_prefix.to_string(),
+            stat: Stat::directory(),
+            expires: Instant::now(),
+            lookups: 1,
+            local: false,
+            writers: 0,
+        };
+        InodeTable { nodes: HashMap::from([(ROOT_INO, root)]), children: HashMap::new(), next: ROOT_INO + 1 }
+    }
+
+    pub fn get(&self, ino: u64) -> Option<&Node> {
+        self.nodes.get(&ino)
+    }
+
+    pub fn get_mut(&mut self, ino: u64) -> Option<&mut Node> {
+        self.nodes.get_mut(&ino)
+    }
+
+    pub fn child(&self, parent: u64, name: &str) -> Option<&Node> {
+        self.children.get(&(parent, name.to_string())).and_then(|ino| self.nodes.get(ino))
+    }
+
+    /// Records that `parent/name` exists with `kind` and `stat`; returns its inode number.
+    pub fn upsert(&mut self, parent: u64, name: &str, kind: Kind, stat: Stat, expires: Instant) -> u64 {
+        let slot = (parent, name.to_string());
+        if let Some(&ino) = self.children.get(&slot) {
+            if let Some(node) = self.nodes.get_mut(&ino) {
+                if node.kind == kind {
+                    // Keep local sizes of files being written; the bucket does not know them yet.
+                    if node.writers == 0 {
+                        node.stat = stat;
+                        node.local = false;
+                    }
+                    node.expires = expires;
+                    return ino;
+                }
+            }
+            self.detach(parent, name);
+        }
+        let parent_key = self.nodes.get(&parent).map(|p| p.key.clone()).unwrap_or_default();
+        let key = match kind {
+            Kind::File => format!("{parent_key}{name}"),
+            Kind::Directory => format!("{parent_key}{name}/"),
+        };
+        let ino = self.next;
+        self.next += 1;
+        self.nodes.insert(
+            ino,
+            Node { ino, parent, name: name.to_string(), kind, key, stat, expires, lookups: 0, local: false, writers: 0 },
+        );
+        self.children.insert(slot, ino);
+        ino
+    }
+
+    /// Forgets the name `parent/name` (the node lives on while the kernel still references it).
+    pub fn detach(&mut self, parent: u64, name: &str) -> Option<u64> {
+        let ino = self.children.remove(&(parent, name.to_string()))?;
+        if self.nodes.get(&ino).is_some_and(|n| n.lookups == 0 && n.writers == 0) {
+            self.nodes.remove(&ino);
+        }
+        Some(ino)
+    }
+
+    pub fn add_lookup(&mut self, ino: u64) {
+        if let Some(n) = self.nodes.get_mut(&ino) {
+            n.lookups += 1;
+        }
+    }
+
+    /// The kernel dropped `n` references to `ino`.
+    pub fn forget(&mut self, ino: u64, n: u64) {
+        if ino == ROOT_INO {
+            return;
+        }
+        let Some(node) = self.nodes.get_mut(&ino) else { return };
+        node.lookups = node.lookups.saturating_sub(n);
+        if node.lookups == 0 && node.writers == 0 {
+            let slot = (node.parent, node.name.clone());
+            // Only drop the name if it still points at this node, so cached listings keep other nodes.
+            let named = self.children.get(&slot) == Some(&ino);
+            if !named || node.expires <= Instant::now() {
+                if named {
+                    self.children.remove(&slot);
+                }
+                self.nodes.remove(&ino);
+            }
+        }
+    }
+
+    /// Children known locally (made by mkdir or being written) that a listing of the bucket will not show.
+    pub fn local_children(&self, parent: u64) -> Vec<(String, u64, Kind)> {
+        self.children
+            .iter()
+            .filter(|((p, _), _)| *p == parent)
+            .filter_map(|((_, name), ino)| {
+                let n = self.nodes.get(ino)?;
+                (n.local || n.writers > 0).then(|| (name.clone(), *ino, n.kind))
+            })
+            .collect()
+    }
+
+    /// Names cached under `parent` (for emptiness checks of local directories).
+    pub fn has_children(&self, parent: u64) -> bool {
+        self.children.keys().any(|(p, _)| *p == parent)
+    }
+
+    /// Moves the name `parent/name` to `new_parent/new_name`, replacing what was there.
+    pub fn rename(&mut self, parent: u64, name: &str, new_parent: u64, new_name: &str) {
+        let Some(ino) = self.children.remove(&(parent, name.to_string())) else { return };
+        self.detach(new_parent, new_name);
+        let parent_key = self.nodes.get(&new_parent).map(|p| p.key.clone()).unwrap_or_default();
+        if let Some(n) = self.nodes.get_mut(&ino) {
+            n.parent = new_parent;
+            n.name = new_name.to_string();
+            n.key = match n.kind {
+                Kind::File => format!("{parent_key}{new_name}"),
+                Kind::Directory => format!("{parent_key}{new_name}/"),
+            };
+        }
+        self.children.insert((new_parent, new_name.to_string()), ino);
+    }
+
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn later() -> Instant {
+        Instant::now() + Duration::from_secs(60)
+    }
+
+    #[test]
+    fn same_name_same_kind_keeps_its_number() {
+        let mut t = InodeTable::new("pre/");
+        let a = t.upsert(ROOT_INO, "a", Kind::File, Stat::directory(), later());
+        assert_eq!(t.get(a).unwrap().key, "pre/a");
+        assert_eq!(t.upsert(ROOT_INO, "a", Kind::File, Stat::directory(), later()), a);
+        let d = t.upsert(ROOT_INO, "a", Kind::Directory, Stat::directory(), later());
+        assert_ne!(d, a);
+        assert_eq!(t.get(d).unwrap().key, "pre/a/");
+        let f = t.upsert(d, "x", Kind::File, Stat::directory(), later());
+        assert_eq!(t.get(f).unwrap().key, "pre/a/x");
+    }
+
+    #[test]
+    fn forget_drops_unreferenced_expired_nodes() {
+        let mut t = InodeTable::new("");
+        let a = t.upsert(ROOT_INO, "a", Kind::File, Stat::directory(), Instant::now());
+        t.add_lookup(a);
+        t.add_lookup(a);
+        t.forget(a, 1);
+        assert!(t.get(a).is_some());
+        t.forget(a, 1);
+        assert!(t.get(a).is_none());
+        assert!(t.child(ROOT_INO, "a").is_none());
+    }
+
+    #[test]
+    fn rename_moves_names_and_keys() {
+        let mut t = InodeTable::new("");
+        let d = t.upsert(ROOT_INO, "d", Kind::Directory, Stat::directory(), later());
+        let a = t.upsert(ROOT_INO, "a", Kind::File, Stat::directory(), later());
+        t.rename(ROOT_INO, "a", d, "b");
+        assert!(t.child(ROOT_INO, "a").is_none());
+        assert_eq!(t.child(d, "b").unwrap().ino, a);
+        assert_eq!(t.get(a).unwrap().key, "d/b");
+    }
+}

@@ -1,0 +1,414 @@
+//! Write handles. Three modes:
+//! - Stream: sequential writes from offset 0 become a multipart upload (parts of `part_size`, a few in
+//!   flight); a file smaller than one part becomes one PutObject. The object appears at fsync/close.
+//! - Staged: a write that is not at the current end, while nothing has been uploaded yet, moves the data to
+//!   a local file; the whole file is uploaded at fsync/close.
+//! - Append (directory buckets, `--incremental-upload`): writes at the end of an existing object are sent
+//!   as PutObject with a write offset whenever a part fills up or at fsync; the file stays writable.
+//!
+//! Any upload failure is kept and returned by every later write, fsync and close (as the errno for EIO),
+//! and the multipart upload is aborted, so nothing is left behind in the bucket.
+
+use std::collections::VecDeque;
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::FileExt;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use bytes::{Bytes, BytesMut};
+use tokio::task::JoinHandle;
+use tracing::{debug, warn};
+
+use super::error::{FsError, FsResult};
+use crate::s3::{ObjectClient, PutResult, UploadedPart, WriteCondition};
+
+/// Parts uploading at once per file: enough to keep the link busy, small enough to bound memory.
+const MAX_PARTS_IN_FLIGHT: usize = 4;
+
+enum Mode {
+    Stream,
+    Staged { file: std::fs::File, size: u64 },
+    Append { offset: u64 },
+}
+
+struct Multipart {
+    id: String,
+    next_part: i32,
+    done: Vec<UploadedPart>,
+    in_flight: VecDeque<JoinHandle<Result<UploadedPart, crate::s3::ClientError>>>,
+}
+
+pub struct Writer {
+    client: Arc<dyn ObjectClient>,
+    pub key: String,
+    part_size: usize,
+    condition: WriteCondition,
+    mode: Mode,
+    buffer: BytesMut,
+    /// Bytes accepted so far (the file's size as the writer sees it).
+    size: u64,
+    multipart: Option<Multipart>,
+    staging_dir: Option<PathBuf>,
+    staging_limit: u64,
+    failed: Option<FsError>,
+    /// The object was uploaded and the handle takes no more writes (stream and staged modes).
+    sealed: bool,
+    /// Data not yet visible in the bucket.
+    dirty: bool,
+}
+
+pub struct WriterOptions {
+    pub part_size: usize,
+    pub condition: WriteCondition,
+    pub staging_dir: Option<PathBuf>,
+    pub staging_limit: u64,
+}
+
+impl Writer {
+    /// A new object (or a truncating overwrite): stream from offset 0.
+    pub fn new(client: Arc<dyn ObjectClient>, key: String, options: WriterOptions) -> Writer {
+        Writer {
+            client,
+            key,
+            part_size: options.part_size.max(5 * 1024 * 1024),
+            condition: options.condition,
+            mode: Mode::Stream,
+            buffer: BytesMut::new(),
+            size: 0,
+            multipart: None,
+            staging_dir: options.staging_dir,
+            staging_limit: options.staging_limit,
+            failed: None,
+            sealed: false,
+            dirty: true,
+        }
+    }
+
+    /// Appends to an existing object of `size` bytes (directory buckets).
+    pub fn append(client: Arc<dyn ObjectClient>, key: String, size: u64, options: WriterOptions) -> Writer {
+        let mut w = Writer::new(client, key, options);
+        w.mode = Mode::Append { offset: size };
+        w.size = size;
+        w.dirty = false;
+        w
+    }
+
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    fn fail(&mut self, e: FsError) -> FsError {
+        warn!(key = %self.key, error = %e, "upload failed");
+        self.failed = Some(e.clone());
+        e
+    }
+
+    pub async fn write(&mut self, offset: u64, data: &[u8]) -> FsResult<u32> {
+        if let Some(e) = &self.failed {
+            return Err(e.clone());
+        }
+        if self.sealed {
+            return Err(FsError::InvalidArgument(format!("{}: already uploaded at fsync; reopen to write again", self.key)));
+        }
+        if let Mode::Staged { file, size } = &mut self.mode {
+            file.write_all_at(data, offset).map_err(|e| FsError::Io(format!("staging file: {e}")))?;
+            *size = (*size).max(offset + data.len() as u64);
+            if *size > self.staging_limit {
+                let e = FsError::InvalidArgument(format!("{}: staged file exceeds the staging limit", self.key));
+                return Err(self.fail(e));
+            }
+            self.size = *size;
+            self.dirty = true;
+            return Ok(data.len() as u32);
+        }
+        if offset != self.size {
+            return self.switch_to_staging(offset, data);
+        }
+        self.buffer.extend_from_slice(data);
+        self.size += data.len() as u64;
+        self.dirty = true;
+        while self.buffer.len() >= self.part_size {
+            let part = self.buffer.split_to(self.part_size).freeze();
+            if let Err(e) = self.send_part(part).await {
+                return Err(self.fail(e));
+            }
+        }
+        Ok(data.len() as u32)
+    }
+
+    /// Out-of-order write: possible only while every byte is still in memory (nothing uploaded yet).
+    fn switch_to_staging(&mut self, offset: u64, data: &[u8]) -> FsResult<u32> {
+        let why = match (&self.mode, &self.staging_dir, &self.multipart) {
+            (Mode::Append { .. }, _, _) => Some("appends must be sequential"),
+            (_, None, _) => Some("staging of out-of-order writes is disabled"),
+            (_, _, Some(_)) => Some("parts were already uploaded"),
+            _ if offset + data.len() as u64 > self.staging_limit => Some("over the staging limit"),
+            _ => None,
+        };
+        if let Some(why) = why {
+            let e = FsError::InvalidArgument(format!("{}: write at {offset} but the file ends at {}: {why}", self.key, self.size));
+            return Err(self.fail(e));
+        }
+        let dir = self.staging_dir.clone().expect("checked above");
+        let file = tempfile::tempfile_in(&dir).map_err(|e| FsError::Io(format!("staging file in {}: {e}", dir.display())))?;
+        file.write_all_at(&self.buffer, 0).map_err(|e| FsError::Io(format!("staging file: {e}")))?;
+        file.write_all_at(data, offset).map_err(|e| FsError::Io(format!("staging file: {e}")))?;
+        let size = self.size.max(offset + data.len() as u64);
+        debug!(key = %self.key, offset, "out-of-order write: staging the file locally");
+        self.buffer = BytesMut::new();
+        self.size = size;
+        self.mode = Mode::Staged { file, size };
+        self.dirty = true;
+        Ok(data.len() as u32)
+    }
+
+    async fn send_part(&mut self, part: Bytes) -> FsResult<()> {
+        if let Mode::Append { offset } = self.mode {
+            let len = part.len() as u64;
+            self.client.append_object(&self.key, offset, part, WriteCondition::None).await.map_err(|e| FsError::client(&self.key, e))?;
+            self.mode = Mode::Append { offset: offset + len };
+            return Ok(());
+        }
+        if self.multipart.is_none() {
+            let id = self.client.create_multipart_upload(&self.key).await.map_err(|e| FsError::client(&self.key, e))?;
+            self.multipart = Some(Multipart { id, next_part: 1, done: Vec::new(), in_flight: VecDeque::new() });
+        }
+        let mp = self.multipart.as_mut().expect("just set");
+        let number = mp.next_part;
+        mp.next_part += 1;
+        let (client, key, id) = (Arc::clone(&self.client), self.key.clone(), mp.id.clone());
+        mp.in_flight.push_back(tokio::spawn(async move { client.upload_part(&key, &id, number, part).await }));
+        while mp.in_flight.len() > MAX_PARTS_IN_FLIGHT {
+            let task = mp.in_flight.pop_front().expect("non-empty");
+            let part = task.await.map_err(|e| FsError::Io(format!("part upload task: {e}")))?.map_err(|e| FsError::client(&self.key, e))?;
+            mp.done.push(part);
+        }
+        Ok(())
+    }
+
+    /// Makes everything written so far durable in the bucket (fsync and close).
+    pub async fn commit(&mut self) -> FsResult<Option<PutResult>> {
+        if let Some(e) = &self.failed {
+            return Err(e.clone());
+        }
+        if !self.dirty {
+            return Ok(None);
+        }
+        let result = self.commit_inner().await;
+        match result {
+            Ok(r) => {
+                self.dirty = false;
+                if !matches!(self.mode, Mode::Append { .. }) {
+                    self.sealed = true;
+                }
+                Ok(Some(r))
+            }
+            Err(e) => {
+                self.abort().await;
+                Err(self.fail(e))
+            }
+        }
+    }
+
+    async fn commit_inner(&mut self) -> FsResult<PutResult> {
+        let key = self.key.clone();
+        let client = Arc::clone(&self.client);
+        let err = |e| FsError::client(&key, e);
+        match &mut self.mode {
+            Mode::Append { offset } => {
+                let body = self.buffer.split().freeze();
+                let len = body.len() as u64;
+                let r = client.append_object(&key, *offset, body, WriteCondition::None).await.map_err(err)?;
+                *offset += len;
+                Ok(r)
+            }
+            Mode::Staged { file, size } => {
+                // Staged files are bounded by the staging limit; upload them as one object or in parts.
+                let size = *size;
+                let mut file = file.try_clone().map_err(|e| FsError::Io(e.to_string()))?;
+                file.seek(SeekFrom::Start(0)).map_err(|e| FsError::Io(e.to_string()))?;
+                let part_size = self.part_size;
+                if size <= part_size as u64 {
+                    let mut data = Vec::with_capacity(size as usize);
+                    file.read_to_end(&mut data).map_err(|e| FsError::Io(e.to_string()))?;
+                    return client.put_object(&key, Bytes::from(data), self.condition.clone()).await.map_err(err);
+                }
+                let id = client.create_multipart_upload(&key).await.map_err(err)?;
+                self.multipart = Some(Multipart { id: id.clone(), next_part: 1, done: Vec::new(), in_flight: VecDeque::new() });
+                let mut parts = Vec::new();
+                let mut number = 1;
+                loop {
+                    let mut chunk = vec![0u8; part_size];
+                    let mut filled = 0;
+                    while filled < part_size {
+                        let n = file.read(&mut chunk[filled..]).map_err(|e| FsError::Io(e.to_string()))?;
+                        if n == 0 {
+                            break;
+                        }
+                        filled += n;
+                    }
+                    if filled == 0 {
+                        break;
+                    }
+                    chunk.truncate(filled);
+                    parts.push(client.upload_part(&key, &id, number, Bytes::from(chunk)).await.map_err(err)?);
+                    number += 1;
+                }
+                let r = client.complete_multipart_upload(&key, &id, parts, self.condition.clone()).await.map_err(err)?;
+                self.multipart = None;
+                Ok(r)
+            }
+            Mode::Stream => {
+                let Some(mut mp) = self.multipart.take() else {
+                    let body = self.buffer.split().freeze();
+                    return client.put_object(&key, body, self.condition.clone()).await.map_err(err);
+                };
+                let rest = self.buffer.split().freeze();
+                if !rest.is_empty() {
+                    let part = client.upload_part(&key, &mp.id, mp.next_part, rest).await;
+                    mp.next_part += 1;
+                    match part {
+                        Ok(p) => mp.done.push(p),
+                        Err(e) => {
+                            self.multipart = Some(mp);
+                            return Err(err(e));
+                        }
+                    }
+                }
+                while let Some(task) = mp.in_flight.pop_front() {
+                    match task.await {
+                        Ok(Ok(p)) => mp.done.push(p),
+                        Ok(Err(e)) => {
+                            self.multipart = Some(mp);
+                            return Err(err(e));
+                        }
+                        Err(e) => {
+                            self.multipart = Some(mp);
+                            return Err(FsError::Io(format!("part upload task: {e}")));
+                        }
+                    }
+                }
+                mp.done.sort_by_key(|p| p.part_number);
+                let id = mp.id.clone();
+                let result = client.complete_multipart_upload(&key, &id, mp.done.clone(), self.condition.clone()).await;
+                if result.is_err() {
+                    self.multipart = Some(mp);
+                }
+                result.map_err(err)
+            }
+        }
+    }
+
+    /// Abandons the upload in progress, if any (close without success, or after a failure).
+    pub async fn abort(&mut self) {
+        if let Some(mp) = self.multipart.take() {
+            for task in &mp.in_flight {
+                task.abort();
+            }
+            if let Err(e) = self.client.abort_multipart_upload(&self.key, &mp.id).await {
+                warn!(key = %self.key, error = %e, "could not abort multipart upload");
+            }
+        }
+    }
+
+    /// Truncation to zero before anything was uploaded (O_TRUNC sent as setattr); anything else is refused.
+    pub fn truncate(&mut self, size: u64) -> FsResult<()> {
+        if size == self.size {
+            return Ok(());
+        }
+        if size == 0 && self.multipart.is_none() && matches!(self.mode, Mode::Stream) {
+            self.buffer.clear();
+            self.size = 0;
+            return Ok(());
+        }
+        if let Mode::Staged { file, size: staged } = &mut self.mode {
+            file.set_len(size).map_err(|e| FsError::Io(e.to_string()))?;
+            *staged = size;
+            self.size = size;
+            return Ok(());
+        }
+        Err(FsError::NotPermitted("truncate of a file being streamed to the bucket"))
+    }
+
+    pub fn is_failed(&self) -> bool {
+        self.failed.is_some()
+    }
+
+    pub fn flush_file(&mut self) -> FsResult<()> {
+        if let Mode::Staged { file, .. } = &mut self.mode {
+            file.flush().map_err(|e| FsError::Io(e.to_string()))?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::s3::fake::FakeClient;
+
+    fn opts(staging: Option<PathBuf>) -> WriterOptions {
+        WriterOptions { part_size: 5 * 1024 * 1024, condition: WriteCondition::IfNoneMatch, staging_dir: staging, staging_limit: 64 << 20 }
+    }
+
+    #[tokio::test]
+    async fn streams_parts_and_completes() {
+        let fake = Arc::new(FakeClient::new("b", true));
+        let mut w = Writer::new(fake.clone(), "k".into(), opts(None));
+        let data: Vec<u8> = (0..12 * 1024 * 1024).map(|i| (i % 253) as u8).collect();
+        for chunk in data.chunks(1 << 20) {
+            let off = w.size();
+            w.write(off, chunk).await.unwrap();
+        }
+        assert!(fake.object("k").is_none(), "visible before commit");
+        w.commit().await.unwrap();
+        assert_eq!(fake.object("k").unwrap(), data);
+        assert_eq!(fake.open_uploads(), 0);
+        assert!(w.write(w.size(), b"x").await.is_err(), "sealed after commit");
+    }
+
+    #[tokio::test]
+    async fn out_of_order_small_file_is_staged() {
+        let fake = Arc::new(FakeClient::new("b", true));
+        let dir = tempfile::tempdir().unwrap();
+        let mut w = Writer::new(fake.clone(), "z".into(), opts(Some(dir.path().into())));
+        w.write(0, b"hello world").await.unwrap();
+        w.write(0, b"HELLO").await.unwrap();
+        w.commit().await.unwrap();
+        assert_eq!(&fake.object("z").unwrap()[..], b"HELLO world");
+    }
+
+    #[tokio::test]
+    async fn out_of_order_without_staging_fails_and_keeps_failing() {
+        let fake = Arc::new(FakeClient::new("b", true));
+        let mut w = Writer::new(fake.clone(), "z".into(), opts(None));
+        w.write(0, b"abc").await.unwrap();
+        assert!(matches!(w.write(10, b"x").await, Err(FsError::InvalidArgument(_))));
+        assert!(w.commit().await.is_err());
+        assert!(fake.object("z").is_none());
+    }
+
+    #[tokio::test]
+    async fn conditional_create_refuses_existing_and_aborts() {
+        let fake = Arc::new(FakeClient::new("b", true));
+        fake.put_object("k", Bytes::from_static(b"old"), WriteCondition::None).await.unwrap();
+        let mut w = Writer::new(fake.clone(), "k".into(), opts(None));
+        w.write(0, &vec![7u8; 6 * 1024 * 1024]).await.unwrap();
+        assert!(w.commit().await.is_err());
+        assert_eq!(&fake.object("k").unwrap()[..], b"old");
+        assert_eq!(fake.open_uploads(), 0, "failed upload left behind");
+    }
+
+    #[tokio::test]
+    async fn appends_stay_writable() {
+        let fake = Arc::new(FakeClient::new("b", true));
+        fake.put_object("log", Bytes::from_static(b"one "), WriteCondition::None).await.unwrap();
+        let mut w = Writer::append(fake.clone(), "log".into(), 4, opts(None));
+        w.write(4, b"two ").await.unwrap();
+        w.commit().await.unwrap();
+        assert_eq!(&fake.object("log").unwrap()[..], b"one two ");
+        w.write(8, b"three").await.unwrap();
+        w.commit().await.unwrap();
+        assert_eq!(&fake.object("log").unwrap()[..], b"one two three");
+    }
+}
