@@ -270,7 +270,8 @@ impl Filesystem for Adapter {
         );
     }
 
-    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+    fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let pid = req.pid();
         let raw = flags.0;
         let access = raw & libc::O_ACCMODE;
         let mode = OpenMode {
@@ -282,7 +283,7 @@ impl Filesystem for Adapter {
         let fs = Arc::clone(&self.fs);
         self.spawn(
             async move {
-                match fs.open(ino.0, mode).await {
+                match fs.open(ino.0, mode, pid).await {
                     Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
                     Err(e) => reply.error(report("open", &e)),
                 }
@@ -291,7 +292,8 @@ impl Filesystem for Adapter {
         );
     }
 
-    fn create(&self, _req: &Request, parent: INodeNo, name: &OsStr, _mode: u32, _umask: u32, _flags: i32, reply: ReplyCreate) {
+    fn create(&self, req: &Request, parent: INodeNo, name: &OsStr, _mode: u32, _umask: u32, _flags: i32, reply: ReplyCreate) {
+        let pid = req.pid();
         let name = match name_str(name) {
             Ok(n) => n,
             Err(e) => return reply.error(e),
@@ -300,7 +302,7 @@ impl Filesystem for Adapter {
         let span = debug_span!("create", parent = parent.0, name = %name);
         self.spawn(
             async move {
-                match fs.create(parent.0, &name).await {
+                match fs.create(parent.0, &name, pid).await {
                     Ok((a, fh)) => reply.created(&ttl, &file_attr(&a, bs), Generation(0), FileHandle(fh), FopenFlags::empty()),
                     Err(e) => reply.error(report("create", &e)),
                 }
@@ -357,11 +359,12 @@ impl Filesystem for Adapter {
         );
     }
 
-    fn flush(&self, _req: &Request, ino: INodeNo, fh: FileHandle, _lock_owner: LockOwner, reply: ReplyEmpty) {
+    fn flush(&self, req: &Request, ino: INodeNo, fh: FileHandle, _lock_owner: LockOwner, reply: ReplyEmpty) {
+        let pid = req.pid();
         let fs = Arc::clone(&self.fs);
         self.spawn(
             async move {
-                match fs.flush(fh.0).await {
+                match fs.flush(fh.0, pid).await {
                     Ok(()) => reply.ok(),
                     Err(e) => reply.error(report("flush", &e)),
                 }

@@ -112,7 +112,15 @@ pub struct OpenMode {
 
 enum Handle {
     Read(AsyncMutex<Reader>),
-    Write { ino: u64, writer: AsyncMutex<Writer> },
+    Write {
+        ino: u64,
+        writer: AsyncMutex<Writer>,
+        /// Process (thread group) that opened the file: flushes from other processes are not closes of
+        /// this descriptor (a fork+exec elsewhere closes inherited copies) and must not end the upload.
+        opener: Option<u32>,
+        /// Whether this handle still counts as a writer of its node (until its upload is done).
+        counted: std::sync::atomic::AtomicBool,
+    },
     Dir { entries: Mutex<Option<Arc<Vec<DirEntry>>>>, ino: u64 },
 }
 
@@ -387,7 +395,7 @@ impl S3Filesystem {
         self.handles.lock().unwrap_or_else(|e| e.into_inner()).remove(&fh)
     }
 
-    pub async fn open(&self, ino: u64, mode: OpenMode) -> FsResult<u64> {
+    pub async fn open(&self, ino: u64, mode: OpenMode, pid: u32) -> FsResult<u64> {
         let node = self.table().get(ino).cloned().ok_or(FsError::NotFound)?;
         if node.kind == Kind::Directory {
             return Err(FsError::IsADirectory);
@@ -402,7 +410,7 @@ impl S3Filesystem {
             if node.local {
                 return Err(FsError::Busy("the file is being written"));
             }
-            return self.open_existing_for_write(&node, mode).await;
+            return self.open_existing_for_write(&node, mode, pid).await;
         }
         // Refresh the ETag if our view is stale, so reads are pinned to what exists now.
         let attr_fresh = node.is_fresh(Instant::now()) && node.stat.etag.is_some();
@@ -439,7 +447,7 @@ impl S3Filesystem {
         Ok(())
     }
 
-    async fn open_existing_for_write(&self, node: &inode::Node, mode: OpenMode) -> FsResult<u64> {
+    async fn open_existing_for_write(&self, node: &inode::Node, mode: OpenMode, pid: u32) -> FsResult<u64> {
         let writer = if mode.truncate {
             if !self.config.allow_overwrite {
                 return Err(FsError::NotPermitted("overwriting an object needs --allow-overwrite"));
@@ -462,11 +470,11 @@ impl S3Filesystem {
                 n.stat.size = size;
             }
         }
-        Ok(self.add_handle(Handle::Write { ino: node.ino, writer: AsyncMutex::new(writer) }))
+        Ok(self.add_handle(Handle::Write { ino: node.ino, writer: AsyncMutex::new(writer), opener: tgid_of(pid), counted: true.into() }))
     }
 
     /// Creates a new file, open for writing. Fails if the name exists (unless overwriting is allowed).
-    pub async fn create(&self, parent: u64, name: &str) -> FsResult<(Attr, u64)> {
+    pub async fn create(&self, parent: u64, name: &str, pid: u32) -> FsResult<(Attr, u64)> {
         if self.config.read_only {
             return Err(FsError::ReadOnly);
         }
@@ -499,7 +507,7 @@ impl S3Filesystem {
             self.attr_of(node)
         };
         self.negative().remove(&(parent, name.to_string()));
-        let fh = self.add_handle(Handle::Write { ino: attr.ino, writer: AsyncMutex::new(writer) });
+        let fh = self.add_handle(Handle::Write { ino: attr.ino, writer: AsyncMutex::new(writer), opener: tgid_of(pid), counted: true.into() });
         Ok((attr, fh))
     }
 
@@ -514,7 +522,7 @@ impl S3Filesystem {
 
     pub async fn write(&self, fh: u64, offset: u64, data: &[u8]) -> FsResult<u32> {
         let handle = self.handle(fh)?;
-        let Handle::Write { ino, writer } = handle.as_ref() else { return Err(FsError::BadHandle) };
+        let Handle::Write { ino, writer, .. } = handle.as_ref() else { return Err(FsError::BadHandle) };
         let mut w = writer.lock().await;
         let n = w.write(offset, data).await?;
         let size = w.size();
@@ -528,56 +536,64 @@ impl S3Filesystem {
     /// fsync: everything written is durable in the bucket when this returns Ok.
     pub async fn fsync(&self, fh: u64) -> FsResult<()> {
         let handle = self.handle(fh)?;
-        match handle.as_ref() {
-            Handle::Write { ino, writer } => {
-                let mut w = writer.lock().await;
-                let result = w.commit().await?;
-                if let Some(put) = result {
-                    let size = w.size();
-                    let mut table = self.table();
-                    let expires = self.expiry();
-                    if let Some(node) = table.get_mut(*ino) {
-                        node.local = false;
-                        node.stat = Stat { size, mtime: SystemTime::now(), etag: Some(put.etag) };
-                        node.expires = expires;
-                    }
-                }
-                Ok(())
+        let Handle::Write { ino, writer, counted, .. } = handle.as_ref() else { return Ok(()) };
+        let mut w = writer.lock().await;
+        let result = w.commit().await?;
+        let mut table = self.table();
+        let expires = self.expiry();
+        if let Some(node) = table.get_mut(*ino) {
+            if let Some(put) = result {
+                node.local = false;
+                node.stat = Stat { size: w.size(), mtime: SystemTime::now(), etag: Some(put.etag) };
+                node.expires = expires;
             }
-            _ => Ok(()),
+            // A finished (sealed) upload no longer makes the file busy for readers, rename or unlink.
+            if w.is_sealed() && counted.swap(false, Ordering::SeqCst) {
+                node.writers = node.writers.saturating_sub(1);
+                self.writers.fetch_sub(1, Ordering::SeqCst);
+            }
         }
+        Ok(())
     }
 
-    /// close(2) of one descriptor. Uploads here (not at release) so close() reports the outcome.
-    pub async fn flush(&self, fh: u64) -> FsResult<()> {
+    /// close(2) of a descriptor. Uploads here (not at release) so close() reports the outcome; flushes
+    /// from another process (an inherited copy closed after fork) are ignored.
+    pub async fn flush(&self, fh: u64, pid: u32) -> FsResult<()> {
+        let handle = self.handle(fh)?;
+        if let Handle::Write { opener: Some(opener), .. } = handle.as_ref() {
+            if tgid_of(pid).is_some_and(|t| t != *opener) {
+                debug!(fh, pid, "flush from another process: not a close of the writer");
+                return Ok(());
+            }
+        }
         self.fsync(fh).await
     }
 
     pub async fn release(&self, fh: u64) -> FsResult<()> {
         let Some(handle) = self.release_handle(fh) else { return Ok(()) };
-        if let Handle::Write { ino, writer } = handle.as_ref() {
-            let mut w = writer.lock().await;
-            let result = w.commit().await;
-            if result.is_err() {
-                w.abort().await;
-            }
-            self.writers.fetch_sub(1, Ordering::SeqCst);
-            let mut table = self.table();
-            if let Some(node) = table.get_mut(*ino) {
-                node.writers = node.writers.saturating_sub(1);
-                if let Ok(Some(put)) = &result {
-                    node.stat.etag = Some(put.etag.clone());
-                    node.local = false;
-                }
-                if node.local && node.writers == 0 {
-                    // Never uploaded: the name goes away again.
-                    let (parent, name) = (node.parent, node.name.clone());
-                    table.detach(parent, &name);
-                }
-            }
-            result?;
+        let Handle::Write { ino, writer, counted, .. } = handle.as_ref() else { return Ok(()) };
+        let mut w = writer.lock().await;
+        let result = w.commit().await;
+        if result.is_err() {
+            w.abort().await;
         }
-        Ok(())
+        let mut table = self.table();
+        if let Some(node) = table.get_mut(*ino) {
+            if counted.swap(false, Ordering::SeqCst) {
+                node.writers = node.writers.saturating_sub(1);
+                self.writers.fetch_sub(1, Ordering::SeqCst);
+            }
+            if let Ok(Some(put)) = &result {
+                node.stat.etag = Some(put.etag.clone());
+                node.local = false;
+            }
+            if node.local && node.writers == 0 {
+                // Never uploaded: the name goes away again.
+                let (parent, name) = (node.parent, node.name.clone());
+                table.detach(parent, &name);
+            }
+        }
+        result.map(|_| ())
     }
 
     pub async fn mkdir(&self, parent: u64, name: &str) -> FsResult<Attr> {
@@ -735,6 +751,15 @@ impl S3Filesystem {
     }
 }
 
+/// Thread group (process) id of a thread id, as FUSE reports the calling thread.
+fn tgid_of(pid: u32) -> Option<u32> {
+    if pid == 0 {
+        return None;
+    }
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status.lines().find_map(|l| l.strip_prefix("Tgid:")).and_then(|v| v.trim().parse().ok())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -774,24 +799,24 @@ mod tests {
     #[tokio::test]
     async fn create_write_close_then_read_back() {
         let (fake, fs) = fs_with(&[], config(), true).await;
-        let (attr, fh) = fs.create(ROOT_INO, "new.bin").await.unwrap();
+        let (attr, fh) = fs.create(ROOT_INO, "new.bin", 0).await.unwrap();
         fs.write(fh, 0, b"hello ").await.unwrap();
         fs.write(fh, 6, b"world").await.unwrap();
         assert_eq!(fs.getattr(attr.ino).await.unwrap().size, 11);
-        fs.flush(fh).await.unwrap();
+        fs.flush(fh, 0).await.unwrap();
         fs.release(fh).await.unwrap();
         assert_eq!(&fake.object("new.bin").unwrap()[..], b"hello world");
-        let rh = fs.open(attr.ino, OpenMode { read: true, ..Default::default() }).await.unwrap();
+        let rh = fs.open(attr.ino, OpenMode { read: true, ..Default::default() }, 0).await.unwrap();
         assert_eq!(&fs.read(rh, 0, 100).await.unwrap()[..], b"hello world");
     }
 
     #[tokio::test]
     async fn overwrite_and_delete_need_their_flags() {
         let (_, fs) = fs_with(&[("k", b"v")], config(), true).await;
-        assert!(matches!(fs.create(ROOT_INO, "k").await, Err(FsError::Exists)));
+        assert!(matches!(fs.create(ROOT_INO, "k", 0).await, Err(FsError::Exists)));
         let a = fs.lookup(ROOT_INO, "k").await.unwrap();
         let trunc = OpenMode { write: true, truncate: true, ..Default::default() };
-        assert!(matches!(fs.open(a.ino, trunc).await, Err(FsError::NotPermitted(_))));
+        assert!(matches!(fs.open(a.ino, trunc, 0).await, Err(FsError::NotPermitted(_))));
         assert!(matches!(fs.unlink(ROOT_INO, "k").await, Err(FsError::NotPermitted(_))));
 
         let mut c = config();
@@ -799,7 +824,7 @@ mod tests {
         c.allow_delete = true;
         let (fake, fs) = fs_with(&[("k", b"v")], c, true).await;
         let a = fs.lookup(ROOT_INO, "k").await.unwrap();
-        let fh = fs.open(a.ino, trunc).await.unwrap();
+        let fh = fs.open(a.ino, trunc, 0).await.unwrap();
         fs.write(fh, 0, b"new").await.unwrap();
         fs.release(fh).await.unwrap();
         assert_eq!(&fake.object("k").unwrap()[..], b"new");
@@ -830,7 +855,7 @@ mod tests {
         let mut c = config();
         c.read_only = true;
         let (_, ro) = fs_with(&[], c, true).await;
-        assert!(matches!(ro.create(ROOT_INO, "x").await, Err(FsError::ReadOnly)));
+        assert!(matches!(ro.create(ROOT_INO, "x", 0).await, Err(FsError::ReadOnly)));
         assert!(matches!(ro.mkdir(ROOT_INO, "x").await, Err(FsError::ReadOnly)));
     }
 }

@@ -330,6 +330,10 @@ impl Writer {
         Err(FsError::NotPermitted("truncate of a file being streamed to the bucket"))
     }
 
+    pub fn is_sealed(&self) -> bool {
+        self.sealed
+    }
+
     pub fn is_failed(&self) -> bool {
         self.failed.is_some()
     }

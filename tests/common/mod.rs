@@ -314,3 +314,15 @@ pub fn errno_of<T: std::fmt::Debug>(result: std::io::Result<T>) -> i32 {
         Err(e) => e.raw_os_error().unwrap_or_else(|| panic!("not an OS error: {e}")),
     }
 }
+
+/// GET on the emulator's unauthenticated admin endpoints (`/_emulator/...`): (status, body).
+pub fn admin_get(emu: &Emulator, path: &str) -> (u16, String) {
+    use std::io::Write;
+    let mut stream = std::net::TcpStream::connect(emu.addr()).expect("connect to emulator");
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: {}\r\n\r\n", emu.addr()).unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).unwrap();
+    let status = answer.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+    let body = answer.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+    (status, body)
+}

@@ -1,0 +1,229 @@
+//! Write path through a real FUSE mount and the real SDK: checkpoints streamed as multipart uploads,
+//! conditional creation, overwrite and delete flags, mkdir/rmdir, append and atomic rename on directory
+//! buckets, and out-of-order writes staged locally.
+
+mod common;
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::FileExt;
+
+use common::{Mount, errno_of, fresh_bucket, get, pattern, put, sha256_hex};
+
+const MIB: usize = 1024 * 1024;
+
+/// Writes `len` bytes of pattern(seed) in 1 MiB writes, fsyncs, closes; returns the sha256.
+fn write_checkpoint(path: &std::path::Path, seed: u64, len: usize) -> String {
+    let data = pattern(seed, len);
+    let mut f = File::create(path).expect("create");
+    for chunk in data.chunks(MIB) {
+        f.write_all(chunk).expect("write");
+    }
+    f.sync_all().expect("fsync");
+    drop(f);
+    sha256_hex(&data)
+}
+
+#[test]
+fn checkpoint_streams_and_reads_back_on_both_bucket_kinds() {
+    for directory in [true, false] {
+        let bucket = fresh_bucket(directory, "ckpt");
+        let mount = Mount::new(&bucket, &[]);
+        let path = mount.path().join("ckpt.pt");
+        // 40 MiB: five parts of 8 MiB and a short last one.
+        let expected = write_checkpoint(&path, 1, 40 * MIB + 123);
+        let through_mount = common::sha256_file(&path).unwrap();
+        assert_eq!(through_mount, expected, "{bucket}: read back through the mount");
+        let stored = get(common::emulator(), &bucket, "ckpt.pt").expect("object exists");
+        assert_eq!(sha256_hex(&stored), expected, "{bucket}: stored bytes");
+        assert_eq!(fs::metadata(&path).unwrap().len(), 40 * MIB as u64 + 123);
+        assert!(mount.unmount().success());
+    }
+}
+
+#[test]
+fn one_gib_checkpoint_and_four_concurrent_writers() {
+    let bucket = fresh_bucket(true, "big");
+    let mount = Mount::new(&bucket, &[]);
+    let big = mount.path().join("model.ckpt");
+    let expected = write_checkpoint(&big, 2, 1024 * MIB);
+    assert_eq!(common::sha256_file(&big).unwrap(), expected);
+    let stored = get(common::emulator(), &bucket, "model.ckpt").unwrap();
+    assert_eq!(sha256_hex(&stored), expected);
+    drop(stored);
+
+    let dir = mount.path().to_path_buf();
+    let handles: Vec<_> = (0..4)
+        .map(|i| {
+            let path = dir.join(format!("shard-{i}.bin"));
+            std::thread::spawn(move || (path.clone(), write_checkpoint(&path, 10 + i, 48 * MIB + i as usize)))
+        })
+        .collect();
+    for h in handles {
+        let (path, sha) = h.join().unwrap();
+        assert_eq!(common::sha256_file(&path).unwrap(), sha, "{}", path.display());
+        let key = path.file_name().unwrap().to_str().unwrap().to_string();
+        assert_eq!(sha256_hex(&get(common::emulator(), &bucket, &key).unwrap()), sha);
+    }
+    let (status, uploads) = common::admin_get(common::emulator(), &format!("/_emulator/uploads?bucket={bucket}"));
+    assert_eq!(status, 200);
+    assert_eq!(uploads.trim(), "[]", "multipart uploads left behind");
+}
+
+#[test]
+fn small_files_are_single_puts_and_visible_at_close() {
+    let bucket = fresh_bucket(true, "small");
+    let mount = Mount::new(&bucket, &[]);
+    fs::create_dir(mount.path().join("sub")).unwrap();
+    fs::write(mount.path().join("sub/a.txt"), b"hello").unwrap();
+    assert_eq!(get(common::emulator(), &bucket, "sub/a.txt").unwrap(), b"hello");
+    assert_eq!(fs::read(mount.path().join("sub/a.txt")).unwrap(), b"hello");
+    // An empty file is an empty object.
+    File::create(mount.path().join("empty")).unwrap();
+    assert_eq!(get(common::emulator(), &bucket, "empty").unwrap(), b"");
+
+    // A second mount of the same bucket sees the new directory and file.
+    let other = Mount::new(&bucket, &["--read-only"]);
+    let mut names: Vec<String> = fs::read_dir(other.path()).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    names.sort();
+    assert_eq!(names, vec!["empty", "sub"]);
+    assert_eq!(fs::read(other.path().join("sub/a.txt")).unwrap(), b"hello");
+}
+
+#[test]
+fn overwrite_needs_the_flag_and_o_trunc() {
+    let bucket = fresh_bucket(true, "over");
+    put(common::emulator(), &bucket, "k", b"original".to_vec());
+    {
+        let mount = Mount::new(&bucket, &[]);
+        let p = mount.path().join("k");
+        assert_eq!(errno_of(File::create(&p)), libc::EPERM, "overwrite without --allow-overwrite");
+        assert_eq!(errno_of(OpenOptions::new().create_new(true).write(true).open(&p)), libc::EEXIST);
+        assert_eq!(get(common::emulator(), &bucket, "k").unwrap(), b"original");
+    }
+    let mount = Mount::new(&bucket, &["--allow-overwrite"]);
+    let p = mount.path().join("k");
+    assert_eq!(errno_of(OpenOptions::new().write(true).open(&p)), libc::EPERM, "no O_TRUNC, no append mode");
+    fs::write(&p, b"replaced").unwrap();
+    assert_eq!(get(common::emulator(), &bucket, "k").unwrap(), b"replaced");
+    assert_eq!(fs::read(&p).unwrap(), b"replaced");
+}
+
+#[test]
+fn delete_needs_the_flag_and_rmdir_checks_emptiness() {
+    let bucket = fresh_bucket(true, "del");
+    put(common::emulator(), &bucket, "d/x", b"1".to_vec());
+    put(common::emulator(), &bucket, "f", b"2".to_vec());
+    {
+        let mount = Mount::new(&bucket, &[]);
+        assert_eq!(errno_of(fs::remove_file(mount.path().join("f"))), libc::EPERM);
+        assert!(get(common::emulator(), &bucket, "f").is_some());
+    }
+    let mount = Mount::new(&bucket, &["--allow-delete"]);
+    fs::remove_file(mount.path().join("f")).unwrap();
+    assert!(get(common::emulator(), &bucket, "f").is_none());
+    assert_eq!(errno_of(fs::metadata(mount.path().join("f"))), libc::ENOENT);
+    assert_eq!(errno_of(fs::remove_dir(mount.path().join("d"))), libc::ENOTEMPTY);
+    fs::create_dir(mount.path().join("newdir")).unwrap();
+    assert!(mount.path().join("newdir").is_dir());
+    fs::remove_dir(mount.path().join("newdir")).unwrap();
+    assert_eq!(errno_of(fs::metadata(mount.path().join("newdir"))), libc::ENOENT);
+    fs::remove_file(mount.path().join("d/x")).unwrap();
+    assert_eq!(errno_of(fs::metadata(mount.path().join("d/x"))), libc::ENOENT);
+}
+
+#[test]
+fn append_on_directory_bucket_and_concurrent_writer_gets_eio() {
+    let bucket = fresh_bucket(true, "append");
+    put(common::emulator(), &bucket, "log.txt", b"first\n".to_vec());
+    let mount = Mount::new(&bucket, &["--incremental-upload"]);
+    let p = mount.path().join("log.txt");
+    let mut f = OpenOptions::new().append(true).open(&p).unwrap();
+    f.write_all(b"second\n").unwrap();
+    f.sync_all().unwrap();
+    assert_eq!(get(common::emulator(), &bucket, "log.txt").unwrap(), b"first\nsecond\n", "visible after fsync");
+    f.write_all(b"third\n").unwrap();
+    drop(f);
+    let other = Mount::new(&bucket, &["--read-only", "--metadata-ttl", "minimal"]);
+    assert_eq!(fs::read(other.path().join("log.txt")).unwrap(), b"first\nsecond\nthird\n");
+
+    // Another client appends behind our back: our next append is at a stale offset.
+    let mut f = OpenOptions::new().append(true).open(&p).unwrap();
+    f.write_all(b"ours\n").unwrap();
+    put(common::emulator(), &bucket, "log.txt", b"someone else replaced it\n".to_vec());
+    let result = f.sync_all();
+    assert_eq!(errno_of(result), libc::EIO);
+    drop(f);
+    assert_eq!(get(common::emulator(), &bucket, "log.txt").unwrap(), b"someone else replaced it\n");
+}
+
+#[test]
+fn rename_is_atomic_on_directory_buckets_and_exdev_on_general() {
+    let bucket = fresh_bucket(true, "ren");
+    let mount = Mount::new(&bucket, &[]);
+    fs::write(mount.path().join("tmp.ckpt"), b"weights").unwrap();
+    fs::create_dir(mount.path().join("final")).unwrap();
+    fs::rename(mount.path().join("tmp.ckpt"), mount.path().join("final/model.ckpt")).unwrap();
+    assert_eq!(get(common::emulator(), &bucket, "final/model.ckpt").unwrap(), b"weights");
+    assert!(get(common::emulator(), &bucket, "tmp.ckpt").is_none());
+    assert_eq!(errno_of(fs::metadata(mount.path().join("tmp.ckpt"))), libc::ENOENT);
+    assert_eq!(fs::read(mount.path().join("final/model.ckpt")).unwrap(), b"weights");
+    // Replacing needs --allow-overwrite.
+    fs::write(mount.path().join("b"), b"b").unwrap();
+    assert_eq!(errno_of(fs::rename(mount.path().join("b"), mount.path().join("final/model.ckpt"))), libc::EPERM);
+    drop(mount);
+    let mount = Mount::new(&bucket, &["--allow-overwrite"]);
+    fs::rename(mount.path().join("b"), mount.path().join("final/model.ckpt")).unwrap();
+    assert_eq!(get(common::emulator(), &bucket, "final/model.ckpt").unwrap(), b"b");
+
+    let general = fresh_bucket(false, "ren");
+    put(common::emulator(), &general, "a", b"1".to_vec());
+    let mount = Mount::new(&general, &[]);
+    assert_eq!(errno_of(fs::rename(mount.path().join("a"), mount.path().join("b"))), libc::EXDEV);
+}
+
+#[test]
+fn out_of_order_writes_are_staged_and_uploaded_whole() {
+    let bucket = fresh_bucket(true, "zip");
+    let mount = Mount::new(&bucket, &[]);
+    let p = mount.path().join("archive.bin");
+    let mut f = File::create(&p).unwrap();
+    f.write_all(&[0u8; 4096]).unwrap();
+    f.write_all(b"payload").unwrap();
+    // Patch a header at the start, as zipfile and h5py do.
+    f.write_all_at(b"HEADER", 0).unwrap();
+    f.seek(SeekFrom::End(0)).unwrap();
+    f.write_all(b"tail").unwrap();
+    drop(f);
+    let stored = get(common::emulator(), &bucket, "archive.bin").unwrap();
+    assert_eq!(&stored[..6], b"HEADER");
+    assert_eq!(&stored[4096..4103], b"payload");
+    assert!(stored.ends_with(b"tail"));
+    assert_eq!(stored.len(), 4096 + 7 + 4);
+
+    // With staging disabled the seek-back write fails and nothing is uploaded.
+    let mount = Mount::new(&bucket, &["--max-staged-file-size", "0"]);
+    let p = mount.path().join("nostage.bin");
+    let mut f = File::create(&p).unwrap();
+    f.write_all(b"abc").unwrap();
+    assert_eq!(errno_of(f.write_all_at(b"X", 0)), libc::EINVAL);
+    drop(f);
+    assert!(get(common::emulator(), &bucket, "nostage.bin").is_none());
+}
+
+#[test]
+fn metadata_calls_from_copy_tools_do_not_fail() {
+    let bucket = fresh_bucket(true, "meta");
+    let mount = Mount::new(&bucket, &[]);
+    let src = tempfile::NamedTempFile::new().unwrap();
+    fs::write(src.path(), b"copied").unwrap();
+    let dest = mount.path().join("copied.txt");
+    let status = std::process::Command::new("cp").arg("-p").arg(src.path()).arg(&dest).status().unwrap();
+    assert!(status.success(), "cp -p failed");
+    assert_eq!(get(common::emulator(), &bucket, "copied.txt").unwrap(), b"copied");
+    let status = std::process::Command::new("touch").arg(&dest).status().unwrap();
+    assert!(status.success(), "touch failed");
+    let mut buf = String::new();
+    File::open(&dest).unwrap().read_to_string(&mut buf).unwrap();
+    assert_eq!(buf, "copied");
+}
