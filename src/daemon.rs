@@ -247,7 +247,12 @@ fn serve(args: Args, name: bucket::BucketName, region: String, mut reporter: Rep
         Some(args.cache.clone().unwrap_or_else(std::env::temp_dir))
     };
     let fs = S3Filesystem::new(client, config);
-    let fs_name = if prefix.is_empty() { name.name.clone() } else { format!("{}/{}", name.name, prefix.trim_end_matches('/')) };
+    // The root mount path ignores the subtype (the type is plain "fuse"), so the source names us and the bucket.
+    let fs_name = if prefix.is_empty() {
+        format!("expressfs:{}", name.name)
+    } else {
+        format!("expressfs:{}/{}", name.name, prefix.trim_end_matches('/'))
+    };
     let options = FuseOptions {
         mountpoint: args.mountpoint.clone(),
         fs_name,

@@ -1,0 +1,135 @@
+//! The command line and daemon lifecycle: every startup error prints a message that says what is wrong and
+//! exits non-zero; a background mount returns only once it is live; signals unmount cleanly.
+
+mod common;
+
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{emulator, expressfs_command, fresh_bucket, is_mounted, put};
+
+fn run(mut cmd: Command) -> Output {
+    cmd.stdin(Stdio::null());
+    cmd.output().expect("run expressfs")
+}
+
+fn empty_dir() -> tempfile::TempDir {
+    tempfile::tempdir().unwrap()
+}
+
+/// Runs the daemon (background mode) with `args` and expects failure with `needle` in stderr.
+fn expect_error(args: &[&str], needle: &str) {
+    let mut cmd = expressfs_command(emulator());
+    cmd.args(args);
+    let out = run(cmd);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{args:?} succeeded: {stderr}");
+    assert!(stderr.contains(needle), "{args:?}: expected {needle:?} in:\n{stderr}");
+}
+
+#[test]
+fn bad_input_gets_a_clear_message_and_non_zero_exit() {
+    let dir = empty_dir();
+    let mnt = dir.path().to_str().unwrap();
+    let bucket = fresh_bucket(true, "cli");
+    expect_error(&["Bad_Name", mnt], "only lowercase letters");
+    expect_error(&["base--nozone--x-s3", mnt], "availability zone");
+    expect_error(&[&bucket, mnt, "--prefix", "data"], "must end in '/'");
+    expect_error(&[&bucket, mnt, "--write-part-size", "1M"], "at least 5M");
+    expect_error(&[&bucket, mnt, "--read-only", "--allow-delete"], "cannot be combined");
+    expect_error(&[&bucket, "/nonexistent/expressfs-mnt"], "No such file");
+    let file = tempfile::NamedTempFile::new().unwrap();
+    expect_error(&[&bucket, file.path().to_str().unwrap()], "not a directory");
+    let full = empty_dir();
+    std::fs::write(full.path().join("x"), b"x").unwrap();
+    expect_error(&[&bucket, full.path().to_str().unwrap()], "not empty");
+    expect_error(&["missing-bucket--use1-az4--x-s3", mnt], "does not exist");
+    expect_error(&["missing-general-bucket", mnt], "does not exist");
+    expect_error(&[&bucket, mnt, "--dir-mode", "999"], "octal");
+
+    // Unknown AZ without --region: the region cannot be derived.
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_expressfs"));
+    cmd.env("AWS_EC2_METADATA_DISABLED", "true").args(["data--zzz9-az1--x-s3", mnt]);
+    let out = run(cmd);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("pass --region"));
+    assert!(!is_mounted(dir.path()), "a failed start left a mount behind");
+}
+
+#[test]
+fn wrong_or_missing_credentials_are_explained() {
+    let dir = empty_dir();
+    let mnt = dir.path().to_str().unwrap();
+    let bucket = fresh_bucket(true, "creds");
+    let mut cmd = expressfs_command(emulator());
+    cmd.env("AWS_SECRET_ACCESS_KEY", "wrong-secret").args([&bucket, mnt]);
+    let out = run(cmd);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("access denied") && stderr.contains("s3express:CreateSession"), "{stderr}");
+
+    let mut cmd = expressfs_command(emulator());
+    cmd.env_remove("AWS_ACCESS_KEY_ID")
+        .env_remove("AWS_SECRET_ACCESS_KEY")
+        .env("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent")
+        .env("AWS_CONFIG_FILE", "/nonexistent")
+        .args([&bucket, mnt]);
+    let out = run(cmd);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.to_lowercase().contains("credentials"), "{stderr}");
+}
+
+#[test]
+fn background_mount_is_live_when_the_command_returns_and_sigterm_unmounts() {
+    let dir = empty_dir();
+    let bucket = fresh_bucket(true, "bg");
+    put(emulator(), &bucket, "hello.txt", b"hi".to_vec());
+    let mut cmd = expressfs_command(emulator());
+    cmd.args([&bucket, dir.path().to_str().unwrap()]);
+    let out = run(cmd);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(is_mounted(dir.path()), "mount not live when the command returned");
+    assert_eq!(std::fs::read(dir.path().join("hello.txt")).unwrap(), b"hi");
+
+    // mount(8) and df show expressfs and the bucket as the source (type fuse, or fuse.expressfs via fusermount).
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let line = mounts.lines().find(|l| l.contains(dir.path().to_str().unwrap())).unwrap();
+    assert!(line.contains(&format!("expressfs:{bucket}")) && line.contains(" - fuse"), "{line}");
+
+    // The daemon is the process holding the mount; SIGTERM unmounts cleanly.
+    let pid = find_daemon(&bucket).expect("daemon process");
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGTERM).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while is_mounted(dir.path()) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(!is_mounted(dir.path()), "SIGTERM did not unmount");
+}
+
+fn find_daemon(bucket: &str) -> Option<i32> {
+    for entry in std::fs::read_dir("/proc").ok()? {
+        let entry = entry.ok()?;
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else { continue };
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        let cmdline = String::from_utf8_lossy(&cmdline);
+        if cmdline.contains("expressfs") && cmdline.contains(bucket) && !cmdline.contains("--foreground") {
+            return Some(pid);
+        }
+    }
+    None
+}
+
+#[test]
+fn help_lists_grouped_flags() {
+    let out = run({
+        let mut c = Command::new(env!("CARGO_BIN_EXE_expressfs"));
+        c.arg("--help");
+        c
+    });
+    assert!(out.status.success());
+    let help = String::from_utf8_lossy(&out.stdout);
+    for needle in ["Bucket options", "Mount options", "--allow-overwrite", "--read-part-size", "--metadata-ttl", "--prefix"] {
+        assert!(help.contains(needle), "--help lacks {needle}");
+    }
+}
