@@ -38,48 +38,84 @@ const AZ_PREFIXES: &[(&str, &str)] = &[
 
 /// Parses and validates a bucket name (also accepts `s3://name`).
 pub fn parse(input: &str) -> Result<BucketName, String> {
-    let name = input.strip_prefix("s3://").unwrap_or(input).trim_end_matches('/');
+    let name = input
+        .strip_prefix("s3://")
+        .unwrap_or(input)
+        .trim_end_matches('/');
     if name.contains('/') {
-        return Err(format!("{input:?} is not a bucket name: put the key prefix in --prefix"));
+        return Err(format!(
+            "{input:?} is not a bucket name: put the key prefix in --prefix"
+        ));
     }
     if name.len() < 3 || name.len() > 63 {
-        return Err(format!("bucket name {name:?} must be 3 to 63 characters long"));
+        return Err(format!(
+            "bucket name {name:?} must be 3 to 63 characters long"
+        ));
     }
-    if let Some(c) = name.chars().find(|c| !(c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '-' || *c == '.')) {
-        return Err(format!("bucket name {name:?} contains {c:?}: only lowercase letters, digits, '-' and '.' are allowed"));
+    if let Some(c) = name
+        .chars()
+        .find(|c| !(c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '-' || *c == '.'))
+    {
+        return Err(format!(
+            "bucket name {name:?} contains {c:?}: only lowercase letters, digits, '-' and '.' are allowed"
+        ));
     }
     let (first, last) = (name.as_bytes()[0], name.as_bytes()[name.len() - 1]);
     if !first.is_ascii_alphanumeric() || !last.is_ascii_alphanumeric() {
-        return Err(format!("bucket name {name:?} must begin and end with a letter or digit"));
+        return Err(format!(
+            "bucket name {name:?} must begin and end with a letter or digit"
+        ));
     }
     if name.contains("..") || name.parse::<std::net::Ipv4Addr>().is_ok() {
-        return Err(format!("bucket name {name:?} must not contain '..' or be an IP address"));
+        return Err(format!(
+            "bucket name {name:?} must not contain '..' or be an IP address"
+        ));
     }
     if let Some(base_and_zone) = name.strip_suffix("--x-s3") {
         let Some((base, zone)) = base_and_zone.rsplit_once("--") else {
-            return Err(format!("directory bucket name {name:?} must look like base-name--use1-az4--x-s3"));
+            return Err(format!(
+                "directory bucket name {name:?} must look like base-name--use1-az4--x-s3"
+            ));
         };
         if base.is_empty() || base.contains("--") || base.contains('.') {
-            return Err(format!("directory bucket name {name:?}: the base name must be non-empty, without '--' or '.'"));
+            return Err(format!(
+                "directory bucket name {name:?}: the base name must be non-empty, without '--' or '.'"
+            ));
         }
         let valid_zone = zone.split_once("-az").is_some_and(|(region, n)| {
-            !region.is_empty() && region.bytes().all(|b| b.is_ascii_alphanumeric()) && !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit())
+            !region.is_empty()
+                && region.bytes().all(|b| b.is_ascii_alphanumeric())
+                && !n.is_empty()
+                && n.bytes().all(|b| b.is_ascii_digit())
         });
         if !valid_zone {
-            return Err(format!("directory bucket name {name:?}: {zone:?} is not an availability zone ID like use1-az4"));
+            return Err(format!(
+                "directory bucket name {name:?}: {zone:?} is not an availability zone ID like use1-az4"
+            ));
         }
-        return Ok(BucketName { name: name.to_string(), zone: Some(zone.to_string()) });
+        return Ok(BucketName {
+            name: name.to_string(),
+            zone: Some(zone.to_string()),
+        });
     }
     if name.contains("--") || name.ends_with("-s3alias") || name.starts_with("xn--") {
-        return Err(format!("bucket name {name:?} uses a reserved form ('--' is only for directory buckets: base--azid--x-s3)"));
+        return Err(format!(
+            "bucket name {name:?} uses a reserved form ('--' is only for directory buckets: base--azid--x-s3)"
+        ));
     }
-    Ok(BucketName { name: name.to_string(), zone: None })
+    Ok(BucketName {
+        name: name.to_string(),
+        zone: None,
+    })
 }
 
 /// The region of an AZ ID such as `use1-az4`, when known.
 pub fn region_of_zone(zone: &str) -> Option<&'static str> {
     let prefix = zone.split_once("-az")?.0;
-    AZ_PREFIXES.iter().find(|(p, _)| *p == prefix).map(|(_, r)| *r)
+    AZ_PREFIXES
+        .iter()
+        .find(|(p, _)| *p == prefix)
+        .map(|(_, r)| *r)
 }
 
 #[cfg(test)]

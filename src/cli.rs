@@ -102,6 +102,9 @@ pub struct Args {
     /// Most bytes fetched ahead for one sequential reader
     #[arg(long, default_value = "64M", value_parser = parse_size, help_heading = "Performance and caching")]
     pub max_prefetch: u64,
+    /// Kernel readahead for the mount in KiB (set on the mount's bdi when running as root)
+    #[arg(long, default_value_t = 4096, help_heading = "Performance and caching")]
+    pub read_ahead_kb: u32,
     /// How long metadata is trusted: seconds, "minimal" or "indefinite"
     #[arg(long, default_value = "1", value_parser = parse_ttl, help_heading = "Performance and caching")]
     pub metadata_ttl: Duration,
@@ -143,7 +146,9 @@ impl Args {
                 return Err(format!("--prefix {prefix:?} must end in '/'"));
             }
             if prefix.starts_with('/') || prefix.contains("//") {
-                return Err(format!("--prefix {prefix:?} must not start with '/' or contain '//'"));
+                return Err(format!(
+                    "--prefix {prefix:?} must not start with '/' or contain '//'"
+                ));
             }
         }
         if self.write_part_size() < 5 * 1024 * 1024 {
@@ -152,7 +157,8 @@ impl Args {
         if self.read_part_size() < 64 * 1024 {
             return Err("--read-part-size must be at least 64K".into());
         }
-        if self.read_only && (self.allow_delete || self.allow_overwrite || self.incremental_upload) {
+        if self.read_only && (self.allow_delete || self.allow_overwrite || self.incremental_upload)
+        {
             return Err("--read-only cannot be combined with --allow-delete, --allow-overwrite or --incremental-upload".into());
         }
         if self.max_threads == 0 {
@@ -171,7 +177,8 @@ impl Args {
 }
 
 fn parse_mode(s: &str) -> Result<u16, String> {
-    let v = u16::from_str_radix(s.trim_start_matches("0o"), 8).map_err(|_| format!("{s:?} is not an octal mode like 0644"))?;
+    let v = u16::from_str_radix(s.trim_start_matches("0o"), 8)
+        .map_err(|_| format!("{s:?} is not an octal mode like 0644"))?;
     if v > 0o7777 {
         return Err(format!("{s:?} is not a permission mode"));
     }
@@ -193,8 +200,11 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         }
         _ => (t, 1),
     };
-    let n: u64 = digits.parse().map_err(|_| format!("{s:?} is not a size like 8388608 or 8M"))?;
-    n.checked_mul(mult).ok_or_else(|| format!("{s:?} is too large"))
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("{s:?} is not a size like 8388608 or 8M"))?;
+    n.checked_mul(mult)
+        .ok_or_else(|| format!("{s:?} is too large"))
 }
 
 fn parse_ttl(s: &str) -> Result<Duration, String> {
@@ -206,12 +216,17 @@ fn parse_ttl(s: &str) -> Result<Duration, String> {
             .ok()
             .filter(|v| v.is_finite() && *v >= 0.0)
             .map(Duration::from_secs_f64)
-            .ok_or_else(|| format!("{s:?} is not a number of seconds, \"minimal\" or \"indefinite\"")),
+            .ok_or_else(|| {
+                format!("{s:?} is not a number of seconds, \"minimal\" or \"indefinite\"")
+            }),
     }
 }
 
 /// Options that mount(8)/fstab pass but that mean nothing to us.
-const IGNORED_MOUNT_OPTIONS: &[&str] = &["defaults", "auto", "noauto", "nofail", "_netdev", "user", "users", "nouser", "rw", "dev", "suid", "exec", "noexec", "nodev", "nosuid", "atime", "noatime", "relatime"];
+const IGNORED_MOUNT_OPTIONS: &[&str] = &[
+    "defaults", "auto", "noauto", "nofail", "_netdev", "user", "users", "nouser", "rw", "dev",
+    "suid", "exec", "noexec", "nodev", "nosuid", "atime", "noatime", "relatime",
+];
 
 /// Expands `-o a,b=c` into `--a --b c` (underscores become dashes), the form fstab and mount(8) use.
 pub fn expand_mount_options(argv: Vec<String>) -> Result<Vec<String>, String> {
@@ -219,7 +234,8 @@ pub fn expand_mount_options(argv: Vec<String>) -> Result<Vec<String>, String> {
     let mut iter = argv.into_iter();
     while let Some(arg) = iter.next() {
         let list = if arg == "-o" {
-            iter.next().ok_or("-o needs a comma-separated list of options")?
+            iter.next()
+                .ok_or("-o needs a comma-separated list of options")?
         } else if let Some(rest) = arg.strip_prefix("-o").filter(|r| !r.is_empty()) {
             rest.to_string()
         } else {
@@ -227,8 +243,13 @@ pub fn expand_mount_options(argv: Vec<String>) -> Result<Vec<String>, String> {
             continue;
         };
         for opt in list.split(',').filter(|o| !o.is_empty()) {
-            let (name, value) = opt.split_once('=').map_or((opt, None), |(n, v)| (n, Some(v)));
-            if IGNORED_MOUNT_OPTIONS.contains(&name) || name.starts_with("x-systemd.") || name.starts_with("comment=") {
+            let (name, value) = opt
+                .split_once('=')
+                .map_or((opt, None), |(n, v)| (n, Some(v)));
+            if IGNORED_MOUNT_OPTIONS.contains(&name)
+                || name.starts_with("x-systemd.")
+                || name.starts_with("comment=")
+            {
                 continue;
             }
             let flag = match name {
@@ -249,7 +270,10 @@ mod tests {
     use super::*;
 
     fn parse(args: &[&str]) -> Result<Args, String> {
-        let argv: Vec<String> = std::iter::once("expressfs").chain(args.iter().copied()).map(String::from).collect();
+        let argv: Vec<String> = std::iter::once("expressfs")
+            .chain(args.iter().copied())
+            .map(String::from)
+            .collect();
         let a = Args::try_parse_from(expand_mount_options(argv)?).map_err(|e| e.to_string())?;
         a.validate()?;
         Ok(a)
@@ -269,13 +293,30 @@ mod tests {
 
     #[test]
     fn flags_and_fstab_options() {
-        let a = parse(&["b--use1-az4--x-s3", "/mnt", "-o", "ro,allow_other,region=us-west-2,_netdev,x-systemd.automount"]).unwrap();
+        let a = parse(&[
+            "b--use1-az4--x-s3",
+            "/mnt",
+            "-o",
+            "ro,allow_other,region=us-west-2,_netdev,x-systemd.automount",
+        ])
+        .unwrap();
         assert!(a.read_only && a.allow_other);
         assert_eq!(a.region.as_deref(), Some("us-west-2"));
-        assert!(parse(&["b", "/mnt", "--prefix", "data"]).unwrap_err().contains("end in '/'"));
-        assert!(parse(&["b", "/mnt", "--write-part-size", "1M"]).unwrap_err().contains("5M"));
+        assert!(
+            parse(&["b", "/mnt", "--prefix", "data"])
+                .unwrap_err()
+                .contains("end in '/'")
+        );
+        assert!(
+            parse(&["b", "/mnt", "--write-part-size", "1M"])
+                .unwrap_err()
+                .contains("5M")
+        );
         assert!(parse(&["b", "/mnt", "--read-only", "--allow-delete"]).is_err());
         let p = parse(&["b", "/mnt", "--part-size", "16M"]).unwrap();
-        assert_eq!((p.read_part_size(), p.write_part_size()), (16 << 20, 16 << 20));
+        assert_eq!(
+            (p.read_part_size(), p.write_part_size()),
+            (16 << 20, 16 << 20)
+        );
     }
 }

@@ -51,7 +51,9 @@ impl Reporter {
 
 /// Tells systemd (Type=notify units) about our state; a no-op elsewhere.
 fn notify_systemd(state: &str) {
-    let Some(socket) = std::env::var_os("NOTIFY_SOCKET") else { return };
+    let Some(socket) = std::env::var_os("NOTIFY_SOCKET") else {
+        return;
+    };
     let sock = match std::os::unix::net::UnixDatagram::unbound() {
         Ok(s) => s,
         Err(_) => return,
@@ -59,7 +61,8 @@ fn notify_systemd(state: &str) {
     let path = socket.to_string_lossy().into_owned();
     let _ = if let Some(abstract_name) = path.strip_prefix('@') {
         use std::os::linux::net::SocketAddrExt;
-        std::os::unix::net::SocketAddr::from_abstract_name(abstract_name.as_bytes()).and_then(|a| sock.send_to_addr(state.as_bytes(), &a))
+        std::os::unix::net::SocketAddr::from_abstract_name(abstract_name.as_bytes())
+            .and_then(|a| sock.send_to_addr(state.as_bytes(), &a))
     } else {
         sock.send_to(state.as_bytes(), &path)
     };
@@ -103,7 +106,12 @@ pub fn main() -> i32 {
         return serve(args, name, region, Reporter::Terminal);
     }
     match detach() {
-        Ok(Detached::Child(pipe)) => serve(args, name, region, Reporter::Parent(std::fs::File::from(pipe))),
+        Ok(Detached::Child(pipe)) => serve(
+            args,
+            name,
+            region,
+            Reporter::Parent(std::fs::File::from(pipe)),
+        ),
         Ok(Detached::Parent(code)) => code,
         Err(e) => terminal.fail(&format!("cannot start the background daemon: {e}")),
     }
@@ -118,15 +126,19 @@ fn resolve_region(args: &Args, name: &bucket::BucketName) -> Result<String, Stri
             format!("cannot tell the region of availability zone {zone:?} (bucket {}): pass --region", name.name)
         });
     }
-    Ok(std::env::var("AWS_REGION").or_else(|_| std::env::var("AWS_DEFAULT_REGION")).unwrap_or_else(|_| "us-east-1".into()))
+    Ok(std::env::var("AWS_REGION")
+        .or_else(|_| std::env::var("AWS_DEFAULT_REGION"))
+        .unwrap_or_else(|_| "us-east-1".into()))
 }
 
 fn check_mountpoint(path: &Path) -> Result<(), String> {
-    let meta = std::fs::metadata(path).map_err(|e| format!("mount point {}: {e}", path.display()))?;
+    let meta =
+        std::fs::metadata(path).map_err(|e| format!("mount point {}: {e}", path.display()))?;
     if !meta.is_dir() {
         return Err(format!("mount point {} is not a directory", path.display()));
     }
-    let mut entries = std::fs::read_dir(path).map_err(|e| format!("mount point {}: {e}", path.display()))?;
+    let mut entries =
+        std::fs::read_dir(path).map_err(|e| format!("mount point {}: {e}", path.display()))?;
     if entries.next().is_some() {
         return Err(format!("mount point {} is not empty", path.display()));
     }
@@ -154,7 +166,9 @@ fn detach() -> std::io::Result<Detached> {
                 eprintln!("expressfs: error: {message}");
                 Ok(Detached::Parent(1))
             } else {
-                eprintln!("expressfs: error: the daemon exited before the mount was ready (see --log-directory)");
+                eprintln!(
+                    "expressfs: error: the daemon exited before the mount was ready (see --log-directory)"
+                );
                 Ok(Detached::Parent(1))
             }
         }
@@ -162,7 +176,11 @@ fn detach() -> std::io::Result<Detached> {
             drop(read_end);
             let _ = nix::unistd::setsid();
             // Detach from the terminal: stdio goes to /dev/null, logs to --log-directory.
-            if let Ok(null) = std::fs::OpenOptions::new().read(true).write(true).open("/dev/null") {
+            if let Ok(null) = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open("/dev/null")
+            {
                 use std::os::fd::AsRawFd;
                 for fd in 0..3 {
                     // SAFETY: dup2 onto the standard descriptors of this process.
@@ -174,10 +192,29 @@ fn detach() -> std::io::Result<Detached> {
     }
 }
 
+/// The kernel starts FUSE mounts with 128 KiB of readahead, so buffered reads arrive in 128 KiB pieces.
+/// Raising the mount's bdi `read_ahead_kb` lets sequential reads arrive in 1 MiB requests (needs root;
+/// best effort).
+fn raise_readahead(mountpoint: &Path, kb: u32) {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(meta) = std::fs::metadata(mountpoint) else {
+        return;
+    };
+    let dev = meta.dev();
+    let (major, minor) = (libc::major(dev), libc::minor(dev));
+    let path = format!("/sys/class/bdi/{major}:{minor}/read_ahead_kb");
+    match std::fs::write(&path, kb.to_string()) {
+        Ok(()) => tracing::debug!(path, kb, "raised readahead"),
+        Err(e) => tracing::debug!(path, error = %e, "could not raise readahead"),
+    }
+}
+
 /// Explains a failure of the startup checks in terms a user can act on.
 fn explain(e: &ClientError, bucket: &str, region: &str, directory: bool) -> String {
     match e {
-        ClientError::NoSuchBucket { .. } => format!("bucket {bucket} does not exist (region {region})"),
+        ClientError::NoSuchBucket { .. } => {
+            format!("bucket {bucket} does not exist (region {region})")
+        }
         ClientError::NotFound { .. } => format!("bucket {bucket} does not exist (region {region})"),
         ClientError::AccessDenied { code, message } => {
             let hint = if directory {
@@ -196,11 +233,23 @@ fn explain(e: &ClientError, bucket: &str, region: &str, directory: bool) -> Stri
 
 fn serve(args: Args, name: bucket::BucketName, region: String, mut reporter: Reporter) -> i32 {
     let background = matches!(reporter, Reporter::Parent(_));
-    let _log = match crate::logging::init(args.debug, if args.no_log { None } else { args.log_directory.as_deref() }, args.no_log || background) {
+    let _log = match crate::logging::init(
+        args.debug,
+        if args.no_log {
+            None
+        } else {
+            args.log_directory.as_deref()
+        },
+        args.no_log || background,
+    ) {
         Ok(g) => g,
         Err(e) => return reporter.fail(&format!("log directory: {e}")),
     };
-    let runtime = match tokio::runtime::Builder::new_multi_thread().thread_name("expressfs-io").enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .thread_name("expressfs-io")
+        .enable_all()
+        .build()
+    {
         Ok(r) => r,
         Err(e) => return reporter.fail(&format!("cannot start the async runtime: {e}")),
     };
@@ -264,10 +313,20 @@ fn serve(args: Args, name: bucket::BucketName, region: String, mut reporter: Rep
     };
     let mounted = match fuse::mount(fs, runtime.handle().clone(), &options) {
         Ok(m) => m,
-        Err(e) => return reporter.fail(&format!("cannot mount at {}: {e}", args.mountpoint.display())),
+        Err(e) => {
+            return reporter.fail(&format!(
+                "cannot mount at {}: {e}",
+                args.mountpoint.display()
+            ));
+        }
     };
+    raise_readahead(&args.mountpoint, args.read_ahead_kb);
     info!(bucket = %name.name, mountpoint = %args.mountpoint.display(), %region, "mounted");
-    reporter.ready(&format!("{} mounted at {}", name.name, args.mountpoint.display()));
+    reporter.ready(&format!(
+        "{} mounted at {}",
+        name.name,
+        args.mountpoint.display()
+    ));
     drop(reporter);
 
     let stop = Arc::new(AtomicBool::new(false));
@@ -275,7 +334,12 @@ fn serve(args: Args, name: bucket::BucketName, region: String, mut reporter: Rep
         let stop = Arc::clone(&stop);
         runtime.spawn(async move {
             use tokio::signal::unix::{SignalKind, signal};
-            let (Ok(mut int), Ok(mut term)) = (signal(SignalKind::interrupt()), signal(SignalKind::terminate())) else { return };
+            let (Ok(mut int), Ok(mut term)) = (
+                signal(SignalKind::interrupt()),
+                signal(SignalKind::terminate()),
+            ) else {
+                return;
+            };
             tokio::select! {
                 _ = int.recv() => {}
                 _ = term.recv() => {}

@@ -7,9 +7,10 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use fuser::{
-    Config, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig,
-    LockOwner, MountOption, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty,
-    ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, Request, SessionACL, TimeOrNow, WriteFlags,
+    Config, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
+    InitFlags, KernelConfig, LockOwner, MountOption, OpenFlags, RenameFlags, ReplyAttr,
+    ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs,
+    ReplyWrite, Request, SessionACL, TimeOrNow, WriteFlags,
 };
 use tracing::{Instrument, debug_span, warn};
 
@@ -111,7 +112,10 @@ impl Adapter {
 impl Filesystem for Adapter {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         // O_TRUNC arrives with open (not as a separate truncate); directory operations may run in parallel.
-        for flag in [InitFlags::FUSE_ATOMIC_O_TRUNC, InitFlags::FUSE_PARALLEL_DIROPS] {
+        for flag in [
+            InitFlags::FUSE_ATOMIC_O_TRUNC,
+            InitFlags::FUSE_PARALLEL_DIROPS,
+        ] {
             let _ = config.add_capabilities(flag);
         }
         let _ = config.set_max_write(1024 * 1024);
@@ -185,7 +189,15 @@ impl Filesystem for Adapter {
         );
     }
 
-    fn mkdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, _mode: u32, _umask: u32, reply: ReplyEntry) {
+    fn mkdir(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        _mode: u32,
+        _umask: u32,
+        reply: ReplyEntry,
+    ) {
         let name = match name_str(name) {
             Ok(n) => n,
             Err(e) => return reply.error(e),
@@ -261,7 +273,10 @@ impl Filesystem for Adapter {
         let span = debug_span!("rename", parent = parent.0, name = %name, newparent = newparent.0, newname = %newname);
         self.spawn(
             async move {
-                match fs.rename(parent.0, &name, newparent.0, &newname, no_replace).await {
+                match fs
+                    .rename(parent.0, &name, newparent.0, &newname, no_replace)
+                    .await
+                {
                     Ok(()) => reply.ok(),
                     Err(e) => reply.error(report("rename", &e)),
                 }
@@ -292,7 +307,16 @@ impl Filesystem for Adapter {
         );
     }
 
-    fn create(&self, req: &Request, parent: INodeNo, name: &OsStr, _mode: u32, _umask: u32, _flags: i32, reply: ReplyCreate) {
+    fn create(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        _mode: u32,
+        _umask: u32,
+        _flags: i32,
+        reply: ReplyCreate,
+    ) {
         let pid = req.pid();
         let name = match name_str(name) {
             Ok(n) => n,
@@ -303,7 +327,13 @@ impl Filesystem for Adapter {
         self.spawn(
             async move {
                 match fs.create(parent.0, &name, pid).await {
-                    Ok((a, fh)) => reply.created(&ttl, &file_attr(&a, bs), Generation(0), FileHandle(fh), FopenFlags::empty()),
+                    Ok((a, fh)) => reply.created(
+                        &ttl,
+                        &file_attr(&a, bs),
+                        Generation(0),
+                        FileHandle(fh),
+                        FopenFlags::empty(),
+                    ),
                     Err(e) => reply.error(report("create", &e)),
                 }
             }
@@ -359,7 +389,14 @@ impl Filesystem for Adapter {
         );
     }
 
-    fn flush(&self, req: &Request, ino: INodeNo, fh: FileHandle, _lock_owner: LockOwner, reply: ReplyEmpty) {
+    fn flush(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        _lock_owner: LockOwner,
+        reply: ReplyEmpty,
+    ) {
         let pid = req.pid();
         let fs = Arc::clone(&self.fs);
         self.spawn(
@@ -373,7 +410,14 @@ impl Filesystem for Adapter {
         );
     }
 
-    fn fsync(&self, _req: &Request, ino: INodeNo, fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
+    fn fsync(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
         let fs = Arc::clone(&self.fs);
         self.spawn(
             async move {
@@ -415,7 +459,14 @@ impl Filesystem for Adapter {
         }
     }
 
-    fn readdir(&self, _req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
+    fn readdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
         let fs = Arc::clone(&self.fs);
         self.spawn(
             async move {
@@ -439,7 +490,14 @@ impl Filesystem for Adapter {
         );
     }
 
-    fn releasedir(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _flags: OpenFlags, reply: ReplyEmpty) {
+    fn releasedir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        reply: ReplyEmpty,
+    ) {
         let fs = Arc::clone(&self.fs);
         self.spawn(async move {
             let _ = fs.release(fh.0).await;
@@ -450,7 +508,16 @@ impl Filesystem for Adapter {
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
         let (blocks, files) = self.fs.statfs();
         // Buckets have no fixed capacity: report a large, mostly free volume so tools do not refuse to write.
-        reply.statfs(blocks, blocks, blocks, files, u64::MAX / 2, self.block_size, 255, self.block_size);
+        reply.statfs(
+            blocks,
+            blocks,
+            blocks,
+            files,
+            u64::MAX / 2,
+            self.block_size,
+            255,
+            self.block_size,
+        );
     }
 
     fn access(&self, _req: &Request, _ino: INodeNo, _mask: fuser::AccessFlags, reply: ReplyEmpty) {
@@ -481,9 +548,18 @@ impl MountedFs {
 }
 
 /// Mounts `fs` and starts serving it. Returns once the kernel has the mount.
-pub fn mount(fs: S3Filesystem, runtime: tokio::runtime::Handle, options: &FuseOptions) -> std::io::Result<MountedFs> {
+pub fn mount(
+    fs: S3Filesystem,
+    runtime: tokio::runtime::Handle,
+    options: &FuseOptions,
+) -> std::io::Result<MountedFs> {
     let ttl = fs.config().metadata_ttl;
-    let adapter = Adapter { fs: Arc::new(fs), runtime, ttl, block_size: 128 * 1024 };
+    let adapter = Adapter {
+        fs: Arc::new(fs),
+        runtime,
+        ttl,
+        block_size: 128 * 1024,
+    };
     let mut mount_options = vec![
         MountOption::FSName(options.fs_name.clone()),
         MountOption::Subtype("expressfs".into()),
@@ -492,7 +568,11 @@ pub fn mount(fs: S3Filesystem, runtime: tokio::runtime::Handle, options: &FuseOp
         MountOption::NoSuid,
         MountOption::NoAtime,
     ];
-    mount_options.push(if options.read_only { MountOption::RO } else { MountOption::RW });
+    mount_options.push(if options.read_only {
+        MountOption::RO
+    } else {
+        MountOption::RW
+    });
     if options.auto_unmount {
         mount_options.push(MountOption::AutoUnmount);
     }

@@ -12,19 +12,34 @@ pub struct LogGuard {
 
 /// `RUST_LOG` wins when set; otherwise `--debug` selects debug for expressfs and warnings elsewhere.
 pub fn init(debug: bool, log_directory: Option<&Path>, quiet: bool) -> std::io::Result<LogGuard> {
-    let default = if debug { "expressfs=debug,warn" } else { "expressfs=info,warn" };
+    let default = if debug {
+        "expressfs=debug,warn"
+    } else {
+        "expressfs=info,warn"
+    };
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
     // The SDK logs request details at debug/trace; keep its signing internals out even with --debug.
-    let filter = filter.add_directive("aws_sigv4=warn".parse().expect("static directive")).add_directive("aws_smithy_runtime=info".parse().expect("static directive"));
+    let filter = filter
+        .add_directive("aws_sigv4=warn".parse().expect("static directive"))
+        .add_directive("aws_smithy_runtime=info".parse().expect("static directive"));
     if let Some(dir) = log_directory {
         std::fs::create_dir_all(dir)?;
         let appender = tracing_appender::rolling::daily(dir, "expressfs.log");
         let (writer, guard) = tracing_appender::non_blocking(appender);
-        let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(writer).with_ansi(false).try_init();
-        return Ok(LogGuard { _guard: Some(guard) });
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(writer)
+            .with_ansi(false)
+            .try_init();
+        return Ok(LogGuard {
+            _guard: Some(guard),
+        });
     }
     if !quiet {
-        let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .try_init();
     }
     Ok(LogGuard { _guard: None })
 }

@@ -24,7 +24,10 @@ fn expect_error(args: &[&str], needle: &str) {
     let out = run(cmd);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{args:?} succeeded: {stderr}");
-    assert!(stderr.contains(needle), "{args:?}: expected {needle:?} in:\n{stderr}");
+    assert!(
+        stderr.contains(needle),
+        "{args:?}: expected {needle:?} in:\n{stderr}"
+    );
 }
 
 #[test]
@@ -36,7 +39,10 @@ fn bad_input_gets_a_clear_message_and_non_zero_exit() {
     expect_error(&["base--nozone--x-s3", mnt], "availability zone");
     expect_error(&[&bucket, mnt, "--prefix", "data"], "must end in '/'");
     expect_error(&[&bucket, mnt, "--write-part-size", "1M"], "at least 5M");
-    expect_error(&[&bucket, mnt, "--read-only", "--allow-delete"], "cannot be combined");
+    expect_error(
+        &[&bucket, mnt, "--read-only", "--allow-delete"],
+        "cannot be combined",
+    );
     expect_error(&[&bucket, "/nonexistent/expressfs-mnt"], "No such file");
     let file = tempfile::NamedTempFile::new().unwrap();
     expect_error(&[&bucket, file.path().to_str().unwrap()], "not a directory");
@@ -49,11 +55,15 @@ fn bad_input_gets_a_clear_message_and_non_zero_exit() {
 
     // Unknown AZ without --region: the region cannot be derived.
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_expressfs"));
-    cmd.env("AWS_EC2_METADATA_DISABLED", "true").args(["data--zzz9-az1--x-s3", mnt]);
+    cmd.env("AWS_EC2_METADATA_DISABLED", "true")
+        .args(["data--zzz9-az1--x-s3", mnt]);
     let out = run(cmd);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("pass --region"));
-    assert!(!is_mounted(dir.path()), "a failed start left a mount behind");
+    assert!(
+        !is_mounted(dir.path()),
+        "a failed start left a mount behind"
+    );
 }
 
 #[test]
@@ -62,11 +72,15 @@ fn wrong_or_missing_credentials_are_explained() {
     let mnt = dir.path().to_str().unwrap();
     let bucket = fresh_bucket(true, "creds");
     let mut cmd = expressfs_command(emulator());
-    cmd.env("AWS_SECRET_ACCESS_KEY", "wrong-secret").args([&bucket, mnt]);
+    cmd.env("AWS_SECRET_ACCESS_KEY", "wrong-secret")
+        .args([&bucket, mnt]);
     let out = run(cmd);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
-    assert!(stderr.contains("access denied") && stderr.contains("s3express:CreateSession"), "{stderr}");
+    assert!(
+        stderr.contains("access denied") && stderr.contains("s3express:CreateSession"),
+        "{stderr}"
+    );
 
     let mut cmd = expressfs_command(emulator());
     cmd.env_remove("AWS_ACCESS_KEY_ID")
@@ -88,18 +102,35 @@ fn background_mount_is_live_when_the_command_returns_and_sigterm_unmounts() {
     let mut cmd = expressfs_command(emulator());
     cmd.args([&bucket, dir.path().to_str().unwrap()]);
     let out = run(cmd);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    assert!(is_mounted(dir.path()), "mount not live when the command returned");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        is_mounted(dir.path()),
+        "mount not live when the command returned"
+    );
     assert_eq!(std::fs::read(dir.path().join("hello.txt")).unwrap(), b"hi");
 
     // mount(8) and df show expressfs and the bucket as the source (type fuse, or fuse.expressfs via fusermount).
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-    let line = mounts.lines().find(|l| l.contains(dir.path().to_str().unwrap())).unwrap();
-    assert!(line.contains(&format!("expressfs:{bucket}")) && line.contains(" - fuse"), "{line}");
+    let line = mounts
+        .lines()
+        .find(|l| l.contains(dir.path().to_str().unwrap()))
+        .unwrap();
+    assert!(
+        line.contains(&format!("expressfs:{bucket}")) && line.contains(" - fuse"),
+        "{line}"
+    );
 
     // The daemon is the process holding the mount; SIGTERM unmounts cleanly.
     let pid = find_daemon(&bucket).expect("daemon process");
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGTERM).unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
     let deadline = Instant::now() + Duration::from_secs(15);
     while is_mounted(dir.path()) && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(50));
@@ -110,10 +141,15 @@ fn background_mount_is_live_when_the_command_returns_and_sigterm_unmounts() {
 fn find_daemon(bucket: &str) -> Option<i32> {
     for entry in std::fs::read_dir("/proc").ok()? {
         let entry = entry.ok()?;
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else { continue };
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
         let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
         let cmdline = String::from_utf8_lossy(&cmdline);
-        if cmdline.contains("expressfs") && cmdline.contains(bucket) && !cmdline.contains("--foreground") {
+        if cmdline.contains("expressfs")
+            && cmdline.contains(bucket)
+            && !cmdline.contains("--foreground")
+        {
             return Some(pid);
         }
     }
@@ -129,7 +165,14 @@ fn help_lists_grouped_flags() {
     });
     assert!(out.status.success());
     let help = String::from_utf8_lossy(&out.stdout);
-    for needle in ["Bucket options", "Mount options", "--allow-overwrite", "--read-part-size", "--metadata-ttl", "--prefix"] {
+    for needle in [
+        "Bucket options",
+        "Mount options",
+        "--allow-overwrite",
+        "--read-part-size",
+        "--metadata-ttl",
+        "--prefix",
+    ] {
         assert!(help.contains(needle), "--help lacks {needle}");
     }
 }

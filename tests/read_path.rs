@@ -12,7 +12,10 @@ use common::*;
 use rand::{Rng, SeedableRng};
 
 fn names(dir: &std::path::Path) -> BTreeSet<String> {
-    fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect()
+    fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect()
 }
 
 #[test]
@@ -26,14 +29,26 @@ fn nested_directories_list_and_read() {
         put(emu, &bucket, "a/x.txt", b"x".to_vec());
         let mount = Mount::new(&bucket, &[]);
         let root = mount.path();
-        assert_eq!(names(root), BTreeSet::from(["a".to_string(), "top.txt".to_string()]));
-        assert_eq!(names(&root.join("a")), BTreeSet::from(["b".to_string(), "x.txt".to_string()]));
-        assert_eq!(names(&root.join("a/b")), BTreeSet::from(["c".to_string(), "sibling.txt".to_string()]));
+        assert_eq!(
+            names(root),
+            BTreeSet::from(["a".to_string(), "top.txt".to_string()])
+        );
+        assert_eq!(
+            names(&root.join("a")),
+            BTreeSet::from(["b".to_string(), "x.txt".to_string()])
+        );
+        assert_eq!(
+            names(&root.join("a/b")),
+            BTreeSet::from(["c".to_string(), "sibling.txt".to_string()])
+        );
         assert!(fs::metadata(root.join("a/b/c")).unwrap().is_dir());
         let deep = fs::metadata(root.join("a/b/c/deep.bin")).unwrap();
         assert!(deep.is_file());
         assert_eq!(deep.len(), 5000);
-        assert_eq!(fs::read(root.join("a/b/c/deep.bin")).unwrap(), pattern(1, 5000));
+        assert_eq!(
+            fs::read(root.join("a/b/c/deep.bin")).unwrap(),
+            pattern(1, 5000)
+        );
         assert_eq!(fs::read(root.join("top.txt")).unwrap(), b"top");
         // Default ownership is the mounting user, default modes 0644/0755.
         assert_eq!(deep.mode() & 0o777, 0o644);
@@ -71,7 +86,10 @@ fn large_directory_crosses_unordered_pages() {
     let unique: BTreeSet<String> = listed.iter().cloned().collect();
     assert_eq!(unique.len(), listed.len(), "a name was listed twice");
     assert_eq!(unique, expected);
-    assert_eq!(fs::read(mount.path().join("big/f01234.dat")).unwrap(), b"1234");
+    assert_eq!(
+        fs::read(mount.path().join("big/f01234.dat")).unwrap(),
+        b"1234"
+    );
 }
 
 #[test]
@@ -100,13 +118,21 @@ fn invalid_keys_are_hidden() {
     put(emu, &bucket, "dir//double", b"x".to_vec());
     put(emu, &bucket, "dot/./x", b"x".to_vec());
     put(emu, &bucket, "dotdot/../x", b"x".to_vec());
-    put(emu, &bucket, &format!("{}", "n".repeat(256)), b"long".to_vec());
+    put(
+        emu,
+        &bucket,
+        &format!("{}", "n".repeat(256)),
+        b"long".to_vec(),
+    );
     put(emu, &bucket, "marker/", Vec::new());
     let mount = Mount::new(&bucket, &[]);
     let root = mount.path();
     let listed = names(root);
     assert!(listed.contains("ok.txt"));
-    assert!(!listed.iter().any(|n| n.len() > 255), "over-long name listed");
+    assert!(
+        !listed.iter().any(|n| n.len() > 255),
+        "over-long name listed"
+    );
     // A `dir/` marker object is a directory, never a file.
     assert!(fs::metadata(root.join("marker")).unwrap().is_dir());
     // `dir//double` has an empty component: the file must not appear anywhere under `dir`.
@@ -115,7 +141,11 @@ fn invalid_keys_are_hidden() {
         assert!(!names(&root.join("dir")).contains(""));
     }
     if root.join("dot").exists() {
-        assert!(names(&root.join("dot")).iter().all(|n| n != "." && n != ".."));
+        assert!(
+            names(&root.join("dot"))
+                .iter()
+                .all(|n| n != "." && n != "..")
+        );
     }
     assert_eq!(fs::read(root.join("ok.txt")).unwrap(), b"ok");
 }
@@ -158,7 +188,10 @@ fn random_ranged_reads_match() {
         }
         let end = (offset as usize + size).min(len);
         assert_eq!(got, end - offset as usize, "short read at {offset}+{size}");
-        assert!(buf[..got] == data[offset as usize..end], "wrong bytes at {offset}+{size}");
+        assert!(
+            buf[..got] == data[offset as usize..end],
+            "wrong bytes at {offset}+{size}"
+        );
     }
     // Reading at and past the end gives 0 bytes.
     file.seek(SeekFrom::Start(len as u64 + 10)).unwrap();
@@ -171,9 +204,18 @@ fn missing_file_is_enoent() {
     let bucket = fresh_bucket(true, "missing");
     put(emulator(), &bucket, "present", b"p".to_vec());
     let mount = Mount::new(&bucket, &[]);
-    assert_eq!(errno_of(fs::metadata(mount.path().join("absent"))), libc::ENOENT);
-    assert_eq!(errno_of(fs::read(mount.path().join("no/such/path"))), libc::ENOENT);
-    assert_eq!(errno_of(fs::read_dir(mount.path().join("nodir"))), libc::ENOENT);
+    assert_eq!(
+        errno_of(fs::metadata(mount.path().join("absent"))),
+        libc::ENOENT
+    );
+    assert_eq!(
+        errno_of(fs::read(mount.path().join("no/such/path"))),
+        libc::ENOENT
+    );
+    assert_eq!(
+        errno_of(fs::read_dir(mount.path().join("nodir"))),
+        libc::ENOENT
+    );
 }
 
 #[test]
@@ -183,9 +225,19 @@ fn read_only_mount_refuses_writes_with_erofs() {
     let mount = Mount::new(&bucket, &["--read-only"]);
     let root = mount.path();
     assert_eq!(errno_of(fs::write(root.join("new"), b"x")), libc::EROFS);
-    assert_eq!(errno_of(fs::OpenOptions::new().write(true).open(root.join("existing"))), libc::EROFS);
+    assert_eq!(
+        errno_of(
+            fs::OpenOptions::new()
+                .write(true)
+                .open(root.join("existing"))
+        ),
+        libc::EROFS
+    );
     assert_eq!(errno_of(fs::create_dir(root.join("d"))), libc::EROFS);
-    assert_eq!(errno_of(fs::remove_file(root.join("existing"))), libc::EROFS);
+    assert_eq!(
+        errno_of(fs::remove_file(root.join("existing"))),
+        libc::EROFS
+    );
     assert_eq!(fs::read(root.join("existing")).unwrap(), b"e");
 }
 
@@ -206,7 +258,11 @@ fn object_replaced_under_open_file_gives_eio_not_mixed_bytes() {
     let mut buf = vec![0u8; 65536];
     match file.read_exact(&mut buf) {
         Err(e) => assert_eq!(e.raw_os_error(), Some(libc::EIO), "unexpected error {e}"),
-        Ok(()) => assert_eq!(buf, old[7 << 20..(7 << 20) + 65536], "bytes from the new object were mixed in"),
+        Ok(()) => assert_eq!(
+            buf,
+            old[7 << 20..(7 << 20) + 65536],
+            "bytes from the new object were mixed in"
+        ),
     }
 }
 
@@ -238,7 +294,12 @@ fn session_refresh_keeps_mount_reading() {
     let mut i = 0u64;
     while start.elapsed() < std::time::Duration::from_secs(20) {
         let name = format!("f{}", i % 20);
-        assert_eq!(fs::read(mount.path().join(&name)).unwrap(), pattern(i % 20, 10_000), "read {name} at {:?}", start.elapsed());
+        assert_eq!(
+            fs::read(mount.path().join(&name)).unwrap(),
+            pattern(i % 20, 10_000),
+            "read {name} at {:?}",
+            start.elapsed()
+        );
         i += 1;
         std::thread::sleep(std::time::Duration::from_millis(250));
     }

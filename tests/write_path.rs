@@ -33,7 +33,10 @@ fn checkpoint_streams_and_reads_back_on_both_bucket_kinds() {
         // 40 MiB: five parts of 8 MiB and a short last one.
         let expected = write_checkpoint(&path, 1, 40 * MIB + 123);
         let through_mount = common::sha256_file(&path).unwrap();
-        assert_eq!(through_mount, expected, "{bucket}: read back through the mount");
+        assert_eq!(
+            through_mount, expected,
+            "{bucket}: read back through the mount"
+        );
         let stored = get(common::emulator(), &bucket, "ckpt.pt").expect("object exists");
         assert_eq!(sha256_hex(&stored), expected, "{bucket}: stored bytes");
         assert_eq!(fs::metadata(&path).unwrap().len(), 40 * MIB as u64 + 123);
@@ -56,16 +59,32 @@ fn one_gib_checkpoint_and_four_concurrent_writers() {
     let handles: Vec<_> = (0..4)
         .map(|i| {
             let path = dir.join(format!("shard-{i}.bin"));
-            std::thread::spawn(move || (path.clone(), write_checkpoint(&path, 10 + i, 48 * MIB + i as usize)))
+            std::thread::spawn(move || {
+                (
+                    path.clone(),
+                    write_checkpoint(&path, 10 + i, 48 * MIB + i as usize),
+                )
+            })
         })
         .collect();
     for h in handles {
         let (path, sha) = h.join().unwrap();
-        assert_eq!(common::sha256_file(&path).unwrap(), sha, "{}", path.display());
+        assert_eq!(
+            common::sha256_file(&path).unwrap(),
+            sha,
+            "{}",
+            path.display()
+        );
         let key = path.file_name().unwrap().to_str().unwrap().to_string();
-        assert_eq!(sha256_hex(&get(common::emulator(), &bucket, &key).unwrap()), sha);
+        assert_eq!(
+            sha256_hex(&get(common::emulator(), &bucket, &key).unwrap()),
+            sha
+        );
     }
-    let (status, uploads) = common::admin_get(common::emulator(), &format!("/_emulator/uploads?bucket={bucket}"));
+    let (status, uploads) = common::admin_get(
+        common::emulator(),
+        &format!("/_emulator/uploads?bucket={bucket}"),
+    );
     assert_eq!(status, 200);
     assert_eq!(uploads.trim(), "[]", "multipart uploads left behind");
 }
@@ -76,7 +95,10 @@ fn small_files_are_single_puts_and_visible_at_close() {
     let mount = Mount::new(&bucket, &[]);
     fs::create_dir(mount.path().join("sub")).unwrap();
     fs::write(mount.path().join("sub/a.txt"), b"hello").unwrap();
-    assert_eq!(get(common::emulator(), &bucket, "sub/a.txt").unwrap(), b"hello");
+    assert_eq!(
+        get(common::emulator(), &bucket, "sub/a.txt").unwrap(),
+        b"hello"
+    );
     assert_eq!(fs::read(mount.path().join("sub/a.txt")).unwrap(), b"hello");
     // An empty file is an empty object.
     File::create(mount.path().join("empty")).unwrap();
@@ -84,7 +106,10 @@ fn small_files_are_single_puts_and_visible_at_close() {
 
     // A second mount of the same bucket sees the new directory and file.
     let other = Mount::new(&bucket, &["--read-only"]);
-    let mut names: Vec<String> = fs::read_dir(other.path()).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    let mut names: Vec<String> = fs::read_dir(other.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
     names.sort();
     assert_eq!(names, vec!["empty", "sub"]);
     assert_eq!(fs::read(other.path().join("sub/a.txt")).unwrap(), b"hello");
@@ -97,13 +122,24 @@ fn overwrite_needs_the_flag_and_o_trunc() {
     {
         let mount = Mount::new(&bucket, &[]);
         let p = mount.path().join("k");
-        assert_eq!(errno_of(File::create(&p)), libc::EPERM, "overwrite without --allow-overwrite");
-        assert_eq!(errno_of(OpenOptions::new().create_new(true).write(true).open(&p)), libc::EEXIST);
+        assert_eq!(
+            errno_of(File::create(&p)),
+            libc::EPERM,
+            "overwrite without --allow-overwrite"
+        );
+        assert_eq!(
+            errno_of(OpenOptions::new().create_new(true).write(true).open(&p)),
+            libc::EEXIST
+        );
         assert_eq!(get(common::emulator(), &bucket, "k").unwrap(), b"original");
     }
     let mount = Mount::new(&bucket, &["--allow-overwrite"]);
     let p = mount.path().join("k");
-    assert_eq!(errno_of(OpenOptions::new().write(true).open(&p)), libc::EPERM, "no O_TRUNC, no append mode");
+    assert_eq!(
+        errno_of(OpenOptions::new().write(true).open(&p)),
+        libc::EPERM,
+        "no O_TRUNC, no append mode"
+    );
     fs::write(&p, b"replaced").unwrap();
     assert_eq!(get(common::emulator(), &bucket, "k").unwrap(), b"replaced");
     assert_eq!(fs::read(&p).unwrap(), b"replaced");
@@ -116,20 +152,32 @@ fn delete_needs_the_flag_and_rmdir_checks_emptiness() {
     put(common::emulator(), &bucket, "f", b"2".to_vec());
     {
         let mount = Mount::new(&bucket, &[]);
-        assert_eq!(errno_of(fs::remove_file(mount.path().join("f"))), libc::EPERM);
+        assert_eq!(
+            errno_of(fs::remove_file(mount.path().join("f"))),
+            libc::EPERM
+        );
         assert!(get(common::emulator(), &bucket, "f").is_some());
     }
     let mount = Mount::new(&bucket, &["--allow-delete"]);
     fs::remove_file(mount.path().join("f")).unwrap();
     assert!(get(common::emulator(), &bucket, "f").is_none());
     assert_eq!(errno_of(fs::metadata(mount.path().join("f"))), libc::ENOENT);
-    assert_eq!(errno_of(fs::remove_dir(mount.path().join("d"))), libc::ENOTEMPTY);
+    assert_eq!(
+        errno_of(fs::remove_dir(mount.path().join("d"))),
+        libc::ENOTEMPTY
+    );
     fs::create_dir(mount.path().join("newdir")).unwrap();
     assert!(mount.path().join("newdir").is_dir());
     fs::remove_dir(mount.path().join("newdir")).unwrap();
-    assert_eq!(errno_of(fs::metadata(mount.path().join("newdir"))), libc::ENOENT);
+    assert_eq!(
+        errno_of(fs::metadata(mount.path().join("newdir"))),
+        libc::ENOENT
+    );
     fs::remove_file(mount.path().join("d/x")).unwrap();
-    assert_eq!(errno_of(fs::metadata(mount.path().join("d/x"))), libc::ENOENT);
+    assert_eq!(
+        errno_of(fs::metadata(mount.path().join("d/x"))),
+        libc::ENOENT
+    );
 }
 
 #[test]
@@ -141,20 +189,35 @@ fn append_on_directory_bucket_and_concurrent_writer_gets_eio() {
     let mut f = OpenOptions::new().append(true).open(&p).unwrap();
     f.write_all(b"second\n").unwrap();
     f.sync_all().unwrap();
-    assert_eq!(get(common::emulator(), &bucket, "log.txt").unwrap(), b"first\nsecond\n", "visible after fsync");
+    assert_eq!(
+        get(common::emulator(), &bucket, "log.txt").unwrap(),
+        b"first\nsecond\n",
+        "visible after fsync"
+    );
     f.write_all(b"third\n").unwrap();
     drop(f);
     let other = Mount::new(&bucket, &["--read-only", "--metadata-ttl", "minimal"]);
-    assert_eq!(fs::read(other.path().join("log.txt")).unwrap(), b"first\nsecond\nthird\n");
+    assert_eq!(
+        fs::read(other.path().join("log.txt")).unwrap(),
+        b"first\nsecond\nthird\n"
+    );
 
     // Another client appends behind our back: our next append is at a stale offset.
     let mut f = OpenOptions::new().append(true).open(&p).unwrap();
     f.write_all(b"ours\n").unwrap();
-    put(common::emulator(), &bucket, "log.txt", b"someone else replaced it\n".to_vec());
+    put(
+        common::emulator(),
+        &bucket,
+        "log.txt",
+        b"someone else replaced it\n".to_vec(),
+    );
     let result = f.sync_all();
     assert_eq!(errno_of(result), libc::EIO);
     drop(f);
-    assert_eq!(get(common::emulator(), &bucket, "log.txt").unwrap(), b"someone else replaced it\n");
+    assert_eq!(
+        get(common::emulator(), &bucket, "log.txt").unwrap(),
+        b"someone else replaced it\n"
+    );
 }
 
 #[test]
@@ -163,23 +226,52 @@ fn rename_is_atomic_on_directory_buckets_and_exdev_on_general() {
     let mount = Mount::new(&bucket, &[]);
     fs::write(mount.path().join("tmp.ckpt"), b"weights").unwrap();
     fs::create_dir(mount.path().join("final")).unwrap();
-    fs::rename(mount.path().join("tmp.ckpt"), mount.path().join("final/model.ckpt")).unwrap();
-    assert_eq!(get(common::emulator(), &bucket, "final/model.ckpt").unwrap(), b"weights");
+    fs::rename(
+        mount.path().join("tmp.ckpt"),
+        mount.path().join("final/model.ckpt"),
+    )
+    .unwrap();
+    assert_eq!(
+        get(common::emulator(), &bucket, "final/model.ckpt").unwrap(),
+        b"weights"
+    );
     assert!(get(common::emulator(), &bucket, "tmp.ckpt").is_none());
-    assert_eq!(errno_of(fs::metadata(mount.path().join("tmp.ckpt"))), libc::ENOENT);
-    assert_eq!(fs::read(mount.path().join("final/model.ckpt")).unwrap(), b"weights");
+    assert_eq!(
+        errno_of(fs::metadata(mount.path().join("tmp.ckpt"))),
+        libc::ENOENT
+    );
+    assert_eq!(
+        fs::read(mount.path().join("final/model.ckpt")).unwrap(),
+        b"weights"
+    );
     // Replacing needs --allow-overwrite.
     fs::write(mount.path().join("b"), b"b").unwrap();
-    assert_eq!(errno_of(fs::rename(mount.path().join("b"), mount.path().join("final/model.ckpt"))), libc::EPERM);
+    assert_eq!(
+        errno_of(fs::rename(
+            mount.path().join("b"),
+            mount.path().join("final/model.ckpt")
+        )),
+        libc::EPERM
+    );
     drop(mount);
     let mount = Mount::new(&bucket, &["--allow-overwrite"]);
-    fs::rename(mount.path().join("b"), mount.path().join("final/model.ckpt")).unwrap();
-    assert_eq!(get(common::emulator(), &bucket, "final/model.ckpt").unwrap(), b"b");
+    fs::rename(
+        mount.path().join("b"),
+        mount.path().join("final/model.ckpt"),
+    )
+    .unwrap();
+    assert_eq!(
+        get(common::emulator(), &bucket, "final/model.ckpt").unwrap(),
+        b"b"
+    );
 
     let general = fresh_bucket(false, "ren");
     put(common::emulator(), &general, "a", b"1".to_vec());
     let mount = Mount::new(&general, &[]);
-    assert_eq!(errno_of(fs::rename(mount.path().join("a"), mount.path().join("b"))), libc::EXDEV);
+    assert_eq!(
+        errno_of(fs::rename(mount.path().join("a"), mount.path().join("b"))),
+        libc::EXDEV
+    );
 }
 
 #[test]
@@ -218,10 +310,21 @@ fn metadata_calls_from_copy_tools_do_not_fail() {
     let src = tempfile::NamedTempFile::new().unwrap();
     fs::write(src.path(), b"copied").unwrap();
     let dest = mount.path().join("copied.txt");
-    let status = std::process::Command::new("cp").arg("-p").arg(src.path()).arg(&dest).status().unwrap();
+    let status = std::process::Command::new("cp")
+        .arg("-p")
+        .arg(src.path())
+        .arg(&dest)
+        .status()
+        .unwrap();
     assert!(status.success(), "cp -p failed");
-    assert_eq!(get(common::emulator(), &bucket, "copied.txt").unwrap(), b"copied");
-    let status = std::process::Command::new("touch").arg(&dest).status().unwrap();
+    assert_eq!(
+        get(common::emulator(), &bucket, "copied.txt").unwrap(),
+        b"copied"
+    );
+    let status = std::process::Command::new("touch")
+        .arg(&dest)
+        .status()
+        .unwrap();
     assert!(status.success(), "touch failed");
     let mut buf = String::new();
     File::open(&dest).unwrap().read_to_string(&mut buf).unwrap();

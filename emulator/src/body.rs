@@ -32,7 +32,10 @@ pub enum BodyFault {
 
 pub enum ResponseBody {
     Full(Option<Bytes>),
-    Stream { rx: mpsc::Receiver<std::io::Result<Bytes>>, remaining: u64 },
+    Stream {
+        rx: mpsc::Receiver<std::io::Result<Bytes>>,
+        remaining: u64,
+    },
 }
 
 impl ResponseBody {
@@ -57,7 +60,9 @@ impl ResponseBody {
             while sent < stop_at {
                 let n = (stop_at - sent).min(READ_CHUNK as u64) as usize;
                 let mut buf = vec![0u8; n];
-                let result = file.read_exact_at(&mut buf, offset + sent).map(|_| Bytes::from(buf));
+                let result = file
+                    .read_exact_at(&mut buf, offset + sent)
+                    .map(|_| Bytes::from(buf));
                 let failed = result.is_err();
                 if tx.blocking_send(result).is_err() || failed {
                     return;
@@ -76,7 +81,10 @@ impl http_body::Body for ResponseBody {
     type Data = Bytes;
     type Error = std::io::Error;
 
-    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         match self.get_mut() {
             ResponseBody::Full(data) => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
             ResponseBody::Stream { rx, remaining } => match rx.poll_recv(cx) {
@@ -205,15 +213,22 @@ enum ChunkState {
 
 impl ChunkDecoder {
     /// Feeds raw bytes; calls `out` with each piece of decoded payload.
-    fn feed(&mut self, input: &[u8], out: &mut dyn FnMut(&[u8]) -> Result<(), S3Error>) -> Result<(), S3Error> {
+    fn feed(
+        &mut self,
+        input: &[u8],
+        out: &mut dyn FnMut(&[u8]) -> Result<(), S3Error>,
+    ) -> Result<(), S3Error> {
         self.buf.extend_from_slice(input);
         loop {
             match self.state {
                 ChunkState::Header => {
-                    let Some(line) = self.take_line()? else { return Ok(()) };
+                    let Some(line) = self.take_line()? else {
+                        return Ok(());
+                    };
                     let size_hex = line.split(';').next().unwrap_or("").trim();
-                    let size = u64::from_str_radix(size_hex, 16)
-                        .map_err(|_| S3Error::incomplete_body(format!("bad aws-chunked header {line:?}")))?;
+                    let size = u64::from_str_radix(size_hex, 16).map_err(|_| {
+                        S3Error::incomplete_body(format!("bad aws-chunked header {line:?}"))
+                    })?;
                     if size == 0 {
                         self.state = ChunkState::Trailers;
                     } else {
@@ -238,17 +253,22 @@ impl ChunkDecoder {
                         return Ok(());
                     }
                     if &self.buf[..2] != b"\r\n" {
-                        return Err(S3Error::incomplete_body("aws-chunked data not followed by CRLF".into()));
+                        return Err(S3Error::incomplete_body(
+                            "aws-chunked data not followed by CRLF".into(),
+                        ));
                     }
                     self.buf.advance(2);
                     self.state = ChunkState::Header;
                 }
                 ChunkState::Trailers => {
-                    let Some(line) = self.take_line()? else { return Ok(()) };
+                    let Some(line) = self.take_line()? else {
+                        return Ok(());
+                    };
                     if line.is_empty() {
                         self.state = ChunkState::Done;
                     } else if let Some((k, v)) = line.split_once(':') {
-                        self.trailers.push((k.trim().to_ascii_lowercase(), v.trim().to_string()));
+                        self.trailers
+                            .push((k.trim().to_ascii_lowercase(), v.trim().to_string()));
                     }
                 }
                 ChunkState::Done => return Ok(()),
@@ -263,17 +283,23 @@ impl ChunkDecoder {
                 self.buf.advance(pos + 2);
                 Ok(Some(line))
             }
-            None if self.buf.len() > 64 * 1024 => Err(S3Error::incomplete_body("aws-chunked line too long".into())),
+            None if self.buf.len() > 64 * 1024 => {
+                Err(S3Error::incomplete_body("aws-chunked line too long".into()))
+            }
             None => Ok(None),
         }
     }
 
     fn finish(self) -> Result<Vec<(String, String)>, S3Error> {
         // Some clients end the trailer section without the final empty line.
-        if self.state == ChunkState::Done || (self.state == ChunkState::Trailers && self.buf.is_empty()) {
+        if self.state == ChunkState::Done
+            || (self.state == ChunkState::Trailers && self.buf.is_empty())
+        {
             Ok(self.trailers)
         } else {
-            Err(S3Error::incomplete_body("aws-chunked body ended early".into()))
+            Err(S3Error::incomplete_body(
+                "aws-chunked body ended early".into(),
+            ))
         }
     }
 }
@@ -315,7 +341,9 @@ where
                 break;
             }
         };
-        let Ok(data) = frame.into_data() else { continue };
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
         let mut sink = |piece: &[u8]| -> Result<(), S3Error> {
             hashers.update(piece);
             if hashers.size > limit {
@@ -343,7 +371,9 @@ where
         let _ = tx.send(pending).await;
     }
     drop(tx);
-    let written = writer.await.map_err(|e| S3Error::internal(std::io::Error::other(e)))?;
+    let written = writer
+        .await
+        .map_err(|e| S3Error::internal(std::io::Error::other(e)))?;
     if let Some(e) = failure {
         return Err(e);
     }
@@ -390,7 +420,10 @@ mod tests {
         for split in [1, 3, 7, 1000] {
             let (data, trailers) = decode(body, split);
             assert_eq!(data, b"hello world");
-            assert_eq!(trailers, vec![("x-amz-checksum-crc32c".to_string(), "AAAA".to_string())]);
+            assert_eq!(
+                trailers,
+                vec![("x-amz-checksum-crc32c".to_string(), "AAAA".to_string())]
+            );
         }
     }
 

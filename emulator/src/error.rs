@@ -12,11 +12,19 @@ pub struct S3Error {
 
 impl S3Error {
     pub fn new(status: u16, code: &'static str, message: impl Into<String>) -> Self {
-        S3Error { status: StatusCode::from_u16(status).expect("valid status"), code, message: message.into() }
+        S3Error {
+            status: StatusCode::from_u16(status).expect("valid status"),
+            code,
+            message: message.into(),
+        }
     }
 
     pub fn internal(e: std::io::Error) -> Self {
-        S3Error::new(500, "InternalError", format!("We encountered an internal error: {e}"))
+        S3Error::new(
+            500,
+            "InternalError",
+            format!("We encountered an internal error: {e}"),
+        )
     }
     pub fn no_such_key() -> Self {
         S3Error::new(404, "NoSuchKey", "The specified key does not exist.")
@@ -32,7 +40,11 @@ impl S3Error {
         )
     }
     pub fn precondition_failed(condition: &str) -> Self {
-        S3Error::new(412, "PreconditionFailed", format!("At least one of the pre-conditions you specified did not hold: {condition}"))
+        S3Error::new(
+            412,
+            "PreconditionFailed",
+            format!("At least one of the pre-conditions you specified did not hold: {condition}"),
+        )
     }
     pub fn invalid_argument(message: impl Into<String>) -> Self {
         S3Error::new(400, "InvalidArgument", message)
@@ -41,7 +53,13 @@ impl S3Error {
         S3Error::new(400, "InvalidRequest", message)
     }
     pub fn not_implemented(what: &str) -> Self {
-        S3Error::new(501, "NotImplemented", format!("A header or query you provided implies functionality that is not implemented: {what}"))
+        S3Error::new(
+            501,
+            "NotImplemented",
+            format!(
+                "A header or query you provided implies functionality that is not implemented: {what}"
+            ),
+        )
     }
     pub fn access_denied(message: impl Into<String>) -> Self {
         S3Error::new(403, "AccessDenied", message)
@@ -50,10 +68,18 @@ impl S3Error {
         S3Error::new(400, "IncompleteBody", message)
     }
     pub fn entity_too_large(limit: u64) -> Self {
-        S3Error::new(400, "EntityTooLarge", format!("Your proposed upload exceeds the maximum allowed size of {limit} bytes"))
+        S3Error::new(
+            400,
+            "EntityTooLarge",
+            format!("Your proposed upload exceeds the maximum allowed size of {limit} bytes"),
+        )
     }
     pub fn bad_digest(which: &str) -> Self {
-        S3Error::new(400, "BadDigest", format!("The {which} you specified did not match the calculated checksum."))
+        S3Error::new(
+            400,
+            "BadDigest",
+            format!("The {which} you specified did not match the calculated checksum."),
+        )
     }
 
     /// The XML document S3 sends with an error (HEAD answers carry none).

@@ -66,7 +66,9 @@ impl Faults {
         if self.config.rate <= 0.0 {
             return None;
         }
-        if !self.config.operations.is_empty() && !self.config.operations.iter().any(|o| o == operation) {
+        if !self.config.operations.is_empty()
+            && !self.config.operations.iter().any(|o| o == operation)
+        {
             return None;
         }
         if !self.rng.random_bool(self.config.rate) {
@@ -82,7 +84,12 @@ mod tests {
 
     #[test]
     fn same_seed_same_faults_and_filters_apply() {
-        let config = FaultConfig { rate: 0.5, seed: 7, operations: vec!["GetObject".into()], kinds: vec![] };
+        let config = FaultConfig {
+            rate: 0.5,
+            seed: 7,
+            operations: vec!["GetObject".into()],
+            kinds: vec![],
+        };
         let run = || {
             let mut f = Faults::new(config.clone()).unwrap();
             (0..200).map(|_| f.pick("GetObject")).collect::<Vec<_>>()
@@ -92,7 +99,19 @@ mod tests {
         let hits = a.iter().filter(|f| f.is_some()).count();
         assert!((60..140).contains(&hits), "{hits}");
         assert_eq!(Faults::new(config).unwrap().pick("PutObject"), None);
-        assert!(Faults::new(FaultConfig { rate: 2.0, ..Default::default() }).is_err());
-        assert!(Faults::new(FaultConfig { kinds: vec!["nope".into()], ..Default::default() }).is_err());
+        assert!(
+            Faults::new(FaultConfig {
+                rate: 2.0,
+                ..Default::default()
+            })
+            .is_err()
+        );
+        assert!(
+            Faults::new(FaultConfig {
+                kinds: vec!["nope".into()],
+                ..Default::default()
+            })
+            .is_err()
+        );
     }
 }

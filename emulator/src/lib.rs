@@ -84,21 +84,26 @@ impl Emulator {
         let addr = listener.local_addr()?;
         let state = prepare(config)?;
         let (tx, rx) = tokio::sync::oneshot::channel();
-        std::thread::Builder::new().name("emulator".into()).spawn(move || {
-            let runtime = tokio::runtime::Builder::new_multi_thread()
-                .thread_name("emulator-worker")
-                .enable_all()
-                .build()
-                .expect("emulator runtime");
-            runtime.block_on(async move {
-                let listener = tokio::net::TcpListener::from_std(listener).expect("listener");
-                tokio::select! {
-                    _ = serve(listener, state) => {}
-                    _ = rx => {}
-                }
-            });
-        })?;
-        Ok(Emulator { addr, shutdown: Some(tx) })
+        std::thread::Builder::new()
+            .name("emulator".into())
+            .spawn(move || {
+                let runtime = tokio::runtime::Builder::new_multi_thread()
+                    .thread_name("emulator-worker")
+                    .enable_all()
+                    .build()
+                    .expect("emulator runtime");
+                runtime.block_on(async move {
+                    let listener = tokio::net::TcpListener::from_std(listener).expect("listener");
+                    tokio::select! {
+                        _ = serve(listener, state) => {}
+                        _ = rx => {}
+                    }
+                });
+            })?;
+        Ok(Emulator {
+            addr,
+            shutdown: Some(tx),
+        })
     }
 
     pub fn addr(&self) -> SocketAddr {
@@ -128,9 +133,15 @@ pub fn prepare(config: EmulatorConfig) -> anyhow::Result<Arc<server::State>> {
     let store = store::Store::new(&config.data_dir)
         .map_err(|e| anyhow::anyhow!("data directory {}: {e}", config.data_dir.display()))?;
     for bucket in &config.buckets {
-        store.create_bucket(bucket).map_err(|e| anyhow::anyhow!("bucket {bucket:?}: {}", e.message))?;
+        store
+            .create_bucket(bucket)
+            .map_err(|e| anyhow::anyhow!("bucket {bucket:?}: {}", e.message))?;
     }
-    Ok(Arc::new(server::State { config, store, faults: std::sync::Mutex::new(faults) }))
+    Ok(Arc::new(server::State {
+        config,
+        store,
+        faults: std::sync::Mutex::new(faults),
+    }))
 }
 
 /// Accepts connections forever; each connection is served on its own task (HTTP/1.1 keep-alive).
@@ -147,7 +158,8 @@ pub async fn serve(listener: tokio::net::TcpListener, state: Arc<server::State>)
         let _ = stream.set_nodelay(true);
         let state = Arc::clone(&state);
         tokio::spawn(async move {
-            let service = hyper::service::service_fn(move |req| server::handle(Arc::clone(&state), req));
+            let service =
+                hyper::service::service_fn(move |req| server::handle(Arc::clone(&state), req));
             let _ = hyper::server::conn::http1::Builder::new()
                 .keep_alive(true)
                 .serve_connection(hyper_util::rt::TokioIo::new(stream), service)

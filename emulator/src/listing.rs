@@ -14,7 +14,12 @@ use crate::store::{Bucket, Object};
 use crate::xml::{self, HEADER, NS, el};
 
 /// `encoding-type=url` escapes everything but unreserved characters and `/`.
-const URL_KEEP: &AsciiSet = &NON_ALPHANUMERIC.remove(b'-').remove(b'_').remove(b'.').remove(b'~').remove(b'/');
+const URL_KEEP: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'_')
+    .remove(b'.')
+    .remove(b'~')
+    .remove(b'/');
 
 enum Entry {
     Object(String, Arc<Object>),
@@ -31,7 +36,10 @@ fn b64(s: &str) -> String {
 }
 
 fn unb64(s: &str) -> Option<String> {
-    base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(s).ok().and_then(|b| String::from_utf8(b).ok())
+    base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(s)
+        .ok()
+        .and_then(|b| String::from_utf8(b).ok())
 }
 
 fn bad_token() -> S3Error {
@@ -40,39 +48,83 @@ fn bad_token() -> S3Error {
 
 pub fn list_objects_v2(state: &Arc<State>, ctx: &Ctx) -> Answer {
     let prefix = ctx.q("prefix").unwrap_or("").to_string();
-    let delimiter = ctx.q("delimiter").filter(|d| !d.is_empty()).map(str::to_string);
+    let delimiter = ctx
+        .q("delimiter")
+        .filter(|d| !d.is_empty())
+        .map(str::to_string);
     let max_keys: usize = match ctx.q("max-keys") {
         None => 1000,
-        Some(v) => v.parse::<i64>().map_err(|_| S3Error::invalid_argument("max-keys must be an integer"))?.clamp(0, 1000) as usize,
+        Some(v) => v
+            .parse::<i64>()
+            .map_err(|_| S3Error::invalid_argument("max-keys must be an integer"))?
+            .clamp(0, 1000) as usize,
     };
     let token = ctx.q("continuation-token").map(str::to_string);
-    let start_after = ctx.q("start-after").filter(|s| !s.is_empty()).map(str::to_string);
+    let start_after = ctx
+        .q("start-after")
+        .filter(|s| !s.is_empty())
+        .map(str::to_string);
     let url_encode = match ctx.q("encoding-type") {
         None => false,
         Some("url") => true,
-        Some(other) => return Err(S3Error::invalid_argument(format!("Invalid Encoding Method specified in Request: {other}"))),
+        Some(other) => {
+            return Err(S3Error::invalid_argument(format!(
+                "Invalid Encoding Method specified in Request: {other}"
+            )));
+        }
     };
 
     let buckets = state.store.buckets();
-    let bucket = buckets.get(&ctx.bucket).ok_or_else(S3Error::no_such_bucket)?;
+    let bucket = buckets
+        .get(&ctx.bucket)
+        .ok_or_else(S3Error::no_such_bucket)?;
     let page = if bucket.directory {
         if delimiter.as_deref().is_some_and(|d| d != "/") {
-            return Err(S3Error::invalid_argument("Directory buckets support only '/' as a delimiter"));
+            return Err(S3Error::invalid_argument(
+                "Directory buckets support only '/' as a delimiter",
+            ));
         }
         if !prefix.is_empty() && !prefix.ends_with('/') {
-            return Err(S3Error::invalid_argument("Directory buckets support only prefixes that end in the delimiter '/'"));
+            return Err(S3Error::invalid_argument(
+                "Directory buckets support only prefixes that end in the delimiter '/'",
+            ));
         }
         if start_after.is_some() {
-            return Err(S3Error::invalid_argument("StartAfter is not supported for directory buckets"));
+            return Err(S3Error::invalid_argument(
+                "StartAfter is not supported for directory buckets",
+            ));
         }
-        list_hash_order(bucket, &prefix, delimiter.as_deref(), max_keys, token.as_deref())?
+        list_hash_order(
+            bucket,
+            &prefix,
+            delimiter.as_deref(),
+            max_keys,
+            token.as_deref(),
+        )?
     } else {
-        list_key_order(bucket, &prefix, delimiter.as_deref(), max_keys, token.as_deref(), start_after.as_deref())?
+        list_key_order(
+            bucket,
+            &prefix,
+            delimiter.as_deref(),
+            max_keys,
+            token.as_deref(),
+            start_after.as_deref(),
+        )?
     };
-    let storage_class = if bucket.directory { "EXPRESS_ONEZONE" } else { "STANDARD" };
+    let storage_class = if bucket.directory {
+        "EXPRESS_ONEZONE"
+    } else {
+        "STANDARD"
+    };
     drop(buckets);
 
-    let enc = |s: &str| if url_encode { utf8_percent_encode(s, URL_KEEP).to_string() } else { s.to_string() };
+    let enc = |s: &str| {
+        if url_encode {
+            utf8_percent_encode(s, URL_KEEP).to_string()
+        } else {
+            s.to_string()
+        }
+    };
     let key_count = page.entries.len();
     let mut out = String::with_capacity(256 + key_count * 200);
     out.push_str(HEADER);
@@ -84,7 +136,15 @@ pub fn list_objects_v2(state: &Arc<State>, ctx: &Ctx) -> Answer {
     }
     el(&mut out, "MaxKeys", &max_keys.to_string());
     el(&mut out, "KeyCount", &key_count.to_string());
-    el(&mut out, "IsTruncated", if page.next_token.is_some() { "true" } else { "false" });
+    el(
+        &mut out,
+        "IsTruncated",
+        if page.next_token.is_some() {
+            "true"
+        } else {
+            "false"
+        },
+    );
     if url_encode {
         el(&mut out, "EncodingType", "url");
     }
@@ -125,16 +185,26 @@ pub fn list_objects_v2(state: &Arc<State>, ctx: &Ctx) -> Answer {
 fn common_prefix(key: &str, prefix: &str, delimiter: Option<&str>) -> Option<String> {
     let d = delimiter?;
     let rest = &key[prefix.len()..];
-    rest.find(d).map(|i| format!("{prefix}{}", &rest[..i + d.len()]))
+    rest.find(d)
+        .map(|i| format!("{prefix}{}", &rest[..i + d.len()]))
 }
 
-fn list_hash_order(bucket: &Bucket, prefix: &str, delimiter: Option<&str>, max_keys: usize, token: Option<&str>) -> Result<Page, S3Error> {
+fn list_hash_order(
+    bucket: &Bucket,
+    prefix: &str,
+    delimiter: Option<&str>,
+    max_keys: usize,
+    token: Option<&str>,
+) -> Result<Page, S3Error> {
     let resume: Option<(u64, String)> = match token {
         None => None,
         Some(t) => {
             let raw = unb64(t).ok_or_else(bad_token)?;
             let (order, key) = raw.split_once(':').ok_or_else(bad_token)?;
-            Some((u64::from_str_radix(order, 16).map_err(|_| bad_token())?, key.to_string()))
+            Some((
+                u64::from_str_radix(order, 16).map_err(|_| bad_token())?,
+                key.to_string(),
+            ))
         }
     };
     // Keys of in-progress uploads show up as prefixes only (never as objects).
@@ -181,7 +251,10 @@ fn list_hash_order(bucket: &Bucket, prefix: &str, delimiter: Option<&str>, max_k
     if max_keys == 0 {
         next_token = None;
     }
-    Ok(Page { entries, next_token })
+    Ok(Page {
+        entries,
+        next_token,
+    })
 }
 
 fn list_key_order(
@@ -207,7 +280,11 @@ fn list_key_order(
     let mut entries = Vec::new();
     let mut last_prefix: Option<String> = None;
     let mut next_token = None;
-    for (key, object) in bucket.objects.range(prefix.to_string()..).take_while(|(k, _)| k.starts_with(prefix)) {
+    for (key, object) in bucket
+        .objects
+        .range(prefix.to_string()..)
+        .take_while(|(k, _)| k.starts_with(prefix))
+    {
         if let Some((is_prefix, a)) = &after {
             if key.as_str() <= a.as_str() || (*is_prefix && key.starts_with(a.as_str())) {
                 continue;
@@ -230,7 +307,10 @@ fn list_key_order(
     if max_keys == 0 {
         next_token = None;
     }
-    Ok(Page { entries, next_token })
+    Ok(Page {
+        entries,
+        next_token,
+    })
 }
 
 fn token_for(entry: Option<&Entry>) -> String {

@@ -8,7 +8,11 @@ use clap::Parser;
 use expressfs_emulator::{EmulatorConfig, FaultConfig};
 
 #[derive(Parser, Debug)]
-#[command(name = "expressfs-emulator", version, about = "Local S3 server that behaves like S3 Express One Zone directory buckets (and general purpose buckets)")]
+#[command(
+    name = "expressfs-emulator",
+    version,
+    about = "Local S3 server that behaves like S3 Express One Zone directory buckets (and general purpose buckets)"
+)]
 struct Args {
     /// Address to listen on. Port 0 picks a free port (printed on stdout).
     #[arg(long, default_value = "127.0.0.1:9000")]
@@ -21,7 +25,12 @@ struct Args {
     buckets: Vec<String>,
     #[arg(long, env = "EMULATOR_ACCESS_KEY", default_value = "AKIDEXPRESSFSTEST")]
     access_key: String,
-    #[arg(long, env = "EMULATOR_SECRET_KEY", default_value = "expressfs-test-secret", hide_env_values = true)]
+    #[arg(
+        long,
+        env = "EMULATOR_SECRET_KEY",
+        default_value = "expressfs-test-secret",
+        hide_env_values = true
+    )]
     secret_key: String,
     #[arg(long, default_value = "us-east-1")]
     region: String,
@@ -51,11 +60,16 @@ struct Args {
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
         .with_writer(std::io::stderr)
         .init();
     if !args.listen.ip().is_loopback() {
-        eprintln!("warning: listening on {} (not loopback): this emulator is for local testing only", args.listen);
+        eprintln!(
+            "warning: listening on {} (not loopback): this emulator is for local testing only",
+            args.listen
+        );
     }
     let config = EmulatorConfig {
         listen: args.listen,
@@ -67,9 +81,16 @@ fn main() -> anyhow::Result<()> {
         session_ttl: Duration::from_secs(args.session_ttl),
         ttfb: Duration::from_millis(args.ttfb_ms),
         log_requests: args.log_requests,
-        faults: FaultConfig { rate: args.fault_rate, seed: args.fault_seed, operations: args.fault_ops, kinds: args.fault_kinds },
+        faults: FaultConfig {
+            rate: args.fault_rate,
+            seed: args.fault_seed,
+            operations: args.fault_ops,
+            kinds: args.fault_kinds,
+        },
     };
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
     runtime.block_on(async move {
         let listener = tokio::net::TcpListener::bind(config.listen)
             .await

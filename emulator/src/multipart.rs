@@ -24,7 +24,9 @@ pub fn create(state: &Arc<State>, ctx: &Ctx) -> Answer {
     let id = base64_id(state.store.unique());
     {
         let mut buckets = state.store.buckets();
-        let b = buckets.get_mut(&ctx.bucket).ok_or_else(S3Error::no_such_bucket)?;
+        let b = buckets
+            .get_mut(&ctx.bucket)
+            .ok_or_else(S3Error::no_such_bucket)?;
         let dir = b.dir.join(format!("mpu-{}", state.store.unique()));
         std::fs::create_dir_all(&dir).map_err(S3Error::internal)?;
         b.uploads.insert(
@@ -33,7 +35,9 @@ pub fn create(state: &Arc<State>, ctx: &Ctx) -> Answer {
                 key: ctx.key.clone(),
                 dir,
                 initiated: SystemTime::now(),
-                checksum_algorithm: ctx.header("x-amz-checksum-algorithm").map(|a| a.to_ascii_lowercase()),
+                checksum_algorithm: ctx
+                    .header("x-amz-checksum-algorithm")
+                    .map(|a| a.to_ascii_lowercase()),
                 parts: Default::default(),
             },
         );
@@ -56,12 +60,17 @@ fn base64_id(raw: String) -> String {
 }
 
 fn upload_id(ctx: &Ctx) -> Result<String, S3Error> {
-    ctx.q("uploadId").filter(|s| !s.is_empty()).map(str::to_string).ok_or_else(S3Error::no_such_upload)
+    ctx.q("uploadId")
+        .filter(|s| !s.is_empty())
+        .map(str::to_string)
+        .ok_or_else(S3Error::no_such_upload)
 }
 
 fn check_upload(state: &Arc<State>, ctx: &Ctx, id: &str) -> Result<bool, S3Error> {
     let buckets = state.store.buckets();
-    let b = buckets.get(&ctx.bucket).ok_or_else(S3Error::no_such_bucket)?;
+    let b = buckets
+        .get(&ctx.bucket)
+        .ok_or_else(S3Error::no_such_bucket)?;
     match b.uploads.get(id) {
         Some(u) if u.key == ctx.key => Ok(b.directory),
         _ => Err(S3Error::no_such_upload()),
@@ -74,7 +83,11 @@ pub async fn upload_part(state: &Arc<State>, ctx: &Ctx, body: Incoming) -> Answe
         .q("partNumber")
         .and_then(|n| n.parse().ok())
         .filter(|n| (1..=MAX_PARTS).contains(n))
-        .ok_or_else(|| S3Error::invalid_argument("Part number must be an integer between 1 and 10000, inclusive"))?;
+        .ok_or_else(|| {
+            S3Error::invalid_argument(
+                "Part number must be an integer between 1 and 10000, inclusive",
+            )
+        })?;
     let directory = check_upload(state, ctx, &id)?;
     let (path, received, checksum) = receive_verified(state, ctx, body, "part", directory).await?;
     let part = Part {
@@ -87,7 +100,9 @@ pub async fn upload_part(state: &Arc<State>, ctx: &Ctx, body: Incoming) -> Answe
     let etag = part.etag.clone();
     let replaced = {
         let mut buckets = state.store.buckets();
-        let upload = buckets.get_mut(&ctx.bucket).and_then(|b| b.uploads.get_mut(&id));
+        let upload = buckets
+            .get_mut(&ctx.bucket)
+            .and_then(|b| b.uploads.get_mut(&id));
         match upload {
             Some(u) => u.parts.insert(number, part),
             None => {
@@ -103,7 +118,10 @@ pub async fn upload_part(state: &Arc<State>, ctx: &Ctx, body: Incoming) -> Answe
     let mut r = respond(200, ResponseBody::empty());
     set_header(&mut r, "etag", &etag);
     if let Some((alg, value)) = checksum {
-        if let (Ok(n), Ok(v)) = (http::HeaderName::try_from(format!("x-amz-checksum-{alg}")), http::HeaderValue::from_str(&value)) {
+        if let (Ok(n), Ok(v)) = (
+            http::HeaderName::try_from(format!("x-amz-checksum-{alg}")),
+            http::HeaderValue::from_str(&value),
+        ) {
             r.headers_mut().insert(n, v);
         }
     }
@@ -117,17 +135,34 @@ pub async fn complete(state: &Arc<State>, ctx: &Ctx, body: Incoming) -> Answer {
     // Validate against the stored parts and collect the files to concatenate.
     let (directory, parts) = {
         let buckets = state.store.buckets();
-        let b = buckets.get(&ctx.bucket).ok_or_else(S3Error::no_such_bucket)?;
-        let upload = b.uploads.get(&id).filter(|u| u.key == ctx.key).ok_or_else(S3Error::no_such_upload)?;
+        let b = buckets
+            .get(&ctx.bucket)
+            .ok_or_else(S3Error::no_such_bucket)?;
+        let upload = b
+            .uploads
+            .get(&id)
+            .filter(|u| u.key == ctx.key)
+            .ok_or_else(S3Error::no_such_upload)?;
         let mut parts = Vec::with_capacity(requested.len());
         for (i, p) in requested.iter().enumerate() {
             if i > 0 && p.part_number <= requested[i - 1].part_number {
-                return Err(S3Error::new(400, "InvalidPartOrder", "The list of parts was not in ascending order. The parts list must be specified in order by part number."));
+                return Err(S3Error::new(
+                    400,
+                    "InvalidPartOrder",
+                    "The list of parts was not in ascending order. The parts list must be specified in order by part number.",
+                ));
             }
             if b.directory && p.part_number != i as u32 + 1 {
-                return Err(S3Error::new(400, "InvalidPartOrder", "Directory buckets need consecutive part numbers starting at 1."));
+                return Err(S3Error::new(
+                    400,
+                    "InvalidPartOrder",
+                    "Directory buckets need consecutive part numbers starting at 1.",
+                ));
             }
-            let stored = upload.parts.get(&p.part_number).ok_or_else(|| invalid_part(p.part_number))?;
+            let stored = upload
+                .parts
+                .get(&p.part_number)
+                .ok_or_else(|| invalid_part(p.part_number))?;
             if stored.etag.trim_matches('"') != p.etag.trim_matches('"') {
                 return Err(invalid_part(p.part_number));
             }
@@ -137,7 +172,11 @@ pub async fn complete(state: &Arc<State>, ctx: &Ctx, body: Incoming) -> Answer {
                 }
             }
             if i + 1 < requested.len() && stored.size < MIN_PART_SIZE {
-                return Err(S3Error::new(400, "EntityTooSmall", "Your proposed upload is smaller than the minimum allowed object size."));
+                return Err(S3Error::new(
+                    400,
+                    "EntityTooSmall",
+                    "Your proposed upload is smaller than the minimum allowed object size.",
+                ));
             }
             parts.push(stored.clone());
         }
@@ -150,7 +189,8 @@ pub async fn complete(state: &Arc<State>, ctx: &Ctx, body: Incoming) -> Answer {
     let files: Vec<_> = parts.iter().map(|p| p.file.clone()).collect();
     let dest_clone = dest.clone();
     tokio::task::spawn_blocking(move || -> std::io::Result<()> {
-        let mut out = std::io::BufWriter::with_capacity(1 << 20, std::fs::File::create(&dest_clone)?);
+        let mut out =
+            std::io::BufWriter::with_capacity(1 << 20, std::fs::File::create(&dest_clone)?);
         for f in files {
             std::io::copy(&mut std::fs::File::open(f)?, &mut out)?;
         }
@@ -183,7 +223,11 @@ pub async fn complete(state: &Arc<State>, ctx: &Ctx, body: Incoming) -> Answer {
     remove_upload(state, &ctx.bucket, &id);
 
     let mut out = format!("{HEADER}<CompleteMultipartUploadResult xmlns=\"{NS}\">");
-    el(&mut out, "Location", &format!("/{}/{}", ctx.bucket, ctx.key));
+    el(
+        &mut out,
+        "Location",
+        &format!("/{}/{}", ctx.bucket, ctx.key),
+    );
     el(&mut out, "Bucket", &ctx.bucket);
     el(&mut out, "Key", &ctx.key);
     el(&mut out, "ETag", &etag);
@@ -195,12 +239,18 @@ fn invalid_part(n: u32) -> S3Error {
     S3Error::new(
         400,
         "InvalidPart",
-        format!("One or more of the specified parts could not be found (part {n}). The part may not have been uploaded, or the specified entity tag or checksum may not match the part's."),
+        format!(
+            "One or more of the specified parts could not be found (part {n}). The part may not have been uploaded, or the specified entity tag or checksum may not match the part's."
+        ),
     )
 }
 
 fn remove_upload(state: &Arc<State>, bucket: &str, id: &str) -> bool {
-    let removed = state.store.buckets().get_mut(bucket).and_then(|b| b.uploads.remove(id));
+    let removed = state
+        .store
+        .buckets()
+        .get_mut(bucket)
+        .and_then(|b| b.uploads.remove(id));
     match removed {
         Some(u) => {
             let _ = std::fs::remove_dir_all(u.dir);
@@ -225,8 +275,14 @@ pub fn abort(state: &Arc<State>, ctx: &Ctx) -> Answer {
 pub fn list_parts(state: &Arc<State>, ctx: &Ctx) -> Answer {
     let id = upload_id(ctx)?;
     let buckets = state.store.buckets();
-    let b = buckets.get(&ctx.bucket).ok_or_else(S3Error::no_such_bucket)?;
-    let u = b.uploads.get(&id).filter(|u| u.key == ctx.key).ok_or_else(S3Error::no_such_upload)?;
+    let b = buckets
+        .get(&ctx.bucket)
+        .ok_or_else(S3Error::no_such_bucket)?;
+    let u = b
+        .uploads
+        .get(&id)
+        .filter(|u| u.key == ctx.key)
+        .ok_or_else(S3Error::no_such_upload)?;
     let mut out = format!("{HEADER}<ListPartsResult xmlns=\"{NS}\">");
     el(&mut out, "Bucket", &ctx.bucket);
     el(&mut out, "Key", &ctx.key);
@@ -246,8 +302,14 @@ pub fn list_parts(state: &Arc<State>, ctx: &Ctx) -> Answer {
 pub fn list_uploads(state: &Arc<State>, ctx: &Ctx) -> Answer {
     let prefix = ctx.q("prefix").unwrap_or("");
     let buckets = state.store.buckets();
-    let b = buckets.get(&ctx.bucket).ok_or_else(S3Error::no_such_bucket)?;
-    let mut uploads: Vec<_> = b.uploads.iter().filter(|(_, u)| u.key.starts_with(prefix)).collect();
+    let b = buckets
+        .get(&ctx.bucket)
+        .ok_or_else(S3Error::no_such_bucket)?;
+    let mut uploads: Vec<_> = b
+        .uploads
+        .iter()
+        .filter(|(_, u)| u.key.starts_with(prefix))
+        .collect();
     uploads.sort_by(|a, b| (&a.1.key, a.0).cmp(&(&b.1.key, b.0)));
     let mut out = format!("{HEADER}<ListMultipartUploadsResult xmlns=\"{NS}\">");
     el(&mut out, "Bucket", &ctx.bucket);

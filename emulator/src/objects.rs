@@ -20,8 +20,11 @@ pub const MAX_APPENDS: u32 = 10_000;
 const CHECKSUM_ALGORITHMS: [&str; 5] = ["crc32", "crc32c", "crc64nvme", "sha1", "sha256"];
 
 pub fn is_aws_chunked(ctx: &Ctx) -> bool {
-    ctx.header("content-encoding").is_some_and(|e| e.split(',').any(|p| p.trim() == "aws-chunked"))
-        || ctx.header("x-amz-content-sha256").is_some_and(|v| v.starts_with("STREAMING-"))
+    ctx.header("content-encoding")
+        .is_some_and(|e| e.split(',').any(|p| p.trim() == "aws-chunked"))
+        || ctx
+            .header("x-amz-content-sha256")
+            .is_some_and(|v| v.starts_with("STREAMING-"))
 }
 
 /// ETag for new content: MD5 on general-purpose buckets, an opaque random value on directory buckets.
@@ -35,7 +38,10 @@ pub fn new_etag(directory: bool, md5: Option<[u8; 16]>) -> String {
 /// Which checksum the client declared (header or trailer), if any.
 pub fn declared_checksum(ctx: &Ctx) -> Option<String> {
     for alg in CHECKSUM_ALGORITHMS {
-        if ctx.headers.contains_key(format!("x-amz-checksum-{alg}").as_str()) {
+        if ctx
+            .headers
+            .contains_key(format!("x-amz-checksum-{alg}").as_str())
+        {
             return Some(alg.to_string());
         }
     }
@@ -44,7 +50,8 @@ pub fn declared_checksum(ctx: &Ctx) -> Option<String> {
             return Some(alg.to_ascii_lowercase());
         }
     }
-    ctx.header("x-amz-sdk-checksum-algorithm").map(|a| a.to_ascii_lowercase())
+    ctx.header("x-amz-sdk-checksum-algorithm")
+        .map(|a| a.to_ascii_lowercase())
 }
 
 /// Receives a body to a new file in the bucket, checking payload hash, Content-MD5 and declared checksums.
@@ -57,7 +64,8 @@ pub async fn receive_verified(
     directory: bool,
 ) -> Result<(std::path::PathBuf, Received, Option<(String, String)>), S3Error> {
     let payload_hash = ctx.header("x-amz-content-sha256").unwrap_or("").to_string();
-    let sha_signed = payload_hash.len() == 64 && payload_hash.bytes().all(|b| b.is_ascii_hexdigit());
+    let sha_signed =
+        payload_hash.len() == 64 && payload_hash.bytes().all(|b| b.is_ascii_hexdigit());
     let checksum = declared_checksum(ctx);
     let plan = DigestPlan {
         md5: !directory || ctx.headers.contains_key("content-md5"),
@@ -67,7 +75,8 @@ pub async fn receive_verified(
         crc64nvme: checksum.as_deref() == Some("crc64nvme"),
     };
     let path = state.store.new_file(&ctx.bucket, kind)?;
-    let received = match receive_to_file(body, is_aws_chunked(ctx), plan, &path, MAX_PUT_SIZE).await {
+    let received = match receive_to_file(body, is_aws_chunked(ctx), plan, &path, MAX_PUT_SIZE).await
+    {
         Ok(r) => r,
         Err(e) => {
             let _ = std::fs::remove_file(&path);
@@ -80,14 +89,25 @@ pub async fn receive_verified(
     };
     if let Some(declared) = ctx.header("x-amz-decoded-content-length") {
         if declared.parse::<u64>().ok() != Some(received.size) {
-            return fail(S3Error::incomplete_body(format!("x-amz-decoded-content-length {declared} but {} bytes arrived", received.size)));
+            return fail(S3Error::incomplete_body(format!(
+                "x-amz-decoded-content-length {declared} but {} bytes arrived",
+                received.size
+            )));
         }
     }
-    if sha_signed && received.sha256_hex.as_deref() != Some(payload_hash.to_ascii_lowercase().as_str()) {
-        return fail(S3Error::new(400, "XAmzContentSHA256Mismatch", "The provided 'x-amz-content-sha256' header does not match what was computed."));
+    if sha_signed
+        && received.sha256_hex.as_deref() != Some(payload_hash.to_ascii_lowercase().as_str())
+    {
+        return fail(S3Error::new(
+            400,
+            "XAmzContentSHA256Mismatch",
+            "The provided 'x-amz-content-sha256' header does not match what was computed.",
+        ));
     }
     if let Some(expected) = ctx.header("content-md5") {
-        let got = received.md5.map(|m| base64::engine::general_purpose::STANDARD.encode(m));
+        let got = received
+            .md5
+            .map(|m| base64::engine::general_purpose::STANDARD.encode(m));
         if got.as_deref() != Some(expected.trim()) {
             return fail(S3Error::bad_digest("Content-MD5"));
         }
@@ -95,10 +115,13 @@ pub async fn receive_verified(
     let mut verified = None;
     if let Some(alg) = checksum {
         let name = format!("x-amz-checksum-{alg}");
-        let claimed = ctx
-            .header(&name)
-            .map(str::to_string)
-            .or_else(|| received.trailers.iter().find(|(k, _)| *k == name).map(|(_, v)| v.clone()));
+        let claimed = ctx.header(&name).map(str::to_string).or_else(|| {
+            received
+                .trailers
+                .iter()
+                .find(|(k, _)| *k == name)
+                .map(|(_, v)| v.clone())
+        });
         let computed = match alg.as_str() {
             "crc32" => received.crc32.clone(),
             "crc32c" => received.crc32c.clone(),
@@ -121,7 +144,9 @@ pub async fn receive_verified(
 pub fn check_write_conditions(ctx: &Ctx, current: Option<&Object>) -> Result<(), S3Error> {
     if let Some(v) = ctx.header("if-none-match") {
         if v.trim() != "*" {
-            return Err(S3Error::not_implemented("If-None-Match with a value other than *"));
+            return Err(S3Error::not_implemented(
+                "If-None-Match with a value other than *",
+            ));
         }
         if current.is_some() {
             return Err(S3Error::precondition_failed("If-None-Match"));
@@ -130,7 +155,9 @@ pub fn check_write_conditions(ctx: &Ctx, current: Option<&Object>) -> Result<(),
     if let Some(v) = ctx.header("if-match") {
         match current {
             None => return Err(S3Error::no_such_key()),
-            Some(o) if !etag_matches(v, &o.etag) => return Err(S3Error::precondition_failed("If-Match")),
+            Some(o) if !etag_matches(v, &o.etag) => {
+                return Err(S3Error::precondition_failed("If-Match"));
+            }
             _ => {}
         }
     }
@@ -145,8 +172,16 @@ fn etag_matches(condition: &str, etag: &str) -> bool {
 }
 
 fn parse_range(value: &str, size: u64) -> Result<Option<(u64, u64)>, S3Error> {
-    let invalid = || S3Error::new(416, "InvalidRange", "The requested range is not satisfiable");
-    let Some(spec) = value.trim().strip_prefix("bytes=") else { return Ok(None) };
+    let invalid = || {
+        S3Error::new(
+            416,
+            "InvalidRange",
+            "The requested range is not satisfiable",
+        )
+    };
+    let Some(spec) = value.trim().strip_prefix("bytes=") else {
+        return Ok(None);
+    };
     if spec.contains(',') {
         return Ok(None); // S3 ignores multi-range requests and sends the whole object.
     }
@@ -159,7 +194,11 @@ fn parse_range(value: &str, size: u64) -> Result<Option<(u64, u64)>, S3Error> {
         (size.saturating_sub(n), size - 1)
     } else {
         let start: u64 = a.parse().map_err(|_| invalid())?;
-        let end: u64 = if b.is_empty() { u64::MAX } else { b.parse().map_err(|_| invalid())? };
+        let end: u64 = if b.is_empty() {
+            u64::MAX
+        } else {
+            b.parse().map_err(|_| invalid())?
+        };
         if end < start {
             return Ok(None);
         }
@@ -177,7 +216,9 @@ pub fn get_object(state: &Arc<State>, ctx: &Ctx) -> Answer {
     }
     let (object, file) = {
         let buckets = state.store.buckets();
-        let b = buckets.get(&ctx.bucket).ok_or_else(S3Error::no_such_bucket)?;
+        let b = buckets
+            .get(&ctx.bucket)
+            .ok_or_else(S3Error::no_such_bucket)?;
         let o = Arc::clone(b.objects.get(&ctx.key).ok_or_else(S3Error::no_such_key)?);
         // Opened under the lock: a concurrent overwrite then deletes a file we already hold open.
         let file = std::fs::File::open(&o.file).map_err(S3Error::internal)?;
@@ -186,14 +227,21 @@ pub fn get_object(state: &Arc<State>, ctx: &Ctx) -> Answer {
     let not_modified = || {
         let mut r = respond(304, ResponseBody::empty());
         set_header(&mut r, "etag", &object.etag);
-        set_header(&mut r, "last-modified", &xml::http_date(object.last_modified));
+        set_header(
+            &mut r,
+            "last-modified",
+            &xml::http_date(object.last_modified),
+        );
         r
     };
     if let Some(v) = ctx.header("if-match") {
         if !etag_matches(v, &object.etag) {
             return Err(S3Error::precondition_failed("If-Match"));
         }
-    } else if let Some(since) = ctx.header("if-unmodified-since").and_then(xml::parse_http_date) {
+    } else if let Some(since) = ctx
+        .header("if-unmodified-since")
+        .and_then(xml::parse_http_date)
+    {
         if truncate_secs(object.last_modified) > since {
             return Err(S3Error::precondition_failed("If-Unmodified-Since"));
         }
@@ -202,7 +250,10 @@ pub fn get_object(state: &Arc<State>, ctx: &Ctx) -> Answer {
         if etag_matches(v, &object.etag) {
             return Ok(not_modified());
         }
-    } else if let Some(since) = ctx.header("if-modified-since").and_then(xml::parse_http_date) {
+    } else if let Some(since) = ctx
+        .header("if-modified-since")
+        .and_then(xml::parse_http_date)
+    {
         if truncate_secs(object.last_modified) <= since {
             return Ok(not_modified());
         }
@@ -216,40 +267,74 @@ pub fn get_object(state: &Arc<State>, ctx: &Ctx) -> Answer {
         None => (200, 0, object.size),
     };
     let head = ctx.method == http::Method::HEAD;
-    let fault = if head || len < 2 { BodyFault::None } else { ctx.body_fault };
-    let body = if head || len == 0 { ResponseBody::empty() } else { ResponseBody::file_range(file, start, len, fault) };
+    let fault = if head || len < 2 {
+        BodyFault::None
+    } else {
+        ctx.body_fault
+    };
+    let body = if head || len == 0 {
+        ResponseBody::empty()
+    } else {
+        ResponseBody::file_range(file, start, len, fault)
+    };
     let mut r = respond(status, body);
     set_header(&mut r, "content-length", &len.to_string());
     set_header(&mut r, "etag", &object.etag);
-    set_header(&mut r, "last-modified", &xml::http_date(object.last_modified));
+    set_header(
+        &mut r,
+        "last-modified",
+        &xml::http_date(object.last_modified),
+    );
     set_header(&mut r, "content-type", &object.content_type);
     set_header(&mut r, "accept-ranges", "bytes");
     if status == 206 {
-        set_header(&mut r, "content-range", &format!("bytes {start}-{}/{}", start + len - 1, object.size));
+        set_header(
+            &mut r,
+            "content-range",
+            &format!("bytes {start}-{}/{}", start + len - 1, object.size),
+        );
     }
-    if status == 200 && ctx.header("x-amz-checksum-mode").is_some_and(|m| m.eq_ignore_ascii_case("ENABLED")) {
+    if status == 200
+        && ctx
+            .header("x-amz-checksum-mode")
+            .is_some_and(|m| m.eq_ignore_ascii_case("ENABLED"))
+    {
         if let Some((alg, value)) = &object.checksum {
             let name = format!("x-amz-checksum-{alg}");
-            if let (Ok(n), Ok(v)) = (http::HeaderName::try_from(name), http::HeaderValue::from_str(value)) {
+            if let (Ok(n), Ok(v)) = (
+                http::HeaderName::try_from(name),
+                http::HeaderValue::from_str(value),
+            ) {
                 r.headers_mut().insert(n, v);
                 set_header(&mut r, "x-amz-checksum-type", "FULL_OBJECT");
             }
         }
     }
-    if state.store.buckets().get(&ctx.bucket).is_some_and(|b| b.directory) {
+    if state
+        .store
+        .buckets()
+        .get(&ctx.bucket)
+        .is_some_and(|b| b.directory)
+    {
         set_header(&mut r, "x-amz-storage-class", "EXPRESS_ONEZONE");
     }
     Ok(r)
 }
 
 fn truncate_secs(t: SystemTime) -> SystemTime {
-    let secs = t.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default().as_secs();
+    let secs = t
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs();
     SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(secs)
 }
 
 fn checksum_header(r: &mut http::Response<ResponseBody>, checksum: &Option<(String, String)>) {
     if let Some((alg, value)) = checksum {
-        if let (Ok(n), Ok(v)) = (http::HeaderName::try_from(format!("x-amz-checksum-{alg}")), http::HeaderValue::from_str(value)) {
+        if let (Ok(n), Ok(v)) = (
+            http::HeaderName::try_from(format!("x-amz-checksum-{alg}")),
+            http::HeaderValue::from_str(value),
+        ) {
             r.headers_mut().insert(n, v);
         }
     }
@@ -258,14 +343,21 @@ fn checksum_header(r: &mut http::Response<ResponseBody>, checksum: &Option<(Stri
 pub async fn put_object(state: &Arc<State>, ctx: &Ctx, body: Incoming) -> Answer {
     let directory = {
         let buckets = state.store.buckets();
-        buckets.get(&ctx.bucket).ok_or_else(S3Error::no_such_bucket)?.directory
+        buckets
+            .get(&ctx.bucket)
+            .ok_or_else(S3Error::no_such_bucket)?
+            .directory
     };
     validate_key(&ctx.key)?;
     if let Some(offset) = ctx.header("x-amz-write-offset-bytes") {
         if !directory {
-            return Err(S3Error::not_implemented("x-amz-write-offset-bytes (appends) on general purpose buckets"));
+            return Err(S3Error::not_implemented(
+                "x-amz-write-offset-bytes (appends) on general purpose buckets",
+            ));
         }
-        let offset: u64 = offset.trim().parse().map_err(|_| S3Error::invalid_argument("x-amz-write-offset-bytes must be a non-negative integer"))?;
+        let offset: u64 = offset.trim().parse().map_err(|_| {
+            S3Error::invalid_argument("x-amz-write-offset-bytes must be a non-negative integer")
+        })?;
         return append(state, ctx, body, offset).await;
     }
     let (path, received, checksum) = receive_verified(state, ctx, body, "obj", directory).await?;
@@ -274,7 +366,10 @@ pub async fn put_object(state: &Arc<State>, ctx: &Ctx, body: Incoming) -> Answer
         size: received.size,
         etag: new_etag(directory, received.md5),
         last_modified: SystemTime::now(),
-        content_type: ctx.header("content-type").unwrap_or("binary/octet-stream").to_string(),
+        content_type: ctx
+            .header("content-type")
+            .unwrap_or("binary/octet-stream")
+            .to_string(),
         checksum: checksum.clone(),
         parts: 1,
     };
@@ -314,19 +409,28 @@ async fn append(state: &Arc<State>, ctx: &Ctx, body: Incoming, offset: u64) -> A
     let (tmp, received, _) = receive_verified(state, ctx, body, "append", true).await?;
     let result = (|| {
         let mut buckets = state.store.buckets();
-        let b = buckets.get_mut(&ctx.bucket).ok_or_else(S3Error::no_such_bucket)?;
+        let b = buckets
+            .get_mut(&ctx.bucket)
+            .ok_or_else(S3Error::no_such_bucket)?;
         let current = b.objects.get(&ctx.key).cloned();
         check_write_conditions(ctx, current.as_deref())?;
         let Some(current) = current else {
             if offset != 0 {
-                return Err(S3Error::new(400, "InvalidWriteOffset", "The write offset value that you specified does not match the current object size."));
+                return Err(S3Error::new(
+                    400,
+                    "InvalidWriteOffset",
+                    "The write offset value that you specified does not match the current object size.",
+                ));
             }
             let object = Object {
                 file: tmp.clone(),
                 size: received.size,
                 etag: new_etag(true, None),
                 last_modified: SystemTime::now(),
-                content_type: ctx.header("content-type").unwrap_or("binary/octet-stream").to_string(),
+                content_type: ctx
+                    .header("content-type")
+                    .unwrap_or("binary/octet-stream")
+                    .to_string(),
                 checksum: None,
                 parts: 1,
             };
@@ -335,13 +439,24 @@ async fn append(state: &Arc<State>, ctx: &Ctx, body: Incoming, offset: u64) -> A
             return Ok((etag, received.size, false));
         };
         if offset != current.size {
-            return Err(S3Error::new(400, "InvalidWriteOffset", "The write offset value that you specified does not match the current object size."));
+            return Err(S3Error::new(
+                400,
+                "InvalidWriteOffset",
+                "The write offset value that you specified does not match the current object size.",
+            ));
         }
         if current.parts >= MAX_APPENDS {
-            return Err(S3Error::new(400, "TooManyParts", "The object has reached the maximum number of appends (10,000)."));
+            return Err(S3Error::new(
+                400,
+                "TooManyParts",
+                "The object has reached the maximum number of appends (10,000).",
+            ));
         }
         // Appending under the lock keeps appends to one object ordered; bodies are already on local disk.
-        let mut dest = std::fs::OpenOptions::new().append(true).open(&current.file).map_err(S3Error::internal)?;
+        let mut dest = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&current.file)
+            .map_err(S3Error::internal)?;
         let mut src = std::fs::File::open(&tmp).map_err(S3Error::internal)?;
         std::io::copy(&mut src, &mut dest).map_err(S3Error::internal)?;
         let object = Object {
@@ -378,7 +493,11 @@ async fn append(state: &Arc<State>, ctx: &Ctx, body: Incoming, offset: u64) -> A
 /// Keys are 1 to 1024 bytes of UTF-8 (path-style requests have already been decoded).
 pub fn validate_key(key: &str) -> Result<(), S3Error> {
     if key.is_empty() || key.len() > 1024 {
-        return Err(S3Error::new(400, "KeyTooLongError", "Your key is too long (or empty)"));
+        return Err(S3Error::new(
+            400,
+            "KeyTooLongError",
+            "Your key is too long (or empty)",
+        ));
     }
     Ok(())
 }
@@ -386,14 +505,25 @@ pub fn validate_key(key: &str) -> Result<(), S3Error> {
 pub async fn copy_object(state: &Arc<State>, ctx: &Ctx) -> Answer {
     validate_key(&ctx.key)?;
     let source = ctx.header("x-amz-copy-source").unwrap_or("");
-    let source = percent_decode_str(source.split('?').next().unwrap_or("")).decode_utf8_lossy().into_owned();
+    let source = percent_decode_str(source.split('?').next().unwrap_or(""))
+        .decode_utf8_lossy()
+        .into_owned();
     let source = source.trim_start_matches('/');
-    let (src_bucket, src_key) = source.split_once('/').ok_or_else(|| S3Error::invalid_argument("Copy Source must mention the source bucket and key: sourcebucket/sourcekey"))?;
+    let (src_bucket, src_key) = source.split_once('/').ok_or_else(|| {
+        S3Error::invalid_argument(
+            "Copy Source must mention the source bucket and key: sourcebucket/sourcekey",
+        )
+    })?;
     let (src, directory) = {
         let buckets = state.store.buckets();
-        let sb = buckets.get(src_bucket).ok_or_else(S3Error::no_such_bucket)?;
+        let sb = buckets
+            .get(src_bucket)
+            .ok_or_else(S3Error::no_such_bucket)?;
         let o = Arc::clone(sb.objects.get(src_key).ok_or_else(S3Error::no_such_key)?);
-        let directory = buckets.get(&ctx.bucket).ok_or_else(S3Error::no_such_bucket)?.directory;
+        let directory = buckets
+            .get(&ctx.bucket)
+            .ok_or_else(S3Error::no_such_bucket)?
+            .directory;
         (o, directory)
     };
     if let Some(v) = ctx.header("x-amz-copy-source-if-match") {
@@ -407,8 +537,17 @@ pub async fn copy_object(state: &Arc<State>, ctx: &Ctx) -> Answer {
         .await
         .map_err(|e| S3Error::internal(std::io::Error::other(e)))?
         .map_err(S3Error::internal)?;
-    let etag = if directory { new_etag(true, None) } else { src.etag.clone() };
-    let object = Object { file: dest, etag: etag.clone(), last_modified: SystemTime::now(), ..(*src).clone() };
+    let etag = if directory {
+        new_etag(true, None)
+    } else {
+        src.etag.clone()
+    };
+    let object = Object {
+        file: dest,
+        etag: etag.clone(),
+        last_modified: SystemTime::now(),
+        ..(*src).clone()
+    };
     let modified = object.last_modified;
     commit(state, ctx, object)?;
     let mut out = format!("{HEADER}<CopyObjectResult xmlns=\"{NS}\">");
@@ -421,14 +560,22 @@ pub async fn copy_object(state: &Arc<State>, ctx: &Ctx) -> Answer {
 /// RenameObject (directory buckets): atomically moves `x-amz-rename-source` to the request key.
 pub fn rename_object(state: &Arc<State>, ctx: &Ctx) -> Answer {
     validate_key(&ctx.key)?;
-    let raw = ctx.header("x-amz-rename-source").ok_or_else(|| S3Error::invalid_request("x-amz-rename-source is required"))?;
-    let source = percent_decode_str(raw.strip_prefix('/').unwrap_or(raw)).decode_utf8_lossy().into_owned();
+    let raw = ctx
+        .header("x-amz-rename-source")
+        .ok_or_else(|| S3Error::invalid_request("x-amz-rename-source is required"))?;
+    let source = percent_decode_str(raw.strip_prefix('/').unwrap_or(raw))
+        .decode_utf8_lossy()
+        .into_owned();
     validate_key(&source)?;
     let replaced = {
         let mut buckets = state.store.buckets();
-        let b = buckets.get_mut(&ctx.bucket).ok_or_else(S3Error::no_such_bucket)?;
+        let b = buckets
+            .get_mut(&ctx.bucket)
+            .ok_or_else(S3Error::no_such_bucket)?;
         if !b.directory {
-            return Err(S3Error::not_implemented("RenameObject on general purpose buckets"));
+            return Err(S3Error::not_implemented(
+                "RenameObject on general purpose buckets",
+            ));
         }
         let src = Arc::clone(b.objects.get(&source).ok_or_else(S3Error::no_such_key)?);
         if let Some(v) = ctx.header("x-amz-rename-source-if-match") {
@@ -438,7 +585,9 @@ pub fn rename_object(state: &Arc<State>, ctx: &Ctx) -> Answer {
         }
         if let Some(v) = ctx.header("x-amz-rename-source-if-none-match") {
             if etag_matches(v, &src.etag) {
-                return Err(S3Error::precondition_failed("x-amz-rename-source-if-none-match"));
+                return Err(S3Error::precondition_failed(
+                    "x-amz-rename-source-if-none-match",
+                ));
             }
         }
         check_write_conditions(ctx, b.objects.get(&ctx.key).map(|o| o.as_ref()))?;
@@ -446,7 +595,10 @@ pub fn rename_object(state: &Arc<State>, ctx: &Ctx) -> Answer {
             None
         } else {
             b.objects.remove(&source);
-            let moved = Object { last_modified: SystemTime::now(), ..(*src).clone() };
+            let moved = Object {
+                last_modified: SystemTime::now(),
+                ..(*src).clone()
+            };
             b.objects.insert(ctx.key.clone(), Arc::new(moved))
         }
     };
@@ -461,14 +613,23 @@ pub fn delete_object(state: &Arc<State>, ctx: &Ctx) -> Answer {
     Ok(respond(204, ResponseBody::empty()))
 }
 
-fn remove_key(state: &Arc<State>, bucket: &str, key: &str, if_match: Option<&str>) -> Result<(), S3Error> {
+fn remove_key(
+    state: &Arc<State>,
+    bucket: &str,
+    key: &str,
+    if_match: Option<&str>,
+) -> Result<(), S3Error> {
     let removed = {
         let mut buckets = state.store.buckets();
-        let b = buckets.get_mut(bucket).ok_or_else(S3Error::no_such_bucket)?;
+        let b = buckets
+            .get_mut(bucket)
+            .ok_or_else(S3Error::no_such_bucket)?;
         if let Some(cond) = if_match {
             match b.objects.get(key) {
                 None => return Err(S3Error::no_such_key()),
-                Some(o) if !etag_matches(cond, &o.etag) => return Err(S3Error::precondition_failed("If-Match")),
+                Some(o) if !etag_matches(cond, &o.etag) => {
+                    return Err(S3Error::precondition_failed("If-Match"));
+                }
                 _ => {}
             }
         }
@@ -488,10 +649,18 @@ pub async fn delete_objects(state: &Arc<State>, ctx: &Ctx, body: Incoming) -> An
     let mut keys = Vec::new();
     for piece in text.split("<Key>").skip(1) {
         let key = piece.split("</Key>").next().unwrap_or("");
-        keys.push(quick_xml::escape::unescape(key).map(|k| k.into_owned()).unwrap_or_else(|_| key.to_string()));
+        keys.push(
+            quick_xml::escape::unescape(key)
+                .map(|k| k.into_owned())
+                .unwrap_or_else(|_| key.to_string()),
+        );
     }
     if keys.len() > 1000 {
-        return Err(S3Error::new(400, "MalformedXML", "At most 1000 keys per DeleteObjects request"));
+        return Err(S3Error::new(
+            400,
+            "MalformedXML",
+            "At most 1000 keys per DeleteObjects request",
+        ));
     }
     let mut out = format!("{HEADER}<DeleteResult xmlns=\"{NS}\">");
     for key in keys {

@@ -44,7 +44,10 @@ pub struct Ctx {
 
 impl Ctx {
     pub fn q(&self, name: &str) -> Option<&str> {
-        self.query.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
+        self.query
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
     }
     pub fn has(&self, name: &str) -> bool {
         self.query.iter().any(|(k, _)| k == name)
@@ -65,7 +68,8 @@ pub fn respond(status: u16, body: ResponseBody) -> Response<ResponseBody> {
 
 pub fn xml_response(body: String) -> Response<ResponseBody> {
     let mut r = respond(200, ResponseBody::full(body));
-    r.headers_mut().insert("content-type", HeaderValue::from_static("application/xml"));
+    r.headers_mut()
+        .insert("content-type", HeaderValue::from_static("application/xml"));
     r
 }
 
@@ -75,14 +79,22 @@ pub fn set_header(r: &mut Response<ResponseBody>, name: &'static str, value: &st
     }
 }
 
-fn operation_name(method: &Method, bucket: &str, key: &str, query: &[(String, String)], headers: &HeaderMap) -> &'static str {
+fn operation_name(
+    method: &Method,
+    bucket: &str,
+    key: &str,
+    query: &[(String, String)],
+    headers: &HeaderMap,
+) -> &'static str {
     let has = |n: &str| query.iter().any(|(k, _)| k == n);
     match (method.as_str(), bucket.is_empty(), key.is_empty()) {
         ("GET", true, _) => "ListBuckets",
         ("GET", false, true) if has("session") => "CreateSession",
         ("GET", false, true) if has("uploads") => "ListMultipartUploads",
         ("GET", false, true) if has("location") => "GetBucketLocation",
-        ("GET", false, true) if query.iter().any(|(k, v)| k == "list-type" && v == "2") => "ListObjectsV2",
+        ("GET", false, true) if query.iter().any(|(k, v)| k == "list-type" && v == "2") => {
+            "ListObjectsV2"
+        }
         ("GET", false, true) => "ListObjects",
         ("HEAD", false, true) => "HeadBucket",
         ("PUT", false, true) => "CreateBucket",
@@ -105,25 +117,53 @@ fn operation_name(method: &Method, bucket: &str, key: &str, query: &[(String, St
 
 /// Operations a directory bucket serves only to S3 Express sessions.
 fn needs_session(op: &str) -> bool {
-    !matches!(op, "CreateSession" | "CreateBucket" | "DeleteBucket" | "HeadBucket" | "ListBuckets" | "GetBucketLocation")
+    !matches!(
+        op,
+        "CreateSession"
+            | "CreateBucket"
+            | "DeleteBucket"
+            | "HeadBucket"
+            | "ListBuckets"
+            | "GetBucketLocation"
+    )
 }
 
 fn is_write(op: &str) -> bool {
     matches!(
         op,
-        "PutObject" | "CopyObject" | "UploadPart" | "RenameObject" | "CreateMultipartUpload" | "CompleteMultipartUpload"
-            | "AbortMultipartUpload" | "DeleteObject" | "DeleteObjects"
+        "PutObject"
+            | "CopyObject"
+            | "UploadPart"
+            | "RenameObject"
+            | "CreateMultipartUpload"
+            | "CompleteMultipartUpload"
+            | "AbortMultipartUpload"
+            | "DeleteObject"
+            | "DeleteObjects"
     )
 }
 
 /// Splits the target into bucket and key: virtual-hosted (`bucket.host`) or path-style (`/bucket/key`).
 fn locate(state: &State, headers: &HeaderMap, raw_path: &str) -> (String, String) {
     let decode = |s: &str| percent_decode_str(s).decode_utf8_lossy().into_owned();
-    let host = headers.get("host").and_then(|h| h.to_str().ok()).unwrap_or("");
-    let host = host.rsplit_once(':').map_or(host, |(h, port)| if port.bytes().all(|b| b.is_ascii_digit()) { h } else { host });
+    let host = headers
+        .get("host")
+        .and_then(|h| h.to_str().ok())
+        .unwrap_or("");
+    let host = host.rsplit_once(':').map_or(host, |(h, port)| {
+        if port.bytes().all(|b| b.is_ascii_digit()) {
+            h
+        } else {
+            host
+        }
+    });
     if let Some((first, _)) = host.split_once('.') {
-        if host.parse::<std::net::Ipv4Addr>().is_err() && state.store.buckets().contains_key(first) {
-            return (first.to_string(), decode(raw_path.strip_prefix('/').unwrap_or(raw_path)));
+        if host.parse::<std::net::Ipv4Addr>().is_err() && state.store.buckets().contains_key(first)
+        {
+            return (
+                first.to_string(),
+                decode(raw_path.strip_prefix('/').unwrap_or(raw_path)),
+            );
         }
     }
     let path = raw_path.strip_prefix('/').unwrap_or(raw_path);
@@ -134,42 +174,83 @@ fn locate(state: &State, headers: &HeaderMap, raw_path: &str) -> (String, String
 }
 
 /// Checks the signature and, for sessions, token, bucket and expiry.
-fn authenticate(state: &State, req_method: &Method, raw_path: &str, headers: &HeaderMap, query: &[(String, String)], bucket: &str) -> Result<Principal, S3Error> {
+fn authenticate(
+    state: &State,
+    req_method: &Method,
+    raw_path: &str,
+    headers: &HeaderMap,
+    query: &[(String, String)],
+    bucket: &str,
+) -> Result<Principal, S3Error> {
     let signed = match sigv4::parse(headers, query) {
         Ok(s) => s,
-        Err(sigv4::AuthParseError::Missing) => return Err(S3Error::access_denied("Anonymous access is not allowed: sign requests with SigV4")),
-        Err(sigv4::AuthParseError::Malformed(m)) => return Err(S3Error::new(400, "AuthorizationHeaderMalformed", m)),
+        Err(sigv4::AuthParseError::Missing) => {
+            return Err(S3Error::access_denied(
+                "Anonymous access is not allowed: sign requests with SigV4",
+            ));
+        }
+        Err(sigv4::AuthParseError::Malformed(m)) => {
+            return Err(S3Error::new(400, "AuthorizationHeaderMalformed", m));
+        }
     };
     if signed.region != state.config.region {
         return Err(S3Error::new(
             400,
             "AuthorizationHeaderMalformed",
-            format!("The authorization header is malformed; the region '{}' is wrong; expecting '{}'", signed.region, state.config.region),
+            format!(
+                "The authorization header is malformed; the region '{}' is wrong; expecting '{}'",
+                signed.region, state.config.region
+            ),
         ));
     }
     if signed.service != "s3" && signed.service != "s3express" {
-        return Err(S3Error::new(400, "AuthorizationHeaderMalformed", format!("The authorization header is malformed; incorrect service '{}'", signed.service)));
+        return Err(S3Error::new(
+            400,
+            "AuthorizationHeaderMalformed",
+            format!(
+                "The authorization header is malformed; incorrect service '{}'",
+                signed.service
+            ),
+        ));
     }
     let signed_at = sigv4::parse_amz_date(&signed.amz_date)
         .ok_or_else(|| S3Error::access_denied("X-Amz-Date is missing or malformed"))?;
-    let now = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default().as_secs() as i64;
+    let now = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs() as i64;
     if signed.presigned {
         let expires = signed.expires_secs.unwrap_or(0) as i64;
         if now > signed_at + expires {
             return Err(S3Error::access_denied("Request has expired"));
         }
     } else if (now - signed_at).abs() > 15 * 60 {
-        return Err(S3Error::new(403, "RequestTimeTooSkewed", "The difference between the request time and the current time is too large."));
+        return Err(S3Error::new(
+            403,
+            "RequestTimeTooSkewed",
+            "The difference between the request time and the current time is too large.",
+        ));
     }
 
     let (secret, principal, session) = if signed.access_key == state.config.access_key {
         (state.config.secret_key.clone(), Principal::Root, None)
     } else if let Some(s) = state.store.sessions().get(&signed.access_key).cloned() {
-        (s.secret.clone(), Principal::Session { read_only: s.read_only }, Some(s))
+        (
+            s.secret.clone(),
+            Principal::Session {
+                read_only: s.read_only,
+            },
+            Some(s),
+        )
     } else {
-        return Err(S3Error::new(403, "InvalidAccessKeyId", "The AWS Access Key Id you provided does not exist in our records."));
+        return Err(S3Error::new(
+            403,
+            "InvalidAccessKeyId",
+            "The AWS Access Key Id you provided does not exist in our records.",
+        ));
     };
-    let expected = sigv4::expected_signature(&signed, &secret, req_method, raw_path, query, headers);
+    let expected =
+        sigv4::expected_signature(&signed, &secret, req_method, raw_path, query, headers);
     if !sigv4::signatures_equal(&expected, &signed.signature) {
         return Err(S3Error::new(
             403,
@@ -178,22 +259,36 @@ fn authenticate(state: &State, req_method: &Method, raw_path: &str, headers: &He
         ));
     }
     if let Some(session) = session {
-        let token = headers.get("x-amz-s3session-token").and_then(|v| v.to_str().ok()).unwrap_or("");
+        let token = headers
+            .get("x-amz-s3session-token")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("");
         if signed.service != "s3express" || token != session.token {
-            return Err(S3Error::access_denied("The session token is missing or does not belong to these credentials"));
+            return Err(S3Error::access_denied(
+                "The session token is missing or does not belong to these credentials",
+            ));
         }
         if session.bucket != bucket {
-            return Err(S3Error::access_denied("This session was created for another bucket"));
+            return Err(S3Error::access_denied(
+                "This session was created for another bucket",
+            ));
         }
         if Instant::now() >= session.expires {
-            return Err(S3Error::new(400, "ExpiredToken", "The provided token has expired."));
+            return Err(S3Error::new(
+                400,
+                "ExpiredToken",
+                "The provided token has expired.",
+            ));
         }
     }
     Ok(principal)
 }
 
 /// Serves one HTTP request. An `Err` makes hyper drop the connection (the "reset" faults).
-pub async fn handle(state: Arc<State>, req: Request<Incoming>) -> Result<Response<ResponseBody>, std::io::Error> {
+pub async fn handle(
+    state: Arc<State>,
+    req: Request<Incoming>,
+) -> Result<Response<ResponseBody>, std::io::Error> {
     let started = Instant::now();
     let request_id = format!("{:016X}", rand::random::<u64>());
     let raw_path = req.uri().path().to_string();
@@ -207,7 +302,10 @@ pub async fn handle(state: Arc<State>, req: Request<Incoming>) -> Result<Respons
     let (bucket, key) = locate(&state, &headers, &raw_path);
     let op = operation_name(&method, &bucket, &key, &query, &headers);
 
-    let outcome = run(&state, req, op, &method, &raw_path, &headers, query, &bucket, &key).await;
+    let outcome = run(
+        &state, req, op, &method, &raw_path, &headers, query, &bucket, &key,
+    )
+    .await;
     let mut response = match outcome {
         Ok(r) => r,
         Err(Outcome::Drop) => {
@@ -215,7 +313,11 @@ pub async fn handle(state: Arc<State>, req: Request<Incoming>) -> Result<Respons
             return Err(std::io::Error::other("injected connection reset"));
         }
         Err(Outcome::Error(e)) => {
-            let body = if method == Method::HEAD { ResponseBody::empty() } else { ResponseBody::full(e.to_xml(&raw_path, &request_id)) };
+            let body = if method == Method::HEAD {
+                ResponseBody::empty()
+            } else {
+                ResponseBody::full(e.to_xml(&raw_path, &request_id))
+            };
             let mut r = respond(e.status.as_u16(), body);
             if method != Method::HEAD {
                 set_header(&mut r, "content-type", "application/xml");
@@ -227,18 +329,26 @@ pub async fn handle(state: Arc<State>, req: Request<Incoming>) -> Result<Respons
         tokio::time::sleep(state.config.ttfb).await;
     }
     let status = response.status().as_u16();
-    let bytes_out = http_body::Body::size_hint(response.body()).exact().unwrap_or(0);
+    let bytes_out = http_body::Body::size_hint(response.body())
+        .exact()
+        .unwrap_or(0);
     let bytes_in = headers
         .get("x-amz-decoded-content-length")
         .or_else(|| headers.get("content-length"))
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse().ok())
         .unwrap_or(0);
-    state.store.record(&bucket, op, status >= 400, bytes_in, bytes_out);
+    state
+        .store
+        .record(&bucket, op, status >= 400, bytes_in, bytes_out);
     set_header(&mut response, "x-amz-request-id", &request_id);
     set_header(&mut response, "x-amz-id-2", &request_id);
     set_header(&mut response, "server", "expressfs-emulator");
-    set_header(&mut response, "date", &crate::xml::http_date(SystemTime::now()));
+    set_header(
+        &mut response,
+        "date",
+        &crate::xml::http_date(SystemTime::now()),
+    );
     if state.config.log_requests {
         tracing::info!(%method, path = %raw_path, query = %raw_query, op, status, ms = started.elapsed().as_millis() as u64, "request");
     }
@@ -284,12 +394,27 @@ async fn run(
         return Err(S3Error::access_denied("This session was created ReadOnly").into());
     }
 
-    let fault = state.faults.lock().unwrap_or_else(|e| e.into_inner()).pick(op);
+    let fault = state
+        .faults
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .pick(op);
     let mut body_fault = BodyFault::None;
     match fault {
-        Some(Fault::InternalError) => return Err(S3Error::new(500, "InternalError", "We encountered an internal error. Please try again.").into()),
-        Some(Fault::SlowDown) => return Err(S3Error::new(503, "SlowDown", "Please reduce your request rate.").into()),
-        Some(Fault::ExpiredToken) => return Err(S3Error::new(400, "ExpiredToken", "The provided token has expired.").into()),
+        Some(Fault::InternalError) => {
+            return Err(S3Error::new(
+                500,
+                "InternalError",
+                "We encountered an internal error. Please try again.",
+            )
+            .into());
+        }
+        Some(Fault::SlowDown) => {
+            return Err(S3Error::new(503, "SlowDown", "Please reduce your request rate.").into());
+        }
+        Some(Fault::ExpiredToken) => {
+            return Err(S3Error::new(400, "ExpiredToken", "The provided token has expired.").into());
+        }
         Some(Fault::ResetBeforeBody) => return Err(Outcome::Drop),
         Some(Fault::LatencySpike) => tokio::time::sleep(Duration::from_millis(1500)).await,
         Some(Fault::ResetMidBody) if op == "GetObject" => body_fault = BodyFault::ResetMidBody,
@@ -316,7 +441,9 @@ async fn run(
         "DeleteBucket" => crate::buckets::delete_bucket(state, &ctx),
         "GetBucketLocation" => crate::buckets::location(state, &ctx),
         "ListObjectsV2" => crate::listing::list_objects_v2(state, &ctx),
-        "ListObjects" => Err(S3Error::not_implemented("ListObjects (v1); use ListObjectsV2")),
+        "ListObjects" => Err(S3Error::not_implemented(
+            "ListObjects (v1); use ListObjectsV2",
+        )),
         "ListMultipartUploads" => crate::multipart::list_uploads(state, &ctx),
         "DeleteObjects" => crate::objects::delete_objects(state, &ctx, body).await,
         "GetObject" | "HeadObject" => crate::objects::get_object(state, &ctx),
@@ -342,7 +469,11 @@ pub async fn small_body(ctx: &Ctx, body: Incoming, limit: usize) -> Result<Bytes
         .await
         .map_err(|e| S3Error::new(400, "MalformedXML", format!("request body: {e}")))?
         .to_bytes();
-    if chunked { crate::body::decode_chunked(&collected).map(Bytes::from) } else { Ok(collected) }
+    if chunked {
+        crate::body::decode_chunked(&collected).map(Bytes::from)
+    } else {
+        Ok(collected)
+    }
 }
 
 async fn admin(state: &State, req: Request<Incoming>) -> Response<ResponseBody> {
@@ -362,14 +493,22 @@ async fn admin(state: &State, req: Request<Incoming>) -> Response<ResponseBody> 
         }
         ("GET", "/_emulator/faults") => {
             let faults = state.faults.lock().unwrap_or_else(|e| e.into_inner());
-            json(200, serde_json::to_string(faults.config()).unwrap_or_default())
+            json(
+                200,
+                serde_json::to_string(faults.config()).unwrap_or_default(),
+            )
         }
         ("POST", "/_emulator/faults") => {
-            let body = match http_body_util::Limited::new(req.into_body(), 64 * 1024).collect().await {
+            let body = match http_body_util::Limited::new(req.into_body(), 64 * 1024)
+                .collect()
+                .await
+            {
                 Ok(b) => b.to_bytes(),
                 Err(e) => return json(400, format!("{{\"error\":{:?}}}", e.to_string())),
             };
-            let parsed = serde_json::from_slice::<crate::FaultConfig>(&body).map_err(|e| e.to_string()).and_then(Faults::new);
+            let parsed = serde_json::from_slice::<crate::FaultConfig>(&body)
+                .map_err(|e| e.to_string())
+                .and_then(Faults::new);
             match parsed {
                 Ok(f) => {
                     *state.faults.lock().unwrap_or_else(|e| e.into_inner()) = f;
@@ -379,7 +518,11 @@ async fn admin(state: &State, req: Request<Incoming>) -> Response<ResponseBody> 
             }
         }
         ("GET", "/_emulator/uploads") => {
-            let bucket = query.iter().find(|(k, _)| k == "bucket").map(|(_, v)| v.as_str()).unwrap_or("");
+            let bucket = query
+                .iter()
+                .find(|(k, _)| k == "bucket")
+                .map(|(_, v)| v.as_str())
+                .unwrap_or("");
             let buckets = state.store.buckets();
             match buckets.get(bucket) {
                 Some(b) => {

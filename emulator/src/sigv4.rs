@@ -11,7 +11,11 @@ use sha2::{Digest, Sha256};
 type HmacSha256 = Hmac<Sha256>;
 
 /// Characters SigV4 leaves unescaped: `A-Z a-z 0-9 - _ . ~`.
-const SIGV4_ESCAPE: &AsciiSet = &NON_ALPHANUMERIC.remove(b'-').remove(b'_').remove(b'.').remove(b'~');
+const SIGV4_ESCAPE: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'_')
+    .remove(b'.')
+    .remove(b'~');
 
 /// What a request claims about its signer, parsed from `Authorization` or the `X-Amz-*` query parameters.
 #[derive(Debug, Clone)]
@@ -37,20 +41,37 @@ pub enum AuthParseError {
 }
 
 /// Pulls the signing claims out of the request.
-pub fn parse(headers: &HeaderMap, query: &[(String, String)]) -> Result<SignedRequest, AuthParseError> {
+pub fn parse(
+    headers: &HeaderMap,
+    query: &[(String, String)],
+) -> Result<SignedRequest, AuthParseError> {
     if let Some(auth) = headers.get("authorization") {
-        let auth = auth.to_str().map_err(|_| AuthParseError::Malformed("non-ASCII Authorization".into()))?;
+        let auth = auth
+            .to_str()
+            .map_err(|_| AuthParseError::Malformed("non-ASCII Authorization".into()))?;
         return parse_header(auth, headers);
     }
-    let q = |name: &str| query.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone());
+    let q = |name: &str| {
+        query
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.clone())
+    };
     if q("X-Amz-Algorithm").is_some() {
         let algorithm = q("X-Amz-Algorithm").unwrap_or_default();
         if algorithm != "AWS4-HMAC-SHA256" {
-            return Err(AuthParseError::Malformed(format!("unsupported algorithm {algorithm}")));
+            return Err(AuthParseError::Malformed(format!(
+                "unsupported algorithm {algorithm}"
+            )));
         }
-        let credential = q("X-Amz-Credential").ok_or_else(|| AuthParseError::Malformed("no X-Amz-Credential".into()))?;
+        let credential = q("X-Amz-Credential")
+            .ok_or_else(|| AuthParseError::Malformed("no X-Amz-Credential".into()))?;
         let (access_key, date, region, service) = split_credential(&credential)?;
-        let signed_headers = q("X-Amz-SignedHeaders").unwrap_or_default().split(';').map(str::to_string).collect();
+        let signed_headers = q("X-Amz-SignedHeaders")
+            .unwrap_or_default()
+            .split(';')
+            .map(str::to_string)
+            .collect();
         return Ok(SignedRequest {
             access_key,
             date,
@@ -83,13 +104,23 @@ fn parse_header(auth: &str, headers: &HeaderMap) -> Result<SignedRequest, AuthPa
         }
     }
     let (Some(credential), Some(signed), Some(signature)) = (credential, signed, signature) else {
-        return Err(AuthParseError::Malformed("Authorization lacks Credential, SignedHeaders or Signature".into()));
+        return Err(AuthParseError::Malformed(
+            "Authorization lacks Credential, SignedHeaders or Signature".into(),
+        ));
     };
     let (access_key, date, region, service) = split_credential(credential)?;
-    let header = |n: &str| headers.get(n).and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
+    let header = |n: &str| {
+        headers
+            .get(n)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_string()
+    };
     let payload_hash = header("x-amz-content-sha256");
     if payload_hash.is_empty() {
-        return Err(AuthParseError::Malformed("missing required header x-amz-content-sha256".into()));
+        return Err(AuthParseError::Malformed(
+            "missing required header x-amz-content-sha256".into(),
+        ));
     }
     Ok(SignedRequest {
         access_key,
@@ -108,9 +139,16 @@ fn parse_header(auth: &str, headers: &HeaderMap) -> Result<SignedRequest, AuthPa
 fn split_credential(credential: &str) -> Result<(String, String, String, String), AuthParseError> {
     let parts: Vec<&str> = credential.split('/').collect();
     if parts.len() != 5 || parts[4] != "aws4_request" {
-        return Err(AuthParseError::Malformed(format!("malformed credential scope {credential:?}")));
+        return Err(AuthParseError::Malformed(format!(
+            "malformed credential scope {credential:?}"
+        )));
     }
-    Ok((parts[0].into(), parts[1].into(), parts[2].into(), parts[3].into()))
+    Ok((
+        parts[0].into(),
+        parts[1].into(),
+        parts[2].into(),
+        parts[3].into(),
+    ))
 }
 
 /// Splits a raw query string into decoded pairs, in order.
@@ -129,17 +167,31 @@ fn canonical_query(query: &[(String, String)]) -> String {
     let mut pairs: Vec<(String, String)> = query
         .iter()
         .filter(|(k, _)| k != "X-Amz-Signature")
-        .map(|(k, v)| (utf8_percent_encode(k, SIGV4_ESCAPE).to_string(), utf8_percent_encode(v, SIGV4_ESCAPE).to_string()))
+        .map(|(k, v)| {
+            (
+                utf8_percent_encode(k, SIGV4_ESCAPE).to_string(),
+                utf8_percent_encode(v, SIGV4_ESCAPE).to_string(),
+            )
+        })
         .collect();
     pairs.sort();
-    pairs.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join("&")
+    pairs
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join("&")
 }
 
 fn canonical_header_value(headers: &HeaderMap, name: &str) -> String {
     headers
         .get_all(name)
         .iter()
-        .map(|v| String::from_utf8_lossy(v.as_bytes()).split_whitespace().collect::<Vec<_>>().join(" "))
+        .map(|v| {
+            String::from_utf8_lossy(v.as_bytes())
+                .split_whitespace()
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
         .collect::<Vec<_>>()
         .join(",")
 }
@@ -171,7 +223,10 @@ pub fn expected_signature(
     canonical.push('\n');
     canonical.push_str(&signed.payload_hash);
 
-    let scope = format!("{}/{}/{}/aws4_request", signed.date, signed.region, signed.service);
+    let scope = format!(
+        "{}/{}/{}/aws4_request",
+        signed.date, signed.region, signed.service
+    );
     let string_to_sign = format!(
         "AWS4-HMAC-SHA256\n{}\n{}\n{}",
         signed.amz_date,
@@ -197,13 +252,19 @@ fn signing_key(secret: &str, date: &str, region: &str, service: &str) -> Vec<u8>
 
 /// Constant-time comparison, so the emulator does not teach timing attacks by example.
 pub fn signatures_equal(a: &str, b: &str) -> bool {
-    a.len() == b.len() && a.bytes().zip(b.bytes()).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    a.len() == b.len()
+        && a.bytes()
+            .zip(b.bytes())
+            .fold(0u8, |acc, (x, y)| acc | (x ^ y))
+            == 0
 }
 
 /// Parses `x-amz-date` (`YYYYMMDDTHHMMSSZ`) to seconds since the epoch.
 pub fn parse_amz_date(value: &str) -> Option<i64> {
     let format = time::macros::format_description!("[year][month][day]T[hour][minute][second]Z");
-    time::PrimitiveDateTime::parse(value, format).ok().map(|t| t.assume_utc().unix_timestamp())
+    time::PrimitiveDateTime::parse(value, format)
+        .ok()
+        .map(|t| t.assume_utc().unix_timestamp())
 }
 
 #[cfg(test)]
@@ -218,7 +279,9 @@ mod tests {
         headers.insert("range", "bytes=0-9".parse().unwrap());
         headers.insert(
             "x-amz-content-sha256",
-            "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855".parse().unwrap(),
+            "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+                .parse()
+                .unwrap(),
         );
         headers.insert("x-amz-date", "20130524T000000Z".parse().unwrap());
         let signed = SignedRequest {
@@ -226,7 +289,12 @@ mod tests {
             date: "20130524".into(),
             region: "us-east-1".into(),
             service: "s3".into(),
-            signed_headers: vec!["host".into(), "range".into(), "x-amz-content-sha256".into(), "x-amz-date".into()],
+            signed_headers: vec![
+                "host".into(),
+                "range".into(),
+                "x-amz-content-sha256".into(),
+                "x-amz-date".into(),
+            ],
             signature: String::new(),
             amz_date: "20130524T000000Z".into(),
             payload_hash: "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855".into(),
@@ -241,13 +309,19 @@ mod tests {
             &[],
             &headers,
         );
-        assert_eq!(sig, "f0e8bdb87c964420e857bd35b5d6ed310bd44f0170aba48dd91039c6036bdb41");
+        assert_eq!(
+            sig,
+            "f0e8bdb87c964420e857bd35b5d6ed310bd44f0170aba48dd91039c6036bdb41"
+        );
     }
 
     #[test]
     fn query_is_sorted_and_reencoded() {
         let q = parse_query("prefix=a%20b%2F&list-type=2&delimiter=%2F&session");
-        assert_eq!(canonical_query(&q), "delimiter=%2F&list-type=2&prefix=a%20b%2F&session=");
+        assert_eq!(
+            canonical_query(&q),
+            "delimiter=%2F&list-type=2&prefix=a%20b%2F&session="
+        );
     }
 
     #[test]

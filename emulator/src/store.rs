@@ -21,7 +21,10 @@ pub fn validate_bucket_name(name: &str) -> Result<(), String> {
     if name.len() < 3 || name.len() > 63 {
         return Err("bucket names must be 3 to 63 characters long".into());
     }
-    if !name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.') {
+    if !name
+        .bytes()
+        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+    {
         return Err("bucket names may contain only lowercase letters, digits, '-' and '.'".into());
     }
     let first = name.as_bytes()[0];
@@ -37,7 +40,8 @@ pub fn validate_bucket_name(name: &str) -> Result<(), String> {
     }
     if is_directory_bucket_name(name) {
         let parts: Vec<&str> = name.trim_end_matches("--x-s3").split("--").collect();
-        if parts.len() != 2 || parts[0].is_empty() || parts[1].is_empty() || parts[0].contains('.') {
+        if parts.len() != 2 || parts[0].is_empty() || parts[1].is_empty() || parts[0].contains('.')
+        {
             return Err("directory bucket names look like base-name--usw2-az1--x-s3".into());
         }
     }
@@ -89,7 +93,9 @@ pub struct Bucket {
 impl Bucket {
     /// Position of `key` in a directory bucket's listing order.
     pub fn order_of(&self, key: &str) -> u64 {
-        let mut h = std::hash::BuildHasherDefault::<std::collections::hash_map::DefaultHasher>::default().build_hasher();
+        let mut h =
+            std::hash::BuildHasherDefault::<std::collections::hash_map::DefaultHasher>::default()
+                .build_hasher();
         h.write_u64(self.order_salt);
         h.write(key.as_bytes());
         h.finish()
@@ -149,10 +155,20 @@ impl Store {
     }
 
     pub fn create_bucket(&self, name: &str) -> Result<(), S3Error> {
-        validate_bucket_name(name).map_err(|m| S3Error::new(400, "InvalidBucketName", format!("The specified bucket is not valid: {m}")))?;
+        validate_bucket_name(name).map_err(|m| {
+            S3Error::new(
+                400,
+                "InvalidBucketName",
+                format!("The specified bucket is not valid: {m}"),
+            )
+        })?;
         let mut buckets = self.buckets();
         if buckets.contains_key(name) {
-            return Err(S3Error::new(409, "BucketAlreadyOwnedByYou", "Your previous request to create the named bucket succeeded and you already own it."));
+            return Err(S3Error::new(
+                409,
+                "BucketAlreadyOwnedByYou",
+                "Your previous request to create the named bucket succeeded and you already own it.",
+            ));
         }
         let dir = self.root.join(name);
         std::fs::create_dir_all(&dir).map_err(S3Error::internal)?;
@@ -175,7 +191,11 @@ impl Store {
         let mut buckets = self.buckets();
         let bucket = buckets.get(name).ok_or_else(S3Error::no_such_bucket)?;
         if !bucket.objects.is_empty() || !bucket.uploads.is_empty() {
-            return Err(S3Error::new(409, "BucketNotEmpty", "The bucket you tried to delete is not empty"));
+            return Err(S3Error::new(
+                409,
+                "BucketNotEmpty",
+                "The bucket you tried to delete is not empty",
+            ));
         }
         let dir = bucket.dir.clone();
         buckets.remove(name);
@@ -192,7 +212,11 @@ impl Store {
 
     pub fn record(&self, bucket: &str, op: &str, error: bool, bytes_in: u64, bytes_out: u64) {
         let mut stats = self.stats.lock().unwrap_or_else(|e| e.into_inner());
-        let s = stats.entry(bucket.to_string()).or_default().entry(op.to_string()).or_default();
+        let s = stats
+            .entry(bucket.to_string())
+            .or_default()
+            .entry(op.to_string())
+            .or_default();
         s.requests += 1;
         s.errors += u64::from(error);
         s.bytes_in += bytes_in;

@@ -24,7 +24,15 @@ pub struct CompletedPart {
 
 /// Parses `<CompleteMultipartUpload><Part><PartNumber/><ETag/>...</Part>...</CompleteMultipartUpload>`.
 pub fn parse_complete(body: &[u8]) -> Result<Vec<CompletedPart>, S3Error> {
-    let malformed = |why: String| S3Error::new(400, "MalformedXML", format!("The XML you provided was not well-formed or did not validate against our published schema: {why}"));
+    let malformed = |why: String| {
+        S3Error::new(
+            400,
+            "MalformedXML",
+            format!(
+                "The XML you provided was not well-formed or did not validate against our published schema: {why}"
+            ),
+        )
+    };
     let mut reader = Reader::from_reader(body);
     reader.config_mut().trim_text(true);
     let mut parts = Vec::new();
@@ -52,7 +60,9 @@ pub fn parse_complete(body: &[u8]) -> Result<Vec<CompletedPart>, S3Error> {
             Ok(Event::GeneralRef(r)) => {
                 // quick-xml reports entity references (`&quot;` in ETags) as their own events.
                 let name = r.decode().map_err(|e| malformed(e.to_string()))?;
-                let resolved = quick_xml::escape::unescape(&format!("&{name};")).map_err(|e| malformed(e.to_string()))?.into_owned();
+                let resolved = quick_xml::escape::unescape(&format!("&{name};"))
+                    .map_err(|e| malformed(e.to_string()))?
+                    .into_owned();
                 text_buf.push_str(&resolved);
             }
             Ok(Event::End(e)) => {
@@ -60,17 +70,23 @@ pub fn parse_complete(body: &[u8]) -> Result<Vec<CompletedPart>, S3Error> {
                 if let Some(part) = &mut current {
                     match element.as_str() {
                         "PartNumber" => {
-                            part.part_number = text.trim().parse().map_err(|_| malformed(format!("PartNumber {text:?}")))?
+                            part.part_number = text
+                                .trim()
+                                .parse()
+                                .map_err(|_| malformed(format!("PartNumber {text:?}")))?
                         }
                         "ETag" => part.etag = text.trim().to_string(),
-                        other if other.starts_with("Checksum") => {
-                            part.checksums.push((other["Checksum".len()..].to_ascii_lowercase(), text.trim().to_string()))
-                        }
+                        other if other.starts_with("Checksum") => part.checksums.push((
+                            other["Checksum".len()..].to_ascii_lowercase(),
+                            text.trim().to_string(),
+                        )),
                         _ => {}
                     }
                 }
                 if e.local_name().as_ref() == b"Part" {
-                    let part = current.take().ok_or_else(|| malformed("stray </Part>".into()))?;
+                    let part = current
+                        .take()
+                        .ok_or_else(|| malformed("stray </Part>".into()))?;
                     if part.part_number == 0 || part.etag.is_empty() {
                         return Err(malformed("a Part needs PartNumber and ETag".into()));
                     }
@@ -107,7 +123,9 @@ pub fn el(out: &mut String, name: &str, value: &str) {
 /// RFC 3339 with milliseconds, as S3 writes timestamps in XML.
 pub fn iso8601(t: std::time::SystemTime) -> String {
     let t = time::OffsetDateTime::from(t);
-    let format = time::macros::format_description!("[year]-[month]-[day]T[hour]:[minute]:[second].[subsecond digits:3]Z");
+    let format = time::macros::format_description!(
+        "[year]-[month]-[day]T[hour]:[minute]:[second].[subsecond digits:3]Z"
+    );
     t.format(format).unwrap_or_default()
 }
 
@@ -124,7 +142,9 @@ pub fn parse_http_date(s: &str) -> Option<std::time::SystemTime> {
     let format = time::macros::format_description!(
         "[weekday repr:short], [day] [month repr:short] [year] [hour]:[minute]:[second] GMT"
     );
-    time::PrimitiveDateTime::parse(s.trim(), format).ok().map(|t| t.assume_utc().into())
+    time::PrimitiveDateTime::parse(s.trim(), format)
+        .ok()
+        .map(|t| t.assume_utc().into())
 }
 
 #[cfg(test)]
@@ -140,7 +160,10 @@ mod tests {
         assert_eq!(parts.len(), 2);
         assert_eq!(parts[0].part_number, 1);
         assert_eq!(parts[0].etag, "\"a\"b\"");
-        assert_eq!(parts[0].checksums, vec![("crc32c".to_string(), "AAAAAA==".to_string())]);
+        assert_eq!(
+            parts[0].checksums,
+            vec![("crc32c".to_string(), "AAAAAA==".to_string())]
+        );
         assert_eq!(parts[1].etag, "\"c\"");
     }
 

@@ -47,8 +47,13 @@ impl FsError {
     pub fn client(key: &str, source: ClientError) -> FsError {
         match source {
             ClientError::NotFound { .. } => FsError::NotFound,
-            ClientError::PreconditionFailed { .. } => FsError::ObjectChanged { key: key.to_string() },
-            source => FsError::Client { key: key.to_string(), source },
+            ClientError::PreconditionFailed { .. } => FsError::ObjectChanged {
+                key: key.to_string(),
+            },
+            source => FsError::Client {
+                key: key.to_string(),
+                source,
+            },
         }
     }
 }

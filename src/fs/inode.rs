@@ -25,7 +25,11 @@ pub struct Stat {
 
 impl Stat {
     pub fn directory() -> Stat {
-        Stat { size: 0, mtime: SystemTime::now(), etag: None }
+        Stat {
+            size: 0,
+            mtime: SystemTime::now(),
+            etag: None,
+        }
     }
 }
 
@@ -74,7 +78,11 @@ impl InodeTable {
             local: false,
             writers: 0,
         };
-        InodeTable { nodes: HashMap::from([(ROOT_INO, root)]), children: HashMap::new(), next: ROOT_INO + 1 }
+        InodeTable {
+            nodes: HashMap::from([(ROOT_INO, root)]),
+            children: HashMap::new(),
+            next: ROOT_INO + 1,
+        }
     }
 
     pub fn get(&self, ino: u64) -> Option<&Node> {
@@ -86,11 +94,20 @@ impl InodeTable {
     }
 
     pub fn child(&self, parent: u64, name: &str) -> Option<&Node> {
-        self.children.get(&(parent, name.to_string())).and_then(|ino| self.nodes.get(ino))
+        self.children
+            .get(&(parent, name.to_string()))
+            .and_then(|ino| self.nodes.get(ino))
     }
 
     /// Records that `parent/name` exists with `kind` and `stat`; returns its inode number.
-    pub fn upsert(&mut self, parent: u64, name: &str, kind: Kind, stat: Stat, expires: Instant) -> u64 {
+    pub fn upsert(
+        &mut self,
+        parent: u64,
+        name: &str,
+        kind: Kind,
+        stat: Stat,
+        expires: Instant,
+    ) -> u64 {
         let slot = (parent, name.to_string());
         if let Some(&ino) = self.children.get(&slot) {
             if let Some(node) = self.nodes.get_mut(&ino) {
@@ -106,7 +123,11 @@ impl InodeTable {
             }
             self.detach(parent, name);
         }
-        let parent_key = self.nodes.get(&parent).map(|p| p.key.clone()).unwrap_or_default();
+        let parent_key = self
+            .nodes
+            .get(&parent)
+            .map(|p| p.key.clone())
+            .unwrap_or_default();
         let key = match kind {
             Kind::File => format!("{parent_key}{name}"),
             Kind::Directory => format!("{parent_key}{name}/"),
@@ -115,7 +136,18 @@ impl InodeTable {
         self.next += 1;
         self.nodes.insert(
             ino,
-            Node { ino, parent, name: name.to_string(), kind, key, stat, expires, lookups: 0, local: false, writers: 0 },
+            Node {
+                ino,
+                parent,
+                name: name.to_string(),
+                kind,
+                key,
+                stat,
+                expires,
+                lookups: 0,
+                local: false,
+                writers: 0,
+            },
         );
         self.children.insert(slot, ino);
         ino
@@ -124,7 +156,11 @@ impl InodeTable {
     /// Forgets the name `parent/name` (the node lives on while the kernel still references it).
     pub fn detach(&mut self, parent: u64, name: &str) -> Option<u64> {
         let ino = self.children.remove(&(parent, name.to_string()))?;
-        if self.nodes.get(&ino).is_some_and(|n| n.lookups == 0 && n.writers == 0) {
+        if self
+            .nodes
+            .get(&ino)
+            .is_some_and(|n| n.lookups == 0 && n.writers == 0)
+        {
             self.nodes.remove(&ino);
         }
         Some(ino)
@@ -141,7 +177,9 @@ impl InodeTable {
         if ino == ROOT_INO {
             return;
         }
-        let Some(node) = self.nodes.get_mut(&ino) else { return };
+        let Some(node) = self.nodes.get_mut(&ino) else {
+            return;
+        };
         node.lookups = node.lookups.saturating_sub(n);
         if node.lookups == 0 && node.writers == 0 {
             let slot = (node.parent, node.name.clone());
@@ -175,9 +213,15 @@ impl InodeTable {
 
     /// Moves the name `parent/name` to `new_parent/new_name`, replacing what was there.
     pub fn rename(&mut self, parent: u64, name: &str, new_parent: u64, new_name: &str) {
-        let Some(ino) = self.children.remove(&(parent, name.to_string())) else { return };
+        let Some(ino) = self.children.remove(&(parent, name.to_string())) else {
+            return;
+        };
         self.detach(new_parent, new_name);
-        let parent_key = self.nodes.get(&new_parent).map(|p| p.key.clone()).unwrap_or_default();
+        let parent_key = self
+            .nodes
+            .get(&new_parent)
+            .map(|p| p.key.clone())
+            .unwrap_or_default();
         if let Some(n) = self.nodes.get_mut(&ino) {
             n.parent = new_parent;
             n.name = new_name.to_string();
@@ -186,7 +230,8 @@ impl InodeTable {
                 Kind::Directory => format!("{parent_key}{new_name}/"),
             };
         }
-        self.children.insert((new_parent, new_name.to_string()), ino);
+        self.children
+            .insert((new_parent, new_name.to_string()), ino);
     }
 
     pub fn len(&self) -> usize {
@@ -212,7 +257,10 @@ mod tests {
         let mut t = InodeTable::new("pre/");
         let a = t.upsert(ROOT_INO, "a", Kind::File, Stat::directory(), later());
         assert_eq!(t.get(a).unwrap().key, "pre/a");
-        assert_eq!(t.upsert(ROOT_INO, "a", Kind::File, Stat::directory(), later()), a);
+        assert_eq!(
+            t.upsert(ROOT_INO, "a", Kind::File, Stat::directory(), later()),
+            a
+        );
         let d = t.upsert(ROOT_INO, "a", Kind::Directory, Stat::directory(), later());
         assert_ne!(d, a);
         assert_eq!(t.get(d).unwrap().key, "pre/a/");

@@ -121,7 +121,10 @@ enum Handle {
         /// Whether this handle still counts as a writer of its node (until its upload is done).
         counted: std::sync::atomic::AtomicBool,
     },
-    Dir { entries: Mutex<Option<Arc<Vec<DirEntry>>>>, ino: u64 },
+    Dir {
+        entries: Mutex<Option<Arc<Vec<DirEntry>>>>,
+        ino: u64,
+    },
 }
 
 pub struct S3Filesystem {
@@ -165,7 +168,15 @@ impl S3Filesystem {
             Kind::File => (FileKind::File, self.config.file_mode),
             Kind::Directory => (FileKind::Directory, self.config.dir_mode),
         };
-        Attr { ino: node.ino, kind, size: node.stat.size, mtime: node.stat.mtime, perm, uid: self.config.uid, gid: self.config.gid }
+        Attr {
+            ino: node.ino,
+            kind,
+            size: node.stat.size,
+            mtime: node.stat.mtime,
+            perm,
+            uid: self.config.uid,
+            gid: self.config.gid,
+        }
     }
 
     fn expiry(&self) -> Instant {
@@ -181,12 +192,20 @@ impl S3Filesystem {
     }
 
     fn handle(&self, fh: u64) -> FsResult<Arc<Handle>> {
-        self.handles.lock().unwrap_or_else(|e| e.into_inner()).get(&fh).cloned().ok_or(FsError::BadHandle)
+        self.handles
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&fh)
+            .cloned()
+            .ok_or(FsError::BadHandle)
     }
 
     fn add_handle(&self, handle: Handle) -> u64 {
         let fh = self.next_handle.fetch_add(1, Ordering::Relaxed);
-        self.handles.lock().unwrap_or_else(|e| e.into_inner()).insert(fh, Arc::new(handle));
+        self.handles
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(fh, Arc::new(handle));
         fh
     }
 
@@ -205,13 +224,23 @@ impl S3Filesystem {
     async fn resolve(&self, parent: &inode::Node, name: &str) -> FsResult<Option<(Kind, Stat)>> {
         let key = format!("{}{name}", parent.key);
         let dir_prefix = format!("{key}/");
-        let (head, list) = tokio::join!(self.client.head_object(&key), self.client.list_objects(&dir_prefix, Some("/"), None, 1));
+        let (head, list) = tokio::join!(
+            self.client.head_object(&key),
+            self.client.list_objects(&dir_prefix, Some("/"), None, 1)
+        );
         let list = list.map_err(|e| FsError::client(&dir_prefix, e))?;
         if !list.objects.is_empty() || !list.common_prefixes.is_empty() {
             return Ok(Some((Kind::Directory, Stat::directory())));
         }
         match head {
-            Ok(info) => Ok(Some((Kind::File, Stat { size: info.size, mtime: info.last_modified, etag: Some(info.etag) }))),
+            Ok(info) => Ok(Some((
+                Kind::File,
+                Stat {
+                    size: info.size,
+                    mtime: info.last_modified,
+                    etag: Some(info.etag),
+                },
+            ))),
             Err(e) => match FsError::client(&key, e) {
                 FsError::NotFound => Ok(None),
                 other => Err(other),
@@ -234,7 +263,11 @@ impl S3Filesystem {
                 }
             }
         }
-        if self.negative().get(&(parent, name.to_string())).is_some_and(|until| *until > now) {
+        if self
+            .negative()
+            .get(&(parent, name.to_string()))
+            .is_some_and(|until| *until > now)
+        {
             return Err(FsError::NotFound);
         }
         match self.resolve(&parent_node, name).await? {
@@ -246,7 +279,10 @@ impl S3Filesystem {
             }
             None => {
                 let mut table = self.table();
-                let local = table.child(parent, name).filter(|n| n.local || n.writers > 0).map(|n| n.ino);
+                let local = table
+                    .child(parent, name)
+                    .filter(|n| n.local || n.writers > 0)
+                    .map(|n| n.ino);
                 if let Some(ino) = local {
                     table.add_lookup(ino);
                     return Ok(self.attr_of(table.get(ino).expect("present")));
@@ -254,7 +290,10 @@ impl S3Filesystem {
                 table.detach(parent, name);
                 drop(table);
                 if !self.config.negative_metadata_ttl.is_zero() {
-                    self.negative().insert((parent, name.to_string()), now + self.config.negative_metadata_ttl);
+                    self.negative().insert(
+                        (parent, name.to_string()),
+                        now + self.config.negative_metadata_ttl,
+                    );
                 }
                 Err(FsError::NotFound)
             }
@@ -275,7 +314,11 @@ impl S3Filesystem {
                 let mut table = self.table();
                 let expires = self.expiry();
                 let n = table.get_mut(ino).ok_or(FsError::NotFound)?;
-                n.stat = Stat { size: info.size, mtime: info.last_modified, etag: Some(info.etag) };
+                n.stat = Stat {
+                    size: info.size,
+                    mtime: info.last_modified,
+                    etag: Some(info.etag),
+                };
                 n.expires = expires;
                 Ok(self.attr_of(n))
             }
@@ -306,7 +349,9 @@ impl S3Filesystem {
                 _ => {
                     let current = self.getattr(ino).await?;
                     if current.size != size {
-                        return Err(FsError::NotPermitted("truncate of a file that is not open for writing"));
+                        return Err(FsError::NotPermitted(
+                            "truncate of a file that is not open for writing",
+                        ));
                     }
                 }
             }
@@ -325,7 +370,10 @@ impl S3Filesystem {
 
     pub fn opendir(&self, ino: u64) -> FsResult<u64> {
         self.dir_node(ino)?;
-        Ok(self.add_handle(Handle::Dir { entries: Mutex::new(None), ino }))
+        Ok(self.add_handle(Handle::Dir {
+            entries: Mutex::new(None),
+            ino,
+        }))
     }
 
     /// Lists the whole directory (all pages) once per handle; entries are merged without assuming any order,
@@ -340,17 +388,28 @@ impl S3Filesystem {
                 .await
                 .map_err(|e| FsError::client(&dir.key, e))?;
             for prefix in &page.common_prefixes {
-                let Some(name) = prefix.strip_prefix(dir.key.as_str()).and_then(|p| p.strip_suffix('/')) else { continue };
+                let Some(name) = prefix
+                    .strip_prefix(dir.key.as_str())
+                    .and_then(|p| p.strip_suffix('/'))
+                else {
+                    continue;
+                };
                 if names::is_valid_name(name) {
                     found.insert(name.to_string(), (Kind::Directory, Stat::directory()));
                 }
             }
             for object in page.objects {
-                let Some(name) = object.key.strip_prefix(dir.key.as_str()) else { continue };
+                let Some(name) = object.key.strip_prefix(dir.key.as_str()) else {
+                    continue;
+                };
                 if !names::is_valid_name(name) {
                     continue;
                 }
-                let stat = Stat { size: object.size, mtime: object.last_modified, etag: Some(object.etag) };
+                let stat = Stat {
+                    size: object.size,
+                    mtime: object.last_modified,
+                    etag: Some(object.etag),
+                };
                 found.entry(name.to_string()).or_insert((Kind::File, stat));
             }
             match page.next_continuation_token {
@@ -361,17 +420,34 @@ impl S3Filesystem {
         let expires = self.expiry();
         let mut table = self.table();
         let mut entries = Vec::with_capacity(found.len() + 2);
-        entries.push(DirEntry { ino: dir.ino, kind: FileKind::Directory, name: ".".into() });
-        entries.push(DirEntry { ino: dir.parent, kind: FileKind::Directory, name: "..".into() });
+        entries.push(DirEntry {
+            ino: dir.ino,
+            kind: FileKind::Directory,
+            name: ".".into(),
+        });
+        entries.push(DirEntry {
+            ino: dir.parent,
+            kind: FileKind::Directory,
+            name: "..".into(),
+        });
         for (name, (kind, stat)) in found {
             let ino = table.upsert(dir.ino, &name, kind, stat, expires);
-            let kind = if kind == Kind::File { FileKind::File } else { FileKind::Directory };
+            let kind = if kind == Kind::File {
+                FileKind::File
+            } else {
+                FileKind::Directory
+            };
             entries.push(DirEntry { ino, kind, name });
         }
-        let listed: std::collections::HashSet<String> = entries.iter().map(|e| e.name.clone()).collect();
+        let listed: std::collections::HashSet<String> =
+            entries.iter().map(|e| e.name.clone()).collect();
         for (name, ino, kind) in table.local_children(dir.ino) {
             if !listed.contains(&name) {
-                let kind = if kind == Kind::File { FileKind::File } else { FileKind::Directory };
+                let kind = if kind == Kind::File {
+                    FileKind::File
+                } else {
+                    FileKind::Directory
+                };
                 entries.push(DirEntry { ino, kind, name });
             }
         }
@@ -381,18 +457,27 @@ impl S3Filesystem {
     /// Entries from index `offset` on (offsets are positions in this handle's snapshot).
     pub async fn readdir(&self, fh: u64, offset: u64) -> FsResult<Arc<Vec<DirEntry>>> {
         let handle = self.handle(fh)?;
-        let Handle::Dir { entries, ino } = handle.as_ref() else { return Err(FsError::BadHandle) };
+        let Handle::Dir { entries, ino } = handle.as_ref() else {
+            return Err(FsError::BadHandle);
+        };
         if offset == 0 || entries.lock().unwrap_or_else(|e| e.into_inner()).is_none() {
             let dir = self.dir_node(*ino)?;
             let listed = Arc::new(self.list_dir(&dir).await?);
             *entries.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::clone(&listed));
             return Ok(listed);
         }
-        Ok(entries.lock().unwrap_or_else(|e| e.into_inner()).clone().unwrap_or_default())
+        Ok(entries
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+            .unwrap_or_default())
     }
 
     fn release_handle(&self, fh: u64) -> Option<Arc<Handle>> {
-        self.handles.lock().unwrap_or_else(|e| e.into_inner()).remove(&fh)
+        self.handles
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&fh)
     }
 
     pub async fn open(&self, ino: u64, mode: OpenMode, pid: u32) -> FsResult<u64> {
@@ -401,7 +486,9 @@ impl S3Filesystem {
             return Err(FsError::IsADirectory);
         }
         if node.writers > 0 {
-            return Err(FsError::Busy("the file is being written; open it after close"));
+            return Err(FsError::Busy(
+                "the file is being written; open it after close",
+            ));
         }
         if mode.write {
             if self.config.read_only {
@@ -417,15 +504,30 @@ impl S3Filesystem {
         let (size, etag) = if attr_fresh {
             (node.stat.size, node.stat.etag.clone().unwrap_or_default())
         } else {
-            let info = self.client.head_object(&node.key).await.map_err(|e| FsError::client(&node.key, e))?;
+            let info = self
+                .client
+                .head_object(&node.key)
+                .await
+                .map_err(|e| FsError::client(&node.key, e))?;
             let expires = self.expiry();
             if let Some(n) = self.table().get_mut(ino) {
-                n.stat = Stat { size: info.size, mtime: info.last_modified, etag: Some(info.etag.clone()) };
+                n.stat = Stat {
+                    size: info.size,
+                    mtime: info.last_modified,
+                    etag: Some(info.etag.clone()),
+                };
                 n.expires = expires;
             }
             (info.size, info.etag)
         };
-        let reader = Reader::new(Arc::clone(&self.client), node.key.clone(), etag, size, self.config.read_part_size, self.config.max_prefetch);
+        let reader = Reader::new(
+            Arc::clone(&self.client),
+            node.key.clone(),
+            etag,
+            size,
+            self.config.read_part_size,
+            self.config.max_prefetch,
+        );
         Ok(self.add_handle(Handle::Read(AsyncMutex::new(reader))))
     }
 
@@ -447,15 +549,35 @@ impl S3Filesystem {
         Ok(())
     }
 
-    async fn open_existing_for_write(&self, node: &inode::Node, mode: OpenMode, pid: u32) -> FsResult<u64> {
+    async fn open_existing_for_write(
+        &self,
+        node: &inode::Node,
+        mode: OpenMode,
+        pid: u32,
+    ) -> FsResult<u64> {
         let writer = if mode.truncate {
             if !self.config.allow_overwrite {
-                return Err(FsError::NotPermitted("overwriting an object needs --allow-overwrite"));
+                return Err(FsError::NotPermitted(
+                    "overwriting an object needs --allow-overwrite",
+                ));
             }
-            Writer::new(Arc::clone(&self.client), node.key.clone(), self.writer_options(WriteCondition::None))
+            Writer::new(
+                Arc::clone(&self.client),
+                node.key.clone(),
+                self.writer_options(WriteCondition::None),
+            )
         } else if self.config.incremental_upload && self.client.is_directory_bucket() {
-            let info = self.client.head_object(&node.key).await.map_err(|e| FsError::client(&node.key, e))?;
-            Writer::append(Arc::clone(&self.client), node.key.clone(), info.size, self.writer_options(WriteCondition::None))
+            let info = self
+                .client
+                .head_object(&node.key)
+                .await
+                .map_err(|e| FsError::client(&node.key, e))?;
+            Writer::append(
+                Arc::clone(&self.client),
+                node.key.clone(),
+                info.size,
+                self.writer_options(WriteCondition::None),
+            )
         } else {
             return Err(FsError::NotPermitted(
                 "existing objects can only be replaced (O_TRUNC with --allow-overwrite) or appended to (--incremental-upload on a directory bucket)",
@@ -470,7 +592,12 @@ impl S3Filesystem {
                 n.stat.size = size;
             }
         }
-        Ok(self.add_handle(Handle::Write { ino: node.ino, writer: AsyncMutex::new(writer), opener: tgid_of(pid), counted: true.into() }))
+        Ok(self.add_handle(Handle::Write {
+            ino: node.ino,
+            writer: AsyncMutex::new(writer),
+            opener: tgid_of(pid),
+            counted: true.into(),
+        }))
     }
 
     /// Creates a new file, open for writing. Fails if the name exists (unless overwriting is allowed).
@@ -494,10 +621,18 @@ impl S3Filesystem {
         };
         self.reserve_writer()?;
         let key = format!("{}{name}", parent_node.key);
-        let writer = Writer::new(Arc::clone(&self.client), key, self.writer_options(condition));
+        let writer = Writer::new(
+            Arc::clone(&self.client),
+            key,
+            self.writer_options(condition),
+        );
         let attr = {
             let mut table = self.table();
-            let stat = Stat { size: 0, mtime: SystemTime::now(), etag: None };
+            let stat = Stat {
+                size: 0,
+                mtime: SystemTime::now(),
+                etag: None,
+            };
             let ino = table.upsert(parent, name, Kind::File, stat, self.expiry());
             table.add_lookup(ino);
             let node = table.get_mut(ino).expect("just inserted");
@@ -507,7 +642,12 @@ impl S3Filesystem {
             self.attr_of(node)
         };
         self.negative().remove(&(parent, name.to_string()));
-        let fh = self.add_handle(Handle::Write { ino: attr.ino, writer: AsyncMutex::new(writer), opener: tgid_of(pid), counted: true.into() });
+        let fh = self.add_handle(Handle::Write {
+            ino: attr.ino,
+            writer: AsyncMutex::new(writer),
+            opener: tgid_of(pid),
+            counted: true.into(),
+        });
         Ok((attr, fh))
     }
 
@@ -515,14 +655,18 @@ impl S3Filesystem {
         let handle = self.handle(fh)?;
         match handle.as_ref() {
             Handle::Read(reader) => reader.lock().await.read(offset, size).await,
-            Handle::Write { .. } => Err(FsError::Busy("reading a file while writing it is not supported")),
+            Handle::Write { .. } => Err(FsError::Busy(
+                "reading a file while writing it is not supported",
+            )),
             Handle::Dir { .. } => Err(FsError::IsADirectory),
         }
     }
 
     pub async fn write(&self, fh: u64, offset: u64, data: &[u8]) -> FsResult<u32> {
         let handle = self.handle(fh)?;
-        let Handle::Write { ino, writer, .. } = handle.as_ref() else { return Err(FsError::BadHandle) };
+        let Handle::Write { ino, writer, .. } = handle.as_ref() else {
+            return Err(FsError::BadHandle);
+        };
         let mut w = writer.lock().await;
         let n = w.write(offset, data).await?;
         let size = w.size();
@@ -536,7 +680,15 @@ impl S3Filesystem {
     /// fsync: everything written is durable in the bucket when this returns Ok.
     pub async fn fsync(&self, fh: u64) -> FsResult<()> {
         let handle = self.handle(fh)?;
-        let Handle::Write { ino, writer, counted, .. } = handle.as_ref() else { return Ok(()) };
+        let Handle::Write {
+            ino,
+            writer,
+            counted,
+            ..
+        } = handle.as_ref()
+        else {
+            return Ok(());
+        };
         let mut w = writer.lock().await;
         let result = w.commit().await?;
         let mut table = self.table();
@@ -544,7 +696,11 @@ impl S3Filesystem {
         if let Some(node) = table.get_mut(*ino) {
             if let Some(put) = result {
                 node.local = false;
-                node.stat = Stat { size: w.size(), mtime: SystemTime::now(), etag: Some(put.etag) };
+                node.stat = Stat {
+                    size: w.size(),
+                    mtime: SystemTime::now(),
+                    etag: Some(put.etag),
+                };
                 node.expires = expires;
             }
             // A finished (sealed) upload no longer makes the file busy for readers, rename or unlink.
@@ -560,9 +716,16 @@ impl S3Filesystem {
     /// from another process (an inherited copy closed after fork) are ignored.
     pub async fn flush(&self, fh: u64, pid: u32) -> FsResult<()> {
         let handle = self.handle(fh)?;
-        if let Handle::Write { opener: Some(opener), .. } = handle.as_ref() {
+        if let Handle::Write {
+            opener: Some(opener),
+            ..
+        } = handle.as_ref()
+        {
             if tgid_of(pid).is_some_and(|t| t != *opener) {
-                debug!(fh, pid, "flush from another process: not a close of the writer");
+                debug!(
+                    fh,
+                    pid, "flush from another process: not a close of the writer"
+                );
                 return Ok(());
             }
         }
@@ -570,8 +733,18 @@ impl S3Filesystem {
     }
 
     pub async fn release(&self, fh: u64) -> FsResult<()> {
-        let Some(handle) = self.release_handle(fh) else { return Ok(()) };
-        let Handle::Write { ino, writer, counted, .. } = handle.as_ref() else { return Ok(()) };
+        let Some(handle) = self.release_handle(fh) else {
+            return Ok(());
+        };
+        let Handle::Write {
+            ino,
+            writer,
+            counted,
+            ..
+        } = handle.as_ref()
+        else {
+            return Ok(());
+        };
         let mut w = writer.lock().await;
         let result = w.commit().await;
         if result.is_err() {
@@ -602,11 +775,22 @@ impl S3Filesystem {
         }
         Self::check_name(name)?;
         let parent_node = self.dir_node(parent)?;
-        if self.table().child(parent, name).is_some_and(|n| n.local || n.writers > 0) || self.resolve(&parent_node, name).await?.is_some() {
+        if self
+            .table()
+            .child(parent, name)
+            .is_some_and(|n| n.local || n.writers > 0)
+            || self.resolve(&parent_node, name).await?.is_some()
+        {
             return Err(FsError::Exists);
         }
         let mut table = self.table();
-        let ino = table.upsert(parent, name, Kind::Directory, Stat::directory(), self.expiry());
+        let ino = table.upsert(
+            parent,
+            name,
+            Kind::Directory,
+            Stat::directory(),
+            self.expiry(),
+        );
         table.add_lookup(ino);
         let node = table.get_mut(ino).expect("just inserted");
         node.local = true;
@@ -632,7 +816,11 @@ impl S3Filesystem {
                 return Err(FsError::NotEmpty);
             }
         }
-        let page = self.client.list_objects(&prefix, Some("/"), None, 1).await.map_err(|e| FsError::client(&prefix, e))?;
+        let page = self
+            .client
+            .list_objects(&prefix, Some("/"), None, 1)
+            .await
+            .map_err(|e| FsError::client(&prefix, e))?;
         if !page.objects.is_empty() || !page.common_prefixes.is_empty() {
             return Err(FsError::NotEmpty);
         }
@@ -648,7 +836,9 @@ impl S3Filesystem {
             return Err(FsError::ReadOnly);
         }
         if !self.config.allow_delete {
-            return Err(FsError::NotPermitted("deleting objects needs --allow-delete"));
+            return Err(FsError::NotPermitted(
+                "deleting objects needs --allow-delete",
+            ));
         }
         let parent_node = self.dir_node(parent)?;
         let existing = self.table().child(parent, name).cloned();
@@ -656,7 +846,11 @@ impl S3Filesystem {
             Some(n) => n,
             None => {
                 self.lookup(parent, name).await?;
-                let n = self.table().child(parent, name).cloned().ok_or(FsError::NotFound)?;
+                let n = self
+                    .table()
+                    .child(parent, name)
+                    .cloned()
+                    .ok_or(FsError::NotFound)?;
                 self.table().forget(n.ino, 1);
                 n
             }
@@ -668,7 +862,10 @@ impl S3Filesystem {
             return Err(FsError::Busy("the file is being written"));
         }
         let key = format!("{}{name}", parent_node.key);
-        self.client.delete_object(&key).await.map_err(|e| FsError::client(&key, e))?;
+        self.client
+            .delete_object(&key)
+            .await
+            .map_err(|e| FsError::client(&key, e))?;
         debug!(key, "deleted");
         self.table().detach(parent, name);
         Ok(())
@@ -676,7 +873,14 @@ impl S3Filesystem {
 
     /// rename(2): files on directory buckets use RenameObject (atomic). Anything else is EXDEV, so `mv`
     /// falls back to copy and delete.
-    pub async fn rename(&self, parent: u64, name: &str, new_parent: u64, new_name: &str, no_replace: bool) -> FsResult<()> {
+    pub async fn rename(
+        &self,
+        parent: u64,
+        name: &str,
+        new_parent: u64,
+        new_name: &str,
+        no_replace: bool,
+    ) -> FsResult<()> {
         if self.config.read_only {
             return Err(FsError::ReadOnly);
         }
@@ -684,7 +888,9 @@ impl S3Filesystem {
         let from_dir = self.dir_node(parent)?;
         let to_dir = self.dir_node(new_parent)?;
         if !self.client.is_directory_bucket() {
-            return Err(FsError::CrossDevice("rename needs RenameObject, which only directory buckets have"));
+            return Err(FsError::CrossDevice(
+                "rename needs RenameObject, which only directory buckets have",
+            ));
         }
         let existing = self.table().child(parent, name).cloned();
         let node = match existing {
@@ -702,12 +908,18 @@ impl S3Filesystem {
                     local: false,
                     writers: 0,
                 },
-                Some((Kind::Directory, _)) => return Err(FsError::CrossDevice("directories cannot be renamed atomically")),
+                Some((Kind::Directory, _)) => {
+                    return Err(FsError::CrossDevice(
+                        "directories cannot be renamed atomically",
+                    ));
+                }
                 None => return Err(FsError::NotFound),
             },
         };
         if node.kind == Kind::Directory {
-            return Err(FsError::CrossDevice("directories cannot be renamed atomically"));
+            return Err(FsError::CrossDevice(
+                "directories cannot be renamed atomically",
+            ));
         }
         if node.writers > 0 || node.local {
             return Err(FsError::Busy("the file is being written"));
@@ -718,7 +930,9 @@ impl S3Filesystem {
             Some((Kind::Directory, _)) => return Err(FsError::IsADirectory),
             Some((Kind::File, _)) if no_replace => return Err(FsError::Exists),
             Some((Kind::File, _)) if !self.config.allow_overwrite => {
-                return Err(FsError::NotPermitted("replacing an object needs --allow-overwrite"));
+                return Err(FsError::NotPermitted(
+                    "replacing an object needs --allow-overwrite",
+                ));
             }
             _ if no_replace || !self.config.allow_overwrite => WriteCondition::IfNoneMatch,
             _ => WriteCondition::None,
@@ -757,7 +971,10 @@ fn tgid_of(pid: u32) -> Option<u32> {
         return None;
     }
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    status.lines().find_map(|l| l.strip_prefix("Tgid:")).and_then(|v| v.trim().parse().ok())
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Tgid:"))
+        .and_then(|v| v.trim().parse().ok())
 }
 
 #[cfg(test)]
@@ -765,10 +982,16 @@ mod tests {
     use super::*;
     use crate::s3::fake::FakeClient;
 
-    async fn fs_with(keys: &[(&str, &[u8])], config: FsConfig, directory: bool) -> (Arc<FakeClient>, S3Filesystem) {
+    async fn fs_with(
+        keys: &[(&str, &[u8])],
+        config: FsConfig,
+        directory: bool,
+    ) -> (Arc<FakeClient>, S3Filesystem) {
         let fake = Arc::new(FakeClient::new("b", directory));
         for (k, v) in keys {
-            fake.put_object(k, Bytes::copy_from_slice(v), WriteCondition::None).await.unwrap();
+            fake.put_object(k, Bytes::copy_from_slice(v), WriteCondition::None)
+                .await
+                .unwrap();
         }
         let client: Arc<dyn ObjectClient> = fake.clone();
         (fake, S3Filesystem::new(client, config))
@@ -780,19 +1003,45 @@ mod tests {
 
     #[tokio::test]
     async fn lookup_prefers_directories_and_lists_without_duplicates() {
-        let (_, fs) = fs_with(&[("a", b"file"), ("a/x", b"1"), ("b", b"22"), ("c//d", b"bad"), ("dir/", b"")], config(), true).await;
+        let (_, fs) = fs_with(
+            &[
+                ("a", b"file"),
+                ("a/x", b"1"),
+                ("b", b"22"),
+                ("c//d", b"bad"),
+                ("dir/", b""),
+            ],
+            config(),
+            true,
+        )
+        .await;
         let a = fs.lookup(ROOT_INO, "a").await.unwrap();
         assert_eq!(a.kind, FileKind::Directory);
         let b = fs.lookup(ROOT_INO, "b").await.unwrap();
         assert_eq!((b.kind, b.size), (FileKind::File, 2));
-        assert!(matches!(fs.lookup(ROOT_INO, "nope").await, Err(FsError::NotFound)));
+        assert!(matches!(
+            fs.lookup(ROOT_INO, "nope").await,
+            Err(FsError::NotFound)
+        ));
         let fh = fs.opendir(ROOT_INO).unwrap();
-        let mut names: Vec<String> = fs.readdir(fh, 0).await.unwrap().iter().map(|e| e.name.clone()).collect();
+        let mut names: Vec<String> = fs
+            .readdir(fh, 0)
+            .await
+            .unwrap()
+            .iter()
+            .map(|e| e.name.clone())
+            .collect();
         names.sort();
         assert_eq!(names, vec![".", "..", "a", "b", "c", "dir"]);
         let c = fs.lookup(ROOT_INO, "c").await.unwrap();
         let fh = fs.opendir(c.ino).unwrap();
-        let inside: Vec<String> = fs.readdir(fh, 0).await.unwrap().iter().map(|e| e.name.clone()).collect();
+        let inside: Vec<String> = fs
+            .readdir(fh, 0)
+            .await
+            .unwrap()
+            .iter()
+            .map(|e| e.name.clone())
+            .collect();
         assert_eq!(inside, vec![".", ".."], "empty path component hidden");
     }
 
@@ -806,18 +1055,41 @@ mod tests {
         fs.flush(fh, 0).await.unwrap();
         fs.release(fh).await.unwrap();
         assert_eq!(&fake.object("new.bin").unwrap()[..], b"hello world");
-        let rh = fs.open(attr.ino, OpenMode { read: true, ..Default::default() }, 0).await.unwrap();
+        let rh = fs
+            .open(
+                attr.ino,
+                OpenMode {
+                    read: true,
+                    ..Default::default()
+                },
+                0,
+            )
+            .await
+            .unwrap();
         assert_eq!(&fs.read(rh, 0, 100).await.unwrap()[..], b"hello world");
     }
 
     #[tokio::test]
     async fn overwrite_and_delete_need_their_flags() {
         let (_, fs) = fs_with(&[("k", b"v")], config(), true).await;
-        assert!(matches!(fs.create(ROOT_INO, "k", 0).await, Err(FsError::Exists)));
+        assert!(matches!(
+            fs.create(ROOT_INO, "k", 0).await,
+            Err(FsError::Exists)
+        ));
         let a = fs.lookup(ROOT_INO, "k").await.unwrap();
-        let trunc = OpenMode { write: true, truncate: true, ..Default::default() };
-        assert!(matches!(fs.open(a.ino, trunc, 0).await, Err(FsError::NotPermitted(_))));
-        assert!(matches!(fs.unlink(ROOT_INO, "k").await, Err(FsError::NotPermitted(_))));
+        let trunc = OpenMode {
+            write: true,
+            truncate: true,
+            ..Default::default()
+        };
+        assert!(matches!(
+            fs.open(a.ino, trunc, 0).await,
+            Err(FsError::NotPermitted(_))
+        ));
+        assert!(matches!(
+            fs.unlink(ROOT_INO, "k").await,
+            Err(FsError::NotPermitted(_))
+        ));
 
         let mut c = config();
         c.allow_overwrite = true;
@@ -839,9 +1111,15 @@ mod tests {
         fs.rename(ROOT_INO, "a", d.ino, "b", false).await.unwrap();
         assert_eq!(&fake.object("d/b").unwrap()[..], b"1");
         assert!(fake.object("a").is_none());
-        assert!(matches!(fs.rename(d.ino, "b", d.ino, "x", false).await, Err(FsError::NotPermitted(_))));
+        assert!(matches!(
+            fs.rename(d.ino, "b", d.ino, "x", false).await,
+            Err(FsError::NotPermitted(_))
+        ));
         let (_, general) = fs_with(&[("a", b"1")], config(), false).await;
-        assert!(matches!(general.rename(ROOT_INO, "a", ROOT_INO, "b", false).await, Err(FsError::CrossDevice(_))));
+        assert!(matches!(
+            general.rename(ROOT_INO, "a", ROOT_INO, "b", false).await,
+            Err(FsError::CrossDevice(_))
+        ));
     }
 
     #[tokio::test]
@@ -851,11 +1129,20 @@ mod tests {
         assert_eq!(fs.lookup(ROOT_INO, "m").await.unwrap().ino, m.ino);
         fs.rmdir(ROOT_INO, "m").await.unwrap();
         fs.lookup(ROOT_INO, "full").await.unwrap();
-        assert!(matches!(fs.rmdir(ROOT_INO, "full").await, Err(FsError::NotEmpty)));
+        assert!(matches!(
+            fs.rmdir(ROOT_INO, "full").await,
+            Err(FsError::NotEmpty)
+        ));
         let mut c = config();
         c.read_only = true;
         let (_, ro) = fs_with(&[], c, true).await;
-        assert!(matches!(ro.create(ROOT_INO, "x", 0).await, Err(FsError::ReadOnly)));
-        assert!(matches!(ro.mkdir(ROOT_INO, "x").await, Err(FsError::ReadOnly)));
+        assert!(matches!(
+            ro.create(ROOT_INO, "x", 0).await,
+            Err(FsError::ReadOnly)
+        ));
+        assert!(matches!(
+            ro.mkdir(ROOT_INO, "x").await,
+            Err(FsError::ReadOnly)
+        ));
     }
 }

@@ -5,7 +5,11 @@ pub const NAME_MAX: usize = 255;
 
 /// True if `name` can be a directory entry: not empty, not `.`/`..`, no `/` or NUL, at most 255 bytes.
 pub fn is_valid_name(name: &str) -> bool {
-    !name.is_empty() && name != "." && name != ".." && name.len() <= NAME_MAX && !name.contains(['/', '\0'])
+    !name.is_empty()
+        && name != "."
+        && name != ".."
+        && name.len() <= NAME_MAX
+        && !name.contains(['/', '\0'])
 }
 
 #[cfg(test)]

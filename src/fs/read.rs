@@ -53,7 +53,14 @@ pub struct Reader {
 }
 
 impl Reader {
-    pub fn new(client: Arc<dyn ObjectClient>, key: String, etag: String, size: u64, part_size: u64, max_window: u64) -> Reader {
+    pub fn new(
+        client: Arc<dyn ObjectClient>,
+        key: String,
+        etag: String,
+        size: u64,
+        part_size: u64,
+        max_window: u64,
+    ) -> Reader {
         let part_size = part_size.max(64 * 1024);
         Reader {
             client,
@@ -74,9 +81,14 @@ impl Reader {
         let client = Arc::clone(&self.client);
         let key = self.key.clone();
         let etag = self.etag.clone();
-        let task = tokio::spawn(async move { client.get_object(&key, start..end, Some(&etag)).await });
+        let task =
+            tokio::spawn(async move { client.get_object(&key, start..end, Some(&etag)).await });
         self.bytes_fetched += end - start;
-        self.chunks.push_back(Chunk { start, end, data: ChunkData::Pending(task) });
+        self.chunks.push_back(Chunk {
+            start,
+            end,
+            data: ChunkData::Pending(task),
+        });
         self.next_fetch = end;
     }
 
@@ -85,7 +97,8 @@ impl Reader {
             return Ok(Bytes::new());
         }
         let end = (offset + len as u64).min(self.size);
-        let covered = self.chunks.front().is_some_and(|c| c.start <= offset) && offset < self.next_fetch;
+        let covered =
+            self.chunks.front().is_some_and(|c| c.start <= offset) && offset < self.next_fetch;
         let sequential = offset == self.last_end || covered;
         if !sequential {
             self.chunks.clear();
@@ -117,13 +130,20 @@ impl Reader {
                 continue;
             }
             if let ChunkData::Pending(task) = &mut chunk.data {
-                let result = task.await.map_err(|e| FsError::Io(format!("{}: fetch task failed: {e}", self.key)))?;
+                let result = task
+                    .await
+                    .map_err(|e| FsError::Io(format!("{}: fetch task failed: {e}", self.key)))?;
                 chunk.data = ChunkData::Ready(result.map_err(|e| FsError::client(&self.key, e))?);
             }
-            let ChunkData::Ready(data) = &chunk.data else { unreachable!() };
+            let ChunkData::Ready(data) = &chunk.data else {
+                unreachable!()
+            };
             if data.len() as u64 != chunk.end - chunk.start {
                 // The client never returns short bodies; if it did, wrong bytes would follow.
-                return Err(FsError::Io(format!("{}: short read from the bucket", self.key)));
+                return Err(FsError::Io(format!(
+                    "{}: short read from the bucket",
+                    self.key
+                )));
             }
             let from = (offset.max(chunk.start) - chunk.start) as usize;
             let to = (end.min(chunk.end) - chunk.start) as usize;
@@ -144,7 +164,11 @@ impl Reader {
             None => single.unwrap_or_default(),
         };
         if data.len() as u64 != end - offset {
-            return Err(FsError::Io(format!("{}: read of {offset}..{end} assembled {} bytes", self.key, data.len())));
+            return Err(FsError::Io(format!(
+                "{}: read of {offset}..{end} assembled {} bytes",
+                self.key,
+                data.len()
+            )));
         }
         if sequential {
             self.window = (self.window * 2).min(self.max_window);
@@ -157,8 +181,8 @@ impl Reader {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::s3::fake::FakeClient;
     use crate::s3::WriteCondition;
+    use crate::s3::fake::FakeClient;
 
     fn pattern(len: usize) -> Vec<u8> {
         (0..len).map(|i| (i * 7 % 251) as u8).collect()
@@ -168,8 +192,18 @@ mod tests {
     async fn sequential_and_random_reads_return_the_right_bytes() {
         let fake = Arc::new(FakeClient::new("b", true));
         let data = pattern(3 * 1024 * 1024 + 17);
-        let put = fake.put_object("k", Bytes::from(data.clone()), WriteCondition::None).await.unwrap();
-        let mut r = Reader::new(fake.clone(), "k".into(), put.etag, data.len() as u64, 256 * 1024, 1024 * 1024);
+        let put = fake
+            .put_object("k", Bytes::from(data.clone()), WriteCondition::None)
+            .await
+            .unwrap();
+        let mut r = Reader::new(
+            fake.clone(),
+            "k".into(),
+            put.etag,
+            data.len() as u64,
+            256 * 1024,
+            1024 * 1024,
+        );
         let mut pos = 0u64;
         while pos < data.len() as u64 {
             let got = r.read(pos, 128 * 1024).await.unwrap();
@@ -177,7 +211,12 @@ mod tests {
             assert!(!got.is_empty());
             pos += got.len() as u64;
         }
-        for (off, len) in [(5u64, 10u32), (3_000_000, 200_000), (17, 1), (3 * 1024 * 1024, 100)] {
+        for (off, len) in [
+            (5u64, 10u32),
+            (3_000_000, 200_000),
+            (17, 1),
+            (3 * 1024 * 1024, 100),
+        ] {
             let got = r.read(off, len).await.unwrap();
             let end = (off as usize + len as usize).min(data.len());
             assert_eq!(&got[..], &data[off as usize..end]);
@@ -188,9 +227,17 @@ mod tests {
     #[tokio::test]
     async fn a_replaced_object_is_an_error_not_new_bytes() {
         let fake = Arc::new(FakeClient::new("b", true));
-        let put = fake.put_object("k", Bytes::from(pattern(1000)), WriteCondition::None).await.unwrap();
-        fake.put_object("k", Bytes::from(vec![1u8; 1000]), WriteCondition::None).await.unwrap();
+        let put = fake
+            .put_object("k", Bytes::from(pattern(1000)), WriteCondition::None)
+            .await
+            .unwrap();
+        fake.put_object("k", Bytes::from(vec![1u8; 1000]), WriteCondition::None)
+            .await
+            .unwrap();
         let mut r = Reader::new(fake, "k".into(), put.etag, 1000, 256 * 1024, 1024 * 1024);
-        assert!(matches!(r.read(0, 100).await, Err(FsError::ObjectChanged { .. })));
+        assert!(matches!(
+            r.read(0, 100).await,
+            Err(FsError::ObjectChanged { .. })
+        ));
     }
 }

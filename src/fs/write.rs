@@ -85,7 +85,12 @@ impl Writer {
     }
 
     /// Appends to an existing object of `size` bytes (directory buckets).
-    pub fn append(client: Arc<dyn ObjectClient>, key: String, size: u64, options: WriterOptions) -> Writer {
+    pub fn append(
+        client: Arc<dyn ObjectClient>,
+        key: String,
+        size: u64,
+        options: WriterOptions,
+    ) -> Writer {
         let mut w = Writer::new(client, key, options);
         w.mode = Mode::Append { offset: size };
         w.size = size;
@@ -108,13 +113,20 @@ impl Writer {
             return Err(e.clone());
         }
         if self.sealed {
-            return Err(FsError::InvalidArgument(format!("{}: already uploaded at fsync; reopen to write again", self.key)));
+            return Err(FsError::InvalidArgument(format!(
+                "{}: already uploaded at fsync; reopen to write again",
+                self.key
+            )));
         }
         if let Mode::Staged { file, size } = &mut self.mode {
-            file.write_all_at(data, offset).map_err(|e| FsError::Io(format!("staging file: {e}")))?;
+            file.write_all_at(data, offset)
+                .map_err(|e| FsError::Io(format!("staging file: {e}")))?;
             *size = (*size).max(offset + data.len() as u64);
             if *size > self.staging_limit {
-                let e = FsError::InvalidArgument(format!("{}: staged file exceeds the staging limit", self.key));
+                let e = FsError::InvalidArgument(format!(
+                    "{}: staged file exceeds the staging limit",
+                    self.key
+                ));
                 return Err(self.fail(e));
             }
             self.size = *size;
@@ -146,13 +158,19 @@ impl Writer {
             _ => None,
         };
         if let Some(why) = why {
-            let e = FsError::InvalidArgument(format!("{}: write at {offset} but the file ends at {}: {why}", self.key, self.size));
+            let e = FsError::InvalidArgument(format!(
+                "{}: write at {offset} but the file ends at {}: {why}",
+                self.key, self.size
+            ));
             return Err(self.fail(e));
         }
         let dir = self.staging_dir.clone().expect("checked above");
-        let file = tempfile::tempfile_in(&dir).map_err(|e| FsError::Io(format!("staging file in {}: {e}", dir.display())))?;
-        file.write_all_at(&self.buffer, 0).map_err(|e| FsError::Io(format!("staging file: {e}")))?;
-        file.write_all_at(data, offset).map_err(|e| FsError::Io(format!("staging file: {e}")))?;
+        let file = tempfile::tempfile_in(&dir)
+            .map_err(|e| FsError::Io(format!("staging file in {}: {e}", dir.display())))?;
+        file.write_all_at(&self.buffer, 0)
+            .map_err(|e| FsError::Io(format!("staging file: {e}")))?;
+        file.write_all_at(data, offset)
+            .map_err(|e| FsError::Io(format!("staging file: {e}")))?;
         let size = self.size.max(offset + data.len() as u64);
         debug!(key = %self.key, offset, "out-of-order write: staging the file locally");
         self.buffer = BytesMut::new();
@@ -165,22 +183,41 @@ impl Writer {
     async fn send_part(&mut self, part: Bytes) -> FsResult<()> {
         if let Mode::Append { offset } = self.mode {
             let len = part.len() as u64;
-            self.client.append_object(&self.key, offset, part, WriteCondition::None).await.map_err(|e| FsError::client(&self.key, e))?;
-            self.mode = Mode::Append { offset: offset + len };
+            self.client
+                .append_object(&self.key, offset, part, WriteCondition::None)
+                .await
+                .map_err(|e| FsError::client(&self.key, e))?;
+            self.mode = Mode::Append {
+                offset: offset + len,
+            };
             return Ok(());
         }
         if self.multipart.is_none() {
-            let id = self.client.create_multipart_upload(&self.key).await.map_err(|e| FsError::client(&self.key, e))?;
-            self.multipart = Some(Multipart { id, next_part: 1, done: Vec::new(), in_flight: VecDeque::new() });
+            let id = self
+                .client
+                .create_multipart_upload(&self.key)
+                .await
+                .map_err(|e| FsError::client(&self.key, e))?;
+            self.multipart = Some(Multipart {
+                id,
+                next_part: 1,
+                done: Vec::new(),
+                in_flight: VecDeque::new(),
+            });
         }
         let mp = self.multipart.as_mut().expect("just set");
         let number = mp.next_part;
         mp.next_part += 1;
         let (client, key, id) = (Arc::clone(&self.client), self.key.clone(), mp.id.clone());
-        mp.in_flight.push_back(tokio::spawn(async move { client.upload_part(&key, &id, number, part).await }));
+        mp.in_flight.push_back(tokio::spawn(async move {
+            client.upload_part(&key, &id, number, part).await
+        }));
         while mp.in_flight.len() > MAX_PARTS_IN_FLIGHT {
             let task = mp.in_flight.pop_front().expect("non-empty");
-            let part = task.await.map_err(|e| FsError::Io(format!("part upload task: {e}")))?.map_err(|e| FsError::client(&self.key, e))?;
+            let part = task
+                .await
+                .map_err(|e| FsError::Io(format!("part upload task: {e}")))?
+                .map_err(|e| FsError::client(&self.key, e))?;
             mp.done.push(part);
         }
         Ok(())
@@ -218,7 +255,10 @@ impl Writer {
             Mode::Append { offset } => {
                 let body = self.buffer.split().freeze();
                 let len = body.len() as u64;
-                let r = client.append_object(&key, *offset, body, WriteCondition::None).await.map_err(err)?;
+                let r = client
+                    .append_object(&key, *offset, body, WriteCondition::None)
+                    .await
+                    .map_err(err)?;
                 *offset += len;
                 Ok(r)
             }
@@ -226,22 +266,34 @@ impl Writer {
                 // Staged files are bounded by the staging limit; upload them as one object or in parts.
                 let size = *size;
                 let mut file = file.try_clone().map_err(|e| FsError::Io(e.to_string()))?;
-                file.seek(SeekFrom::Start(0)).map_err(|e| FsError::Io(e.to_string()))?;
+                file.seek(SeekFrom::Start(0))
+                    .map_err(|e| FsError::Io(e.to_string()))?;
                 let part_size = self.part_size;
                 if size <= part_size as u64 {
                     let mut data = Vec::with_capacity(size as usize);
-                    file.read_to_end(&mut data).map_err(|e| FsError::Io(e.to_string()))?;
-                    return client.put_object(&key, Bytes::from(data), self.condition.clone()).await.map_err(err);
+                    file.read_to_end(&mut data)
+                        .map_err(|e| FsError::Io(e.to_string()))?;
+                    return client
+                        .put_object(&key, Bytes::from(data), self.condition.clone())
+                        .await
+                        .map_err(err);
                 }
                 let id = client.create_multipart_upload(&key).await.map_err(err)?;
-                self.multipart = Some(Multipart { id: id.clone(), next_part: 1, done: Vec::new(), in_flight: VecDeque::new() });
+                self.multipart = Some(Multipart {
+                    id: id.clone(),
+                    next_part: 1,
+                    done: Vec::new(),
+                    in_flight: VecDeque::new(),
+                });
                 let mut parts = Vec::new();
                 let mut number = 1;
                 loop {
                     let mut chunk = vec![0u8; part_size];
                     let mut filled = 0;
                     while filled < part_size {
-                        let n = file.read(&mut chunk[filled..]).map_err(|e| FsError::Io(e.to_string()))?;
+                        let n = file
+                            .read(&mut chunk[filled..])
+                            .map_err(|e| FsError::Io(e.to_string()))?;
                         if n == 0 {
                             break;
                         }
@@ -251,17 +303,28 @@ impl Writer {
                         break;
                     }
                     chunk.truncate(filled);
-                    parts.push(client.upload_part(&key, &id, number, Bytes::from(chunk)).await.map_err(err)?);
+                    parts.push(
+                        client
+                            .upload_part(&key, &id, number, Bytes::from(chunk))
+                            .await
+                            .map_err(err)?,
+                    );
                     number += 1;
                 }
-                let r = client.complete_multipart_upload(&key, &id, parts, self.condition.clone()).await.map_err(err)?;
+                let r = client
+                    .complete_multipart_upload(&key, &id, parts, self.condition.clone())
+                    .await
+                    .map_err(err)?;
                 self.multipart = None;
                 Ok(r)
             }
             Mode::Stream => {
                 let Some(mut mp) = self.multipart.take() else {
                     let body = self.buffer.split().freeze();
-                    return client.put_object(&key, body, self.condition.clone()).await.map_err(err);
+                    return client
+                        .put_object(&key, body, self.condition.clone())
+                        .await
+                        .map_err(err);
                 };
                 let rest = self.buffer.split().freeze();
                 if !rest.is_empty() {
@@ -290,7 +353,9 @@ impl Writer {
                 }
                 mp.done.sort_by_key(|p| p.part_number);
                 let id = mp.id.clone();
-                let result = client.complete_multipart_upload(&key, &id, mp.done.clone(), self.condition.clone()).await;
+                let result = client
+                    .complete_multipart_upload(&key, &id, mp.done.clone(), self.condition.clone())
+                    .await;
                 if result.is_err() {
                     self.multipart = Some(mp);
                 }
@@ -327,7 +392,9 @@ impl Writer {
             self.size = size;
             return Ok(());
         }
-        Err(FsError::NotPermitted("truncate of a file being streamed to the bucket"))
+        Err(FsError::NotPermitted(
+            "truncate of a file being streamed to the bucket",
+        ))
     }
 
     pub fn is_sealed(&self) -> bool {
@@ -352,7 +419,12 @@ mod tests {
     use crate::s3::fake::FakeClient;
 
     fn opts(staging: Option<PathBuf>) -> WriterOptions {
-        WriterOptions { part_size: 5 * 1024 * 1024, condition: WriteCondition::IfNoneMatch, staging_dir: staging, staging_limit: 64 << 20 }
+        WriterOptions {
+            part_size: 5 * 1024 * 1024,
+            condition: WriteCondition::IfNoneMatch,
+            staging_dir: staging,
+            staging_limit: 64 << 20,
+        }
     }
 
     #[tokio::test]
@@ -368,7 +440,10 @@ mod tests {
         w.commit().await.unwrap();
         assert_eq!(fake.object("k").unwrap(), data);
         assert_eq!(fake.open_uploads(), 0);
-        assert!(w.write(w.size(), b"x").await.is_err(), "sealed after commit");
+        assert!(
+            w.write(w.size(), b"x").await.is_err(),
+            "sealed after commit"
+        );
     }
 
     #[tokio::test]
@@ -387,7 +462,10 @@ mod tests {
         let fake = Arc::new(FakeClient::new("b", true));
         let mut w = Writer::new(fake.clone(), "z".into(), opts(None));
         w.write(0, b"abc").await.unwrap();
-        assert!(matches!(w.write(10, b"x").await, Err(FsError::InvalidArgument(_))));
+        assert!(matches!(
+            w.write(10, b"x").await,
+            Err(FsError::InvalidArgument(_))
+        ));
         assert!(w.commit().await.is_err());
         assert!(fake.object("z").is_none());
     }
@@ -395,7 +473,9 @@ mod tests {
     #[tokio::test]
     async fn conditional_create_refuses_existing_and_aborts() {
         let fake = Arc::new(FakeClient::new("b", true));
-        fake.put_object("k", Bytes::from_static(b"old"), WriteCondition::None).await.unwrap();
+        fake.put_object("k", Bytes::from_static(b"old"), WriteCondition::None)
+            .await
+            .unwrap();
         let mut w = Writer::new(fake.clone(), "k".into(), opts(None));
         w.write(0, &vec![7u8; 6 * 1024 * 1024]).await.unwrap();
         assert!(w.commit().await.is_err());
@@ -406,7 +486,9 @@ mod tests {
     #[tokio::test]
     async fn appends_stay_writable() {
         let fake = Arc::new(FakeClient::new("b", true));
-        fake.put_object("log", Bytes::from_static(b"one "), WriteCondition::None).await.unwrap();
+        fake.put_object("log", Bytes::from_static(b"one "), WriteCondition::None)
+            .await
+            .unwrap();
         let mut w = Writer::append(fake.clone(), "log".into(), 4, opts(None));
         w.write(4, b"two ").await.unwrap();
         w.commit().await.unwrap();

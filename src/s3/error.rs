@@ -51,7 +51,11 @@ pub enum ClientError {
 
     /// Any other service error, with its code and HTTP status.
     #[error("service error {status} {code}: {message}")]
-    Service { status: u16, code: String, message: String },
+    Service {
+        status: u16,
+        code: String,
+        message: String,
+    },
 }
 
 impl ClientError {

@@ -11,7 +11,9 @@ use std::time::SystemTime;
 use async_trait::async_trait;
 use bytes::Bytes;
 
-use super::{ClientError, ListPage, ObjectClient, ObjectInfo, PutResult, UploadedPart, WriteCondition};
+use super::{
+    ClientError, ListPage, ObjectClient, ObjectInfo, PutResult, UploadedPart, WriteCondition,
+};
 
 #[derive(Clone)]
 struct Stored {
@@ -63,11 +65,20 @@ impl FakeClient {
         self.state().uploads.len()
     }
 
-    fn check(&self, state: &State, key: &str, condition: &WriteCondition) -> Result<(), ClientError> {
+    fn check(
+        &self,
+        state: &State,
+        key: &str,
+        condition: &WriteCondition,
+    ) -> Result<(), ClientError> {
         match (condition, state.objects.get(key)) {
-            (WriteCondition::IfNoneMatch, Some(_)) => Err(ClientError::PreconditionFailed { key: key.into() }),
+            (WriteCondition::IfNoneMatch, Some(_)) => {
+                Err(ClientError::PreconditionFailed { key: key.into() })
+            }
             (WriteCondition::IfMatch(_), None) => Err(ClientError::NotFound { key: key.into() }),
-            (WriteCondition::IfMatch(e), Some(s)) if *e != s.etag => Err(ClientError::PreconditionFailed { key: key.into() }),
+            (WriteCondition::IfMatch(e), Some(s)) if *e != s.etag => {
+                Err(ClientError::PreconditionFailed { key: key.into() })
+            }
             _ => Ok(()),
         }
     }
@@ -75,13 +86,28 @@ impl FakeClient {
     fn store(&self, state: &mut State, key: &str, data: Bytes) -> PutResult {
         let etag = self.etag();
         let size = data.len() as u64;
-        state.objects.insert(key.into(), Stored { data, etag: etag.clone(), modified: SystemTime::now() });
-        PutResult { etag, size: Some(size) }
+        state.objects.insert(
+            key.into(),
+            Stored {
+                data,
+                etag: etag.clone(),
+                modified: SystemTime::now(),
+            },
+        );
+        PutResult {
+            etag,
+            size: Some(size),
+        }
     }
 }
 
 fn info(key: &str, s: &Stored) -> ObjectInfo {
-    ObjectInfo { key: key.into(), size: s.data.len() as u64, etag: s.etag.clone(), last_modified: s.modified }
+    ObjectInfo {
+        key: key.into(),
+        size: s.data.len() as u64,
+        etag: s.etag.clone(),
+        last_modified: s.modified,
+    }
 }
 
 #[async_trait]
@@ -100,7 +126,11 @@ impl ObjectClient for FakeClient {
 
     async fn head_object(&self, key: &str) -> Result<ObjectInfo, ClientError> {
         let state = self.state();
-        state.objects.get(key).map(|s| info(key, s)).ok_or_else(|| ClientError::NotFound { key: key.into() })
+        state
+            .objects
+            .get(key)
+            .map(|s| info(key, s))
+            .ok_or_else(|| ClientError::NotFound { key: key.into() })
     }
 
     async fn list_objects(
@@ -114,12 +144,19 @@ impl ObjectClient for FakeClient {
         let after = continuation_token.unwrap_or("");
         let mut page = ListPage::default();
         let mut count = 0;
-        for (key, s) in state.objects.range(prefix.to_string()..).take_while(|(k, _)| k.starts_with(prefix)) {
+        for (key, s) in state
+            .objects
+            .range(prefix.to_string()..)
+            .take_while(|(k, _)| k.starts_with(prefix))
+        {
             if key.as_str() <= after {
                 continue;
             }
             let rest = &key[prefix.len()..];
-            let rolled = delimiter.and_then(|d| rest.find(d).map(|i| format!("{prefix}{}", &rest[..i + d.len()])));
+            let rolled = delimiter.and_then(|d| {
+                rest.find(d)
+                    .map(|i| format!("{prefix}{}", &rest[..i + d.len()]))
+            });
             if let Some(cp) = rolled {
                 if page.common_prefixes.last() == Some(&cp) {
                     continue;
@@ -140,15 +177,28 @@ impl ObjectClient for FakeClient {
         }
         // Resume just before the next item (tokens are exclusive lower bounds).
         if let Some(next) = &page.next_continuation_token {
-            let prev: String = state.objects.range(..next.clone()).next_back().map(|(k, _)| k.clone()).unwrap_or_default();
+            let prev: String = state
+                .objects
+                .range(..next.clone())
+                .next_back()
+                .map(|(k, _)| k.clone())
+                .unwrap_or_default();
             page.next_continuation_token = Some(prev);
         }
         Ok(page)
     }
 
-    async fn get_object(&self, key: &str, range: Range<u64>, if_match: Option<&str>) -> Result<Bytes, ClientError> {
+    async fn get_object(
+        &self,
+        key: &str,
+        range: Range<u64>,
+        if_match: Option<&str>,
+    ) -> Result<Bytes, ClientError> {
         let state = self.state();
-        let s = state.objects.get(key).ok_or_else(|| ClientError::NotFound { key: key.into() })?;
+        let s = state
+            .objects
+            .get(key)
+            .ok_or_else(|| ClientError::NotFound { key: key.into() })?;
         if if_match.is_some_and(|e| e != s.etag) {
             return Err(ClientError::PreconditionFailed { key: key.into() });
         }
@@ -156,24 +206,43 @@ impl ObjectClient for FakeClient {
         if range.start >= len && len > 0 {
             return Err(ClientError::InvalidRange { key: key.into() });
         }
-        Ok(s.data.slice(range.start.min(len) as usize..range.end.min(len) as usize))
+        Ok(s.data
+            .slice(range.start.min(len) as usize..range.end.min(len) as usize))
     }
 
-    async fn put_object(&self, key: &str, body: Bytes, condition: WriteCondition) -> Result<PutResult, ClientError> {
+    async fn put_object(
+        &self,
+        key: &str,
+        body: Bytes,
+        condition: WriteCondition,
+    ) -> Result<PutResult, ClientError> {
         let mut state = self.state();
         self.check(&state, key, &condition)?;
         Ok(self.store(&mut state, key, body))
     }
 
-    async fn append_object(&self, key: &str, offset: u64, body: Bytes, condition: WriteCondition) -> Result<PutResult, ClientError> {
+    async fn append_object(
+        &self,
+        key: &str,
+        offset: u64,
+        body: Bytes,
+        condition: WriteCondition,
+    ) -> Result<PutResult, ClientError> {
         if !self.directory {
             return Err(ClientError::NotSupported("append".into()));
         }
         let mut state = self.state();
         self.check(&state, key, &condition)?;
-        let current = state.objects.get(key).map(|s| s.data.clone()).unwrap_or_default();
+        let current = state
+            .objects
+            .get(key)
+            .map(|s| s.data.clone())
+            .unwrap_or_default();
         if current.len() as u64 != offset {
-            return Err(ClientError::InvalidWriteOffset { key: key.into(), message: "offset mismatch".into() });
+            return Err(ClientError::InvalidWriteOffset {
+                key: key.into(),
+                message: "offset mismatch".into(),
+            });
         }
         let mut data = current.to_vec();
         data.extend_from_slice(&body);
@@ -182,16 +251,31 @@ impl ObjectClient for FakeClient {
 
     async fn create_multipart_upload(&self, key: &str) -> Result<String, ClientError> {
         let id = format!("upload-{}", self.counter.fetch_add(1, Ordering::Relaxed));
-        self.state().uploads.insert(id.clone(), (key.into(), BTreeMap::new()));
+        self.state()
+            .uploads
+            .insert(id.clone(), (key.into(), BTreeMap::new()));
         Ok(id)
     }
 
-    async fn upload_part(&self, key: &str, upload_id: &str, part_number: i32, body: Bytes) -> Result<UploadedPart, ClientError> {
+    async fn upload_part(
+        &self,
+        key: &str,
+        upload_id: &str,
+        part_number: i32,
+        body: Bytes,
+    ) -> Result<UploadedPart, ClientError> {
         let mut state = self.state();
-        let (k, parts) = state.uploads.get_mut(upload_id).ok_or_else(|| ClientError::NotFound { key: key.into() })?;
+        let (k, parts) = state
+            .uploads
+            .get_mut(upload_id)
+            .ok_or_else(|| ClientError::NotFound { key: key.into() })?;
         assert_eq!(k, key);
         parts.insert(part_number, body);
-        Ok(UploadedPart { part_number, etag: format!("\"part-{part_number}\""), checksum: None })
+        Ok(UploadedPart {
+            part_number,
+            etag: format!("\"part-{part_number}\""),
+            checksum: None,
+        })
     }
 
     async fn complete_multipart_upload(
@@ -203,13 +287,24 @@ impl ObjectClient for FakeClient {
     ) -> Result<PutResult, ClientError> {
         let mut state = self.state();
         self.check(&state, key, &condition)?;
-        let (_, stored) = state.uploads.remove(upload_id).ok_or_else(|| ClientError::NotFound { key: key.into() })?;
+        let (_, stored) = state
+            .uploads
+            .remove(upload_id)
+            .ok_or_else(|| ClientError::NotFound { key: key.into() })?;
         let mut data = Vec::new();
         for (i, p) in parts.iter().enumerate() {
             if self.directory && p.part_number != i as i32 + 1 {
-                return Err(ClientError::Service { status: 400, code: "InvalidPartOrder".into(), message: String::new() });
+                return Err(ClientError::Service {
+                    status: 400,
+                    code: "InvalidPartOrder".into(),
+                    message: String::new(),
+                });
             }
-            data.extend_from_slice(stored.get(&p.part_number).ok_or_else(|| ClientError::Malformed("missing part".into()))?);
+            data.extend_from_slice(
+                stored
+                    .get(&p.part_number)
+                    .ok_or_else(|| ClientError::Malformed("missing part".into()))?,
+            );
         }
         Ok(self.store(&mut state, key, Bytes::from(data)))
     }
@@ -224,13 +319,23 @@ impl ObjectClient for FakeClient {
         Ok(())
     }
 
-    async fn rename_object(&self, source_key: &str, destination_key: &str, destination_condition: WriteCondition) -> Result<(), ClientError> {
+    async fn rename_object(
+        &self,
+        source_key: &str,
+        destination_key: &str,
+        destination_condition: WriteCondition,
+    ) -> Result<(), ClientError> {
         if !self.directory {
             return Err(ClientError::NotSupported("rename".into()));
         }
         let mut state = self.state();
         self.check(&state, destination_key, &destination_condition)?;
-        let s = state.objects.remove(source_key).ok_or_else(|| ClientError::NotFound { key: source_key.into() })?;
+        let s = state
+            .objects
+            .remove(source_key)
+            .ok_or_else(|| ClientError::NotFound {
+                key: source_key.into(),
+            })?;
         state.objects.insert(destination_key.into(), s);
         Ok(())
     }

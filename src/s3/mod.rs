@@ -102,7 +102,12 @@ pub trait ObjectClient: Send + Sync + 'static {
 
     /// Ranged GET. `if_match` pins the read to an ETag so a replaced object yields
     /// [`ClientError::PreconditionFailed`] instead of mixed bytes.
-    async fn get_object(&self, key: &str, range: Range<u64>, if_match: Option<&str>) -> Result<Bytes, ClientError>;
+    async fn get_object(
+        &self,
+        key: &str,
+        range: Range<u64>,
+        if_match: Option<&str>,
+    ) -> Result<Bytes, ClientError>;
 
     async fn put_object(
         &self,

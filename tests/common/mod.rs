@@ -19,13 +19,21 @@ pub const ACCESS_KEY: &str = "AKIDEXPRESSFSTEST";
 pub const SECRET_KEY: &str = "expressfs-test-secret";
 pub const REGION: &str = "us-east-1";
 
-static DATA_DIR: LazyLock<tempfile::TempDir> =
-    LazyLock::new(|| tempfile::Builder::new().prefix("expressfs-emu-").tempdir().unwrap());
+static DATA_DIR: LazyLock<tempfile::TempDir> = LazyLock::new(|| {
+    tempfile::Builder::new()
+        .prefix("expressfs-emu-")
+        .tempdir()
+        .unwrap()
+});
 
 static EMULATOR: LazyLock<Emulator> = LazyLock::new(|| start_emulator(EmulatorConfig::default()));
 
 static RUNTIME: LazyLock<tokio::runtime::Runtime> = LazyLock::new(|| {
-    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
 });
 
 static NAME_COUNTER: AtomicUsize = AtomicUsize::new(0);
@@ -76,7 +84,12 @@ pub fn general_bucket(tag: &str) -> String {
 
 fn unique_base(tag: &str) -> String {
     let n = NAME_COUNTER.fetch_add(1, Ordering::Relaxed);
-    let tag: String = tag.chars().filter(|c| c.is_ascii_alphanumeric()).take(20).collect::<String>().to_lowercase();
+    let tag: String = tag
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric())
+        .take(20)
+        .collect::<String>()
+        .to_lowercase();
     format!("{tag}-{}-{n}", std::process::id())
 }
 
@@ -86,7 +99,13 @@ pub fn s3_client(emu: &Emulator) -> aws_sdk_s3::Client {
     let config = aws_sdk_s3::config::Builder::new()
         .behavior_version_latest()
         .region(Region::new(REGION))
-        .credentials_provider(Credentials::new(ACCESS_KEY, SECRET_KEY, None, None, "expressfs-tests"))
+        .credentials_provider(Credentials::new(
+            ACCESS_KEY,
+            SECRET_KEY,
+            None,
+            None,
+            "expressfs-tests",
+        ))
         .endpoint_url(emu.endpoint_url())
         .force_path_style(true)
         .build();
@@ -97,7 +116,11 @@ pub fn s3_client(emu: &Emulator) -> aws_sdk_s3::Client {
 /// as it goes to the regional control endpoint for directory buckets.
 pub fn create_bucket(emu: &Emulator, bucket: &str) {
     let client = aws_sdk_s3::Client::from_conf(
-        s3_client(emu).config().to_builder().disable_s3_express_session_auth(true).build(),
+        s3_client(emu)
+            .config()
+            .to_builder()
+            .disable_s3_express_session_auth(true)
+            .build(),
     );
     runtime()
         .block_on(client.create_bucket().bucket(bucket).send())
@@ -109,7 +132,14 @@ pub fn put(emu: &Emulator, bucket: &str, key: &str, data: impl Into<Vec<u8>>) {
     let client = s3_client(emu);
     let body = aws_sdk_s3::primitives::ByteStream::from(data.into());
     runtime()
-        .block_on(client.put_object().bucket(bucket).key(key).body(body).send())
+        .block_on(
+            client
+                .put_object()
+                .bucket(bucket)
+                .key(key)
+                .body(body)
+                .send(),
+        )
         .unwrap_or_else(|e| panic!("put {bucket}/{key}: {e:?}"));
 }
 
@@ -119,7 +149,13 @@ pub fn get(emu: &Emulator, bucket: &str, key: &str) -> Option<Vec<u8>> {
     runtime().block_on(async {
         match client.get_object().bucket(bucket).key(key).send().await {
             Ok(out) => Some(out.body.collect().await.unwrap().into_bytes().to_vec()),
-            Err(e) if e.as_service_error().map(|s| s.is_no_such_key()).unwrap_or(false) => None,
+            Err(e)
+                if e.as_service_error()
+                    .map(|s| s.is_no_such_key())
+                    .unwrap_or(false) =>
+            {
+                None
+            }
             Err(e) => panic!("get {bucket}/{key}: {e:?}"),
         }
     })
@@ -191,14 +227,27 @@ impl Mount {
     }
 
     pub fn on(emu: &Emulator, bucket: &str, args: &[&str]) -> Mount {
-        let dir = tempfile::Builder::new().prefix("expressfs-mnt-").tempdir().unwrap();
+        let dir = tempfile::Builder::new()
+            .prefix("expressfs-mnt-")
+            .tempdir()
+            .unwrap();
         let log_path = dir.path().with_extension("log");
         let log = std::fs::File::create(&log_path).unwrap();
         let mut cmd = expressfs_command(emu);
-        cmd.arg("--foreground").args(args).arg(bucket).arg(dir.path());
-        cmd.stdin(Stdio::null()).stdout(log.try_clone().unwrap()).stderr(log);
+        cmd.arg("--foreground")
+            .args(args)
+            .arg(bucket)
+            .arg(dir.path());
+        cmd.stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log);
         let child = cmd.spawn().expect("spawn expressfs");
-        let mut mount = Mount { dir, child: Some(child), bucket: bucket.to_string(), log_path };
+        let mut mount = Mount {
+            dir,
+            child: Some(child),
+            bucket: bucket.to_string(),
+            log_path,
+        };
         mount.wait_mounted();
         mount
     }
@@ -210,7 +259,10 @@ impl Mount {
                 return;
             }
             if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
-                panic!("expressfs exited with {status} before mounting:\n{}", self.log());
+                panic!(
+                    "expressfs exited with {status} before mounting:\n{}",
+                    self.log()
+                );
             }
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -245,7 +297,10 @@ impl Mount {
         let _ = nix::mount::umount2(self.dir.path(), nix::mount::MntFlags::MNT_DETACH);
         let _ = child.kill();
         let status = child.wait().ok();
-        panic!("daemon did not exit within 20 s of unmount ({status:?}):\n{}", self.log());
+        panic!(
+            "daemon did not exit within 20 s of unmount ({status:?}):\n{}",
+            self.log()
+        );
     }
 }
 
@@ -271,7 +326,10 @@ impl Drop for Mount {
 pub fn is_mounted(dir: &Path) -> bool {
     let target = dir.to_string_lossy();
     std::fs::read_to_string("/proc/self/mountinfo")
-        .map(|info| info.lines().any(|line| line.split(' ').nth(4) == Some(&*target)))
+        .map(|info| {
+            info.lines()
+                .any(|line| line.split(' ').nth(4) == Some(&*target))
+        })
         .unwrap_or(false)
 }
 
@@ -302,7 +360,11 @@ pub fn put_many(emu: &Emulator, bucket: &str, objects: Vec<(String, Vec<u8>)>) {
 
 /// Creates a bucket of the given kind on the shared emulator and returns its name.
 pub fn fresh_bucket(directory: bool, tag: &str) -> String {
-    let name = if directory { directory_bucket(tag) } else { general_bucket(tag) };
+    let name = if directory {
+        directory_bucket(tag)
+    } else {
+        general_bucket(tag)
+    };
     create_bucket(emulator(), &name);
     name
 }
@@ -311,7 +373,9 @@ pub fn fresh_bucket(directory: bool, tag: &str) -> String {
 pub fn errno_of<T: std::fmt::Debug>(result: std::io::Result<T>) -> i32 {
     match result {
         Ok(v) => panic!("expected an error, got Ok({v:?})"),
-        Err(e) => e.raw_os_error().unwrap_or_else(|| panic!("not an OS error: {e}")),
+        Err(e) => e
+            .raw_os_error()
+            .unwrap_or_else(|| panic!("not an OS error: {e}")),
     }
 }
 
@@ -319,10 +383,22 @@ pub fn errno_of<T: std::fmt::Debug>(result: std::io::Result<T>) -> i32 {
 pub fn admin_get(emu: &Emulator, path: &str) -> (u16, String) {
     use std::io::Write;
     let mut stream = std::net::TcpStream::connect(emu.addr()).expect("connect to emulator");
-    write!(stream, "GET {path} HTTP/1.0\r\nHost: {}\r\n\r\n", emu.addr()).unwrap();
+    write!(
+        stream,
+        "GET {path} HTTP/1.0\r\nHost: {}\r\n\r\n",
+        emu.addr()
+    )
+    .unwrap();
     let mut answer = String::new();
     stream.read_to_string(&mut answer).unwrap();
-    let status = answer.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
-    let body = answer.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+    let status = answer
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let body = answer
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
     (status, body)
 }
