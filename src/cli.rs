@@ -105,15 +105,21 @@ pub struct Args {
     /// Kernel readahead for the mount in KiB (set on the mount's bdi when running as root)
     #[arg(long, default_value_t = 4096, help_heading = "Performance and caching")]
     pub read_ahead_kb: u32,
-    /// How long metadata is trusted: seconds, "minimal" or "indefinite"
-    #[arg(long, default_value = "1", value_parser = parse_ttl, help_heading = "Performance and caching")]
-    pub metadata_ttl: Duration,
+    /// How long metadata is trusted: seconds, "minimal" or "indefinite" (default 1, or 60 with --cache)
+    #[arg(long, value_parser = parse_ttl, help_heading = "Performance and caching")]
+    pub metadata_ttl: Option<Duration>,
     /// How long a missing name is remembered: seconds, "minimal" or "indefinite"
     #[arg(long, value_parser = parse_ttl, help_heading = "Performance and caching")]
     pub negative_metadata_ttl: Option<Duration>,
-    /// Local directory for staging out-of-order writes
+    /// Local directory for the data cache (object blocks, reused across mounts) and write staging
     #[arg(long, help_heading = "Performance and caching")]
     pub cache: Option<PathBuf>,
+    /// Most MiB the data cache may use (it also keeps 5% of the disk free)
+    #[arg(long, help_heading = "Performance and caching")]
+    pub max_cache_size: Option<u64>,
+    /// Size of a cached block in KiB
+    #[arg(long, default_value_t = 1024, help_heading = "Performance and caching")]
+    pub cache_block_size: u64,
     /// Largest file that may be staged locally for out-of-order writes (0 disables staging)
     #[arg(long, default_value = "1G", value_parser = parse_size, help_heading = "Performance and caching")]
     pub max_staged_file_size: u64,
@@ -161,10 +167,22 @@ impl Args {
         {
             return Err("--read-only cannot be combined with --allow-delete, --allow-overwrite or --incremental-upload".into());
         }
+        if self.cache_block_size < 64 || self.cache_block_size > 64 * 1024 {
+            return Err("--cache-block-size must be between 64 and 65536 KiB".into());
+        }
         if self.max_threads == 0 {
             return Err("--max-threads must be at least 1".into());
         }
         Ok(())
+    }
+
+    /// Mountpoint's rule: metadata is trusted 1 s, or 60 s when a data cache is configured.
+    pub fn metadata_ttl(&self) -> Duration {
+        self.metadata_ttl.unwrap_or(if self.cache.is_some() {
+            Duration::from_secs(60)
+        } else {
+            Duration::from_secs(1)
+        })
     }
 
     pub fn read_part_size(&self) -> u64 {

@@ -271,6 +271,41 @@ fn serve(args: Args, name: bucket::BucketName, region: String, mut reporter: Rep
         Ok(c) => Arc::new(c),
         Err(e) => return reporter.fail(&explain(&e, &name.name, &region, name.is_directory())),
     };
+    let mut disk_cache = None;
+    let client: Arc<dyn ObjectClient> = match &args.cache {
+        None => client,
+        Some(dir) => {
+            let max = args
+                .max_cache_size
+                .map_or(u64::MAX, |mib| mib.saturating_mul(1024 * 1024));
+            match crate::cache::disk::DiskCache::open(&dir.join("blocks"), max) {
+                Ok(cache) => {
+                    let cache = Arc::new(cache);
+                    disk_cache = Some(Arc::clone(&cache));
+                    Arc::new(crate::cache::CachingClient::new(
+                        client,
+                        cache,
+                        args.cache_block_size * 1024,
+                    ))
+                }
+                Err(e) => return reporter.fail(&format!("cache directory {}: {e}", dir.display())),
+            }
+        }
+    };
+    if let Some(cache) = &disk_cache {
+        let cache = Arc::clone(cache);
+        runtime.spawn(async move {
+            let mut last = String::new();
+            loop {
+                tokio::time::sleep(Duration::from_secs(60)).await;
+                let now = cache.counters.summary();
+                if now != last {
+                    info!(counters = %now, "data cache");
+                    last = now;
+                }
+            }
+        });
+    }
 
     let mut config = FsConfig::new(
         args.uid.unwrap_or_else(|| nix::unistd::getuid().as_raw()),
@@ -287,13 +322,20 @@ fn serve(args: Args, name: bucket::BucketName, region: String, mut reporter: Rep
     config.write_part_size = args.write_part_size();
     config.max_prefetch = args.max_prefetch;
     config.max_writers = args.max_open_writers;
-    config.metadata_ttl = args.metadata_ttl;
-    config.negative_metadata_ttl = args.negative_metadata_ttl.unwrap_or(args.metadata_ttl);
+    config.metadata_ttl = args.metadata_ttl();
+    config.negative_metadata_ttl = args.negative_metadata_ttl.unwrap_or(config.metadata_ttl);
     config.staging_limit = args.max_staged_file_size;
     config.staging_dir = if args.max_staged_file_size == 0 {
         None
     } else {
-        Some(args.cache.clone().unwrap_or_else(std::env::temp_dir))
+        let dir = args
+            .cache
+            .as_ref()
+            .map_or_else(std::env::temp_dir, |c| c.join("staging"));
+        if let Err(e) = std::fs::create_dir_all(&dir) {
+            return reporter.fail(&format!("staging directory {}: {e}", dir.display()));
+        }
+        Some(dir)
     };
     let fs = S3Filesystem::new(client, config);
     // The root mount path ignores the subtype (the type is plain "fuse"), so the source names us and the bucket.
@@ -362,6 +404,9 @@ fn serve(args: Args, name: bucket::BucketName, region: String, mut reporter: Rep
             break;
         }
         std::thread::sleep(Duration::from_millis(50));
+    }
+    if let Some(cache) = &disk_cache {
+        info!(counters = %cache.counters.summary(), "data cache at unmount");
     }
     notify_systemd("STOPPING=1");
     runtime.shutdown_timeout(Duration::from_secs(5));

@@ -88,6 +88,8 @@ fn operation_name(
 ) -> &'static str {
     let has = |n: &str| query.iter().any(|(k, _)| k == n);
     match (method.as_str(), bucket.is_empty(), key.is_empty()) {
+        // Mountpoint's CRT client asks for a session without a bucket in the path (`GET /?session=`).
+        ("GET", true, _) if has("session") => "CreateSession",
         ("GET", true, _) => "ListBuckets",
         ("GET", false, true) if has("session") => "CreateSession",
         ("GET", false, true) if has("uploads") => "ListMultipartUploads",
@@ -268,7 +270,9 @@ fn authenticate(
                 "The session token is missing or does not belong to these credentials",
             ));
         }
-        if session.bucket != bucket {
+        if session.bucket != bucket
+            && !(session.bucket.is_empty() && crate::store::is_directory_bucket_name(bucket))
+        {
             return Err(S3Error::access_denied(
                 "This session was created for another bucket",
             ));
@@ -413,7 +417,9 @@ async fn run(
             return Err(S3Error::new(503, "SlowDown", "Please reduce your request rate.").into());
         }
         Some(Fault::ExpiredToken) => {
-            return Err(S3Error::new(400, "ExpiredToken", "The provided token has expired.").into());
+            return Err(
+                S3Error::new(400, "ExpiredToken", "The provided token has expired.").into(),
+            );
         }
         Some(Fault::ResetBeforeBody) => return Err(Outcome::Drop),
         Some(Fault::LatencySpike) => tokio::time::sleep(Duration::from_millis(1500)).await,

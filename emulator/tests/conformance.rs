@@ -56,15 +56,33 @@ fn client(env: &Env) -> Client {
 /// HTTP status of the answer behind an SDK error (also when it is wrapped, as a failed CreateSession is).
 fn status<E: std::fmt::Debug, R: std::fmt::Debug>(e: &aws_sdk_s3::error::SdkError<E, R>) -> u16 {
     let debug = format!("{e:?}");
-    debug.split("StatusCode(").nth(1).and_then(|r| r.split(')').next()).and_then(|n| n.parse().ok()).unwrap_or(0)
+    debug
+        .split("StatusCode(")
+        .nth(1)
+        .and_then(|r| r.split(')').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
 }
 
-fn code<E: aws_sdk_s3::error::ProvideErrorMetadata, R>(e: &aws_sdk_s3::error::SdkError<E, R>) -> String {
-    e.as_service_error().and_then(|s| s.code()).unwrap_or("").to_string()
+fn code<E: aws_sdk_s3::error::ProvideErrorMetadata, R>(
+    e: &aws_sdk_s3::error::SdkError<E, R>,
+) -> String {
+    e.as_service_error()
+        .and_then(|s| s.code())
+        .unwrap_or("")
+        .to_string()
 }
 
 async fn put(c: &Client, bucket: &str, key: &str, body: Vec<u8>) -> String {
-    c.put_object().bucket(bucket).key(key).body(ByteStream::from(body)).send().await.unwrap().e_tag.unwrap()
+    c.put_object()
+        .bucket(bucket)
+        .key(key)
+        .body(ByteStream::from(body))
+        .send()
+        .await
+        .unwrap()
+        .e_tag
+        .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -72,20 +90,47 @@ async fn wrong_keys_and_missing_sessions_are_refused() {
     let env = start(Duration::from_secs(300));
     for bucket in [GP, DIR] {
         let wrong = client_with(&env, "not-the-secret", KEY, true);
-        let e = wrong.list_objects_v2().bucket(bucket).send().await.unwrap_err();
+        let e = wrong
+            .list_objects_v2()
+            .bucket(bucket)
+            .send()
+            .await
+            .unwrap_err();
         assert_eq!(status(&e), 403, "{bucket}: {e:?}");
         let unknown = client_with(&env, SECRET, "AKIDUNKNOWN", true);
-        let e = unknown.head_object().bucket(bucket).key("x").send().await.unwrap_err();
+        let e = unknown
+            .head_object()
+            .bucket(bucket)
+            .key("x")
+            .send()
+            .await
+            .unwrap_err();
         assert_eq!(status(&e), 403, "{bucket}");
     }
     // Long-term keys without a session: directory-bucket data requests are refused.
     let no_session = client_with(&env, SECRET, KEY, false);
-    let e = no_session.get_object().bucket(DIR).key("x").send().await.unwrap_err();
+    let e = no_session
+        .get_object()
+        .bucket(DIR)
+        .key("x")
+        .send()
+        .await
+        .unwrap_err();
     assert_eq!((status(&e), code(&e).as_str()), (403, "AccessDenied"));
-    let e = no_session.list_objects_v2().bucket(DIR).send().await.unwrap_err();
+    let e = no_session
+        .list_objects_v2()
+        .bucket(DIR)
+        .send()
+        .await
+        .unwrap_err();
     assert_eq!(status(&e), 403);
     // ... while bucket creation (regional, no session) works.
-    no_session.create_bucket().bucket("other--use1-az4--x-s3").send().await.unwrap();
+    no_session
+        .create_bucket()
+        .bucket("other--use1-az4--x-s3")
+        .send()
+        .await
+        .unwrap();
     // General-purpose buckets take plain SigV4.
     put(&no_session, GP, "plain", b"ok".to_vec()).await;
 }
@@ -98,7 +143,12 @@ async fn sessions_refresh_across_short_ttls() {
     let mut rounds = 0;
     while started.elapsed() < Duration::from_secs(7) {
         put(&c, DIR, &format!("r/{rounds}"), vec![1; 100]).await;
-        c.get_object().bucket(DIR).key(format!("r/{rounds}")).send().await.unwrap();
+        c.get_object()
+            .bucket(DIR)
+            .key(format!("r/{rounds}"))
+            .send()
+            .await
+            .unwrap();
         rounds += 1;
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
@@ -106,7 +156,10 @@ async fn sessions_refresh_across_short_ttls() {
     let stats = admin(&env, "/_emulator/stats");
     let v: serde_json::Value = serde_json::from_str(&stats).unwrap();
     let sessions = v[DIR]["CreateSession"]["requests"].as_u64().unwrap();
-    assert!(sessions >= 3, "only {sessions} sessions in 7 s with a 2 s TTL");
+    assert!(
+        sessions >= 3,
+        "only {sessions} sessions in 7 s with a 2 s TTL"
+    );
 }
 
 fn admin(env: &Env, path: &str) -> String {
@@ -129,11 +182,31 @@ async fn listing_rules_and_pagination() {
             put(&c, bucket, k, vec![0; 3]).await;
         }
     }
-    let e = c.list_objects_v2().bucket(DIR).delimiter("|").send().await.unwrap_err();
+    let e = c
+        .list_objects_v2()
+        .bucket(DIR)
+        .delimiter("|")
+        .send()
+        .await
+        .unwrap_err();
     assert_eq!((status(&e), code(&e).as_str()), (400, "InvalidArgument"));
-    let e = c.list_objects_v2().bucket(DIR).prefix("p").delimiter("/").send().await.unwrap_err();
+    let e = c
+        .list_objects_v2()
+        .bucket(DIR)
+        .prefix("p")
+        .delimiter("/")
+        .send()
+        .await
+        .unwrap_err();
     assert_eq!(status(&e), 400);
-    let e = c.list_objects_v2().bucket(DIR).prefix("p/").start_after("p/k01").send().await.unwrap_err();
+    let e = c
+        .list_objects_v2()
+        .bucket(DIR)
+        .prefix("p/")
+        .start_after("p/k01")
+        .send()
+        .await
+        .unwrap_err();
     assert_eq!(status(&e), 400);
 
     for bucket in [DIR, GP] {
@@ -141,10 +214,23 @@ async fn listing_rules_and_pagination() {
         let mut prefixes = Vec::new();
         let mut token = None;
         loop {
-            let page = c.list_objects_v2().bucket(bucket).prefix("p/").delimiter("/").max_keys(7).set_continuation_token(token).send().await.unwrap();
+            let page = c
+                .list_objects_v2()
+                .bucket(bucket)
+                .prefix("p/")
+                .delimiter("/")
+                .max_keys(7)
+                .set_continuation_token(token)
+                .send()
+                .await
+                .unwrap();
             assert!(page.key_count.unwrap() <= 7);
             objects.extend(page.contents().iter().map(|o| o.key().unwrap().to_string()));
-            prefixes.extend(page.common_prefixes().iter().map(|p| p.prefix().unwrap().to_string()));
+            prefixes.extend(
+                page.common_prefixes()
+                    .iter()
+                    .map(|p| p.prefix().unwrap().to_string()),
+            );
             token = page.next_continuation_token;
             if token.is_none() {
                 break;
@@ -153,7 +239,11 @@ async fn listing_rules_and_pagination() {
         let mut sorted = objects.clone();
         sorted.sort();
         sorted.dedup();
-        assert_eq!(sorted.len(), objects.len(), "{bucket}: an object listed twice");
+        assert_eq!(
+            sorted.len(),
+            objects.len(),
+            "{bucket}: an object listed twice"
+        );
         assert_eq!(sorted, keys[..40].to_vec(), "{bucket}");
         if bucket == GP {
             assert_eq!(objects, sorted, "general purpose listings are in key order");
@@ -166,8 +256,20 @@ async fn listing_rules_and_pagination() {
         }
     }
     // Prefixes of uploads in progress show up on directory buckets.
-    c.create_multipart_upload().bucket(DIR).key("u/inprog/obj").send().await.unwrap();
-    let page = c.list_objects_v2().bucket(DIR).prefix("u/").delimiter("/").send().await.unwrap();
+    c.create_multipart_upload()
+        .bucket(DIR)
+        .key("u/inprog/obj")
+        .send()
+        .await
+        .unwrap();
+    let page = c
+        .list_objects_v2()
+        .bucket(DIR)
+        .prefix("u/")
+        .delimiter("/")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(page.common_prefixes()[0].prefix(), Some("u/inprog/"));
 }
 
@@ -178,21 +280,83 @@ async fn ranges_and_conditions() {
     let data: Vec<u8> = (0..1000u32).map(|i| (i % 251) as u8).collect();
     for bucket in [DIR, GP] {
         let etag = put(&c, bucket, "r", data.clone()).await;
-        for (range, from, to) in [("bytes=0-9", 0, 10), ("bytes=990-999", 990, 1000), ("bytes=-10", 990, 1000), ("bytes=995-2000", 995, 1000)] {
-            let out = c.get_object().bucket(bucket).key("r").range(range).send().await.unwrap();
-            assert_eq!(out.content_range(), Some(format!("bytes {from}-{}/1000", to - 1).as_str()));
-            assert_eq!(out.body.collect().await.unwrap().into_bytes().to_vec(), data[from..to].to_vec(), "{bucket} {range}");
+        for (range, from, to) in [
+            ("bytes=0-9", 0, 10),
+            ("bytes=990-999", 990, 1000),
+            ("bytes=-10", 990, 1000),
+            ("bytes=995-2000", 995, 1000),
+        ] {
+            let out = c
+                .get_object()
+                .bucket(bucket)
+                .key("r")
+                .range(range)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(
+                out.content_range(),
+                Some(format!("bytes {from}-{}/1000", to - 1).as_str())
+            );
+            assert_eq!(
+                out.body.collect().await.unwrap().into_bytes().to_vec(),
+                data[from..to].to_vec(),
+                "{bucket} {range}"
+            );
         }
-        let e = c.get_object().bucket(bucket).key("r").range("bytes=1000-1100").send().await.unwrap_err();
+        let e = c
+            .get_object()
+            .bucket(bucket)
+            .key("r")
+            .range("bytes=1000-1100")
+            .send()
+            .await
+            .unwrap_err();
         assert_eq!((status(&e), code(&e).as_str()), (416, "InvalidRange"));
-        c.get_object().bucket(bucket).key("r").if_match(&etag).send().await.unwrap();
-        let e = c.get_object().bucket(bucket).key("r").if_match("\"nope\"").send().await.unwrap_err();
+        c.get_object()
+            .bucket(bucket)
+            .key("r")
+            .if_match(&etag)
+            .send()
+            .await
+            .unwrap();
+        let e = c
+            .get_object()
+            .bucket(bucket)
+            .key("r")
+            .if_match("\"nope\"")
+            .send()
+            .await
+            .unwrap_err();
         assert_eq!(status(&e), 412);
-        let e = c.get_object().bucket(bucket).key("r").if_none_match(&etag).send().await.unwrap_err();
+        let e = c
+            .get_object()
+            .bucket(bucket)
+            .key("r")
+            .if_none_match(&etag)
+            .send()
+            .await
+            .unwrap_err();
         assert_eq!(status(&e), 304);
-        let e = c.put_object().bucket(bucket).key("r").if_none_match("*").body(ByteStream::from_static(b"x")).send().await.unwrap_err();
+        let e = c
+            .put_object()
+            .bucket(bucket)
+            .key("r")
+            .if_none_match("*")
+            .body(ByteStream::from_static(b"x"))
+            .send()
+            .await
+            .unwrap_err();
         assert_eq!(status(&e), 412);
-        let e = c.put_object().bucket(bucket).key("r").if_match("\"nope\"").body(ByteStream::from_static(b"x")).send().await.unwrap_err();
+        let e = c
+            .put_object()
+            .bucket(bucket)
+            .key("r")
+            .if_match("\"nope\"")
+            .body(ByteStream::from_static(b"x"))
+            .send()
+            .await
+            .unwrap_err();
         assert_eq!(status(&e), 412);
         let md5 = format!("\"{:x}\"", md5_of(&data));
         if bucket == GP {
@@ -214,19 +378,46 @@ async fn multipart_rules() {
     let c = client(&env);
     for bucket in [DIR, GP] {
         let parts_data = [vec![1u8; 5 * MIB], vec![2u8; 5 * MIB], vec![3u8; 1024]];
-        let id = c.create_multipart_upload().bucket(bucket).key("m").send().await.unwrap().upload_id.unwrap();
+        let id = c
+            .create_multipart_upload()
+            .bucket(bucket)
+            .key("m")
+            .send()
+            .await
+            .unwrap()
+            .upload_id
+            .unwrap();
         let mut etags = vec![String::new(); 3];
         for n in [3usize, 1, 2] {
-            let out = c.upload_part().bucket(bucket).key("m").upload_id(&id).part_number(n as i32).body(ByteStream::from(parts_data[n - 1].clone())).send().await.unwrap();
+            let out = c
+                .upload_part()
+                .bucket(bucket)
+                .key("m")
+                .upload_id(&id)
+                .part_number(n as i32)
+                .body(ByteStream::from(parts_data[n - 1].clone()))
+                .send()
+                .await
+                .unwrap();
             etags[n - 1] = out.e_tag.unwrap();
         }
-        let part = |n: usize| CompletedPart::builder().part_number(n as i32).e_tag(&etags[n - 1]).build();
+        let part = |n: usize| {
+            CompletedPart::builder()
+                .part_number(n as i32)
+                .e_tag(&etags[n - 1])
+                .build()
+        };
         let e = c
             .complete_multipart_upload()
             .bucket(bucket)
             .key("m")
             .upload_id(&id)
-            .multipart_upload(CompletedMultipartUpload::builder().parts(part(2)).parts(part(1)).build())
+            .multipart_upload(
+                CompletedMultipartUpload::builder()
+                    .parts(part(2))
+                    .parts(part(1))
+                    .build(),
+            )
             .send()
             .await
             .unwrap_err();
@@ -235,33 +426,89 @@ async fn multipart_rules() {
             .bucket(bucket)
             .key("m")
             .upload_id(&id)
-            .multipart_upload(CompletedMultipartUpload::builder().parts(part(1)).parts(part(2)).parts(part(3)).build())
+            .multipart_upload(
+                CompletedMultipartUpload::builder()
+                    .parts(part(1))
+                    .parts(part(2))
+                    .parts(part(3))
+                    .build(),
+            )
             .send()
             .await
             .unwrap();
-        let back = c.get_object().bucket(bucket).key("m").send().await.unwrap().body.collect().await.unwrap().into_bytes();
+        let back = c
+            .get_object()
+            .bucket(bucket)
+            .key("m")
+            .send()
+            .await
+            .unwrap()
+            .body
+            .collect()
+            .await
+            .unwrap()
+            .into_bytes();
         assert_eq!(back.to_vec(), parts_data.concat(), "{bucket}");
 
         // A small part that is not the last one is refused; an aborted upload disappears.
-        let id = c.create_multipart_upload().bucket(bucket).key("s").send().await.unwrap().upload_id.unwrap();
+        let id = c
+            .create_multipart_upload()
+            .bucket(bucket)
+            .key("s")
+            .send()
+            .await
+            .unwrap()
+            .upload_id
+            .unwrap();
         let mut small = Vec::new();
         for n in 1..=2 {
-            let out = c.upload_part().bucket(bucket).key("s").upload_id(&id).part_number(n).body(ByteStream::from(vec![0u8; 1024])).send().await.unwrap();
-            small.push(CompletedPart::builder().part_number(n).e_tag(out.e_tag.unwrap()).build());
+            let out = c
+                .upload_part()
+                .bucket(bucket)
+                .key("s")
+                .upload_id(&id)
+                .part_number(n)
+                .body(ByteStream::from(vec![0u8; 1024]))
+                .send()
+                .await
+                .unwrap();
+            small.push(
+                CompletedPart::builder()
+                    .part_number(n)
+                    .e_tag(out.e_tag.unwrap())
+                    .build(),
+            );
         }
         let e = c
             .complete_multipart_upload()
             .bucket(bucket)
             .key("s")
             .upload_id(&id)
-            .multipart_upload(CompletedMultipartUpload::builder().set_parts(Some(small)).build())
+            .multipart_upload(
+                CompletedMultipartUpload::builder()
+                    .set_parts(Some(small))
+                    .build(),
+            )
             .send()
             .await
             .unwrap_err();
         assert_eq!(code(&e), "EntityTooSmall");
-        c.abort_multipart_upload().bucket(bucket).key("s").upload_id(&id).send().await.unwrap();
+        c.abort_multipart_upload()
+            .bucket(bucket)
+            .key("s")
+            .upload_id(&id)
+            .send()
+            .await
+            .unwrap();
         assert!(!admin(&env, &format!("/_emulator/uploads?bucket={bucket}")).contains(&id));
-        let e = c.abort_multipart_upload().bucket(bucket).key("s").upload_id(&id).send().await.unwrap_err();
+        let e = c
+            .abort_multipart_upload()
+            .bucket(bucket)
+            .key("s")
+            .upload_id(&id)
+            .send()
+            .await
+            .unwrap_err();
         assert_eq!(code(&e), "NoSuchUpload");
     }
 }
@@ -271,20 +518,74 @@ async fn append_and_rename() {
     let env = start(Duration::from_secs(300));
     let c = client(&env);
     put(&c, DIR, "log", b"one ".to_vec()).await;
-    c.put_object().bucket(DIR).key("log").write_offset_bytes(4).body(ByteStream::from_static(b"two")).send().await.unwrap();
-    let e = c.put_object().bucket(DIR).key("log").write_offset_bytes(4).body(ByteStream::from_static(b"x")).send().await.unwrap_err();
+    c.put_object()
+        .bucket(DIR)
+        .key("log")
+        .write_offset_bytes(4)
+        .body(ByteStream::from_static(b"two"))
+        .send()
+        .await
+        .unwrap();
+    let e = c
+        .put_object()
+        .bucket(DIR)
+        .key("log")
+        .write_offset_bytes(4)
+        .body(ByteStream::from_static(b"x"))
+        .send()
+        .await
+        .unwrap_err();
     assert_eq!((status(&e), code(&e).as_str()), (400, "InvalidWriteOffset"));
-    let back = c.get_object().bucket(DIR).key("log").send().await.unwrap().body.collect().await.unwrap().into_bytes();
+    let back = c
+        .get_object()
+        .bucket(DIR)
+        .key("log")
+        .send()
+        .await
+        .unwrap()
+        .body
+        .collect()
+        .await
+        .unwrap()
+        .into_bytes();
     assert_eq!(&back[..], b"one two");
     put(&c, GP, "log", b"one ".to_vec()).await;
-    let e = c.put_object().bucket(GP).key("log").write_offset_bytes(4).body(ByteStream::from_static(b"two")).send().await.unwrap_err();
+    let e = c
+        .put_object()
+        .bucket(GP)
+        .key("log")
+        .write_offset_bytes(4)
+        .body(ByteStream::from_static(b"two"))
+        .send()
+        .await
+        .unwrap_err();
     assert_eq!(status(&e), 501);
 
-    c.rename_object().bucket(DIR).key("moved").rename_source("/log").send().await.unwrap();
-    let e = c.head_object().bucket(DIR).key("log").send().await.unwrap_err();
+    c.rename_object()
+        .bucket(DIR)
+        .key("moved")
+        .rename_source("/log")
+        .send()
+        .await
+        .unwrap();
+    let e = c
+        .head_object()
+        .bucket(DIR)
+        .key("log")
+        .send()
+        .await
+        .unwrap_err();
     assert_eq!(status(&e), 404);
     put(&c, DIR, "src", b"s".to_vec()).await;
-    let e = c.rename_object().bucket(DIR).key("moved").rename_source("/src").destination_if_none_match("*").send().await.unwrap_err();
+    let e = c
+        .rename_object()
+        .bucket(DIR)
+        .key("moved")
+        .rename_source("/src")
+        .destination_if_none_match("*")
+        .send()
+        .await
+        .unwrap_err();
     assert_eq!(status(&e), 412);
 }
 
@@ -295,21 +596,65 @@ async fn large_objects_stream_without_memory_growth() {
     use sha2::Digest;
     let env = start(Duration::from_secs(300));
     let c = client(&env);
-    let parts = if std::env::var("EXPRESSFS_CONFORMANCE_LARGE").is_ok() { 16 } else { 2 };
+    let parts = if std::env::var("EXPRESSFS_CONFORMANCE_LARGE").is_ok() {
+        16
+    } else {
+        2
+    };
     let part_len = 128 * MIB;
     let chunk: Vec<u8> = (0..part_len).map(|i| (i % 241) as u8).collect();
     let mut expected = sha2::Sha256::new();
-    let id = c.create_multipart_upload().bucket(DIR).key("big").send().await.unwrap().upload_id.unwrap();
+    let id = c
+        .create_multipart_upload()
+        .bucket(DIR)
+        .key("big")
+        .send()
+        .await
+        .unwrap()
+        .upload_id
+        .unwrap();
     let mut done = Vec::new();
     for n in 1..=parts {
         expected.update(&chunk);
-        let out = c.upload_part().bucket(DIR).key("big").upload_id(&id).part_number(n).body(ByteStream::from(chunk.clone())).send().await.unwrap();
-        done.push(CompletedPart::builder().part_number(n).e_tag(out.e_tag.unwrap()).build());
+        let out = c
+            .upload_part()
+            .bucket(DIR)
+            .key("big")
+            .upload_id(&id)
+            .part_number(n)
+            .body(ByteStream::from(chunk.clone()))
+            .send()
+            .await
+            .unwrap();
+        done.push(
+            CompletedPart::builder()
+                .part_number(n)
+                .e_tag(out.e_tag.unwrap())
+                .build(),
+        );
     }
-    c.complete_multipart_upload().bucket(DIR).key("big").upload_id(&id).multipart_upload(CompletedMultipartUpload::builder().set_parts(Some(done)).build()).send().await.unwrap();
+    c.complete_multipart_upload()
+        .bucket(DIR)
+        .key("big")
+        .upload_id(&id)
+        .multipart_upload(
+            CompletedMultipartUpload::builder()
+                .set_parts(Some(done))
+                .build(),
+        )
+        .send()
+        .await
+        .unwrap();
     drop(chunk);
     let before = rss_mib();
-    let mut body = c.get_object().bucket(DIR).key("big").send().await.unwrap().body;
+    let mut body = c
+        .get_object()
+        .bucket(DIR)
+        .key("big")
+        .send()
+        .await
+        .unwrap()
+        .body;
     let mut got = sha2::Sha256::new();
     let mut peak = before;
     let mut total = 0usize;
@@ -322,11 +667,23 @@ async fn large_objects_stream_without_memory_growth() {
     }
     assert_eq!(total, parts as usize * part_len);
     assert_eq!(got.finalize(), expected.finalize());
-    assert!(peak - before < 300, "RSS grew by {} MiB while streaming", peak - before);
+    assert!(
+        peak - before < 300,
+        "RSS grew by {} MiB while streaming",
+        peak - before
+    );
 }
 
 fn rss_mib() -> i64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap();
-    let kb: i64 = status.lines().find_map(|l| l.strip_prefix("VmRSS:")).unwrap().trim().trim_end_matches("kB").trim().parse().unwrap();
+    let kb: i64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .unwrap()
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .unwrap();
     kb / 1024
 }

@@ -1,0 +1,335 @@
+//! Local disk block cache. Blocks are files named by a hash of (bucket, key, ETag, block index, block size),
+//! so a changed object can never be served from old blocks. Each file starts with a header naming exactly
+//! those values plus the data length and a CRC32C of the data, checked on every read: a torn or corrupted
+//! block is discarded (and refetched by the caller), never returned. LRU eviction keeps the total under a
+//! byte limit and the disk at least 5% free. The cache survives remounts: existing files are indexed at start.
+
+use std::fs::{self, File};
+use std::io::{Read, Write};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use bytes::Bytes;
+use lru::LruCache;
+use sha2::{Digest, Sha256};
+use tracing::{debug, warn};
+
+const MAGIC: &[u8; 8] = b"XFSBLK01";
+
+/// What one block is: every field goes into its name and its header.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BlockId<'a> {
+    pub bucket: &'a str,
+    pub key: &'a str,
+    pub etag: &'a str,
+    pub index: u64,
+    pub block_size: u64,
+}
+
+impl BlockId<'_> {
+    fn header(&self) -> Vec<u8> {
+        format!(
+            "{}\0{}\0{}\0{}\0{}",
+            self.bucket, self.key, self.etag, self.index, self.block_size
+        )
+        .into_bytes()
+    }
+
+    fn file_name(&self) -> String {
+        hex::encode(Sha256::digest(self.header()))
+    }
+}
+
+#[derive(Debug, Default)]
+pub struct CacheCounters {
+    pub hits: AtomicU64,
+    pub misses: AtomicU64,
+    pub hit_bytes: AtomicU64,
+    pub corrupt: AtomicU64,
+    pub errors: AtomicU64,
+    pub evictions: AtomicU64,
+    pub writes: AtomicU64,
+}
+
+impl CacheCounters {
+    pub fn summary(&self) -> String {
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        format!(
+            "hits={} misses={} hit_bytes={} writes={} evictions={} corrupt={} errors={}",
+            g(&self.hits),
+            g(&self.misses),
+            g(&self.hit_bytes),
+            g(&self.writes),
+            g(&self.evictions),
+            g(&self.corrupt),
+            g(&self.errors)
+        )
+    }
+}
+
+pub struct DiskCache {
+    dir: PathBuf,
+    max_bytes: u64,
+    /// File name -> size on disk, least recently used first out.
+    index: Mutex<LruCache<String, u64>>,
+    used: AtomicU64,
+    pub counters: CacheCounters,
+    warned: std::sync::atomic::AtomicBool,
+}
+
+impl DiskCache {
+    /// Opens (or creates, mode 0700) the cache directory and indexes blocks left by earlier mounts.
+    pub fn open(dir: &Path, max_bytes: u64) -> std::io::Result<DiskCache> {
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)?;
+        let mut existing: Vec<(std::time::SystemTime, String, u64)> = Vec::new();
+        for entry in fs::read_dir(dir)? {
+            let entry = entry?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name.len() != 64 || !name.bytes().all(|b| b.is_ascii_hexdigit()) {
+                continue;
+            }
+            let meta = entry.metadata()?;
+            existing.push((
+                meta.modified().unwrap_or(std::time::UNIX_EPOCH),
+                name,
+                meta.len(),
+            ));
+        }
+        existing.sort();
+        let mut index = LruCache::unbounded();
+        let mut used = 0;
+        for (_, name, len) in existing {
+            used += len;
+            index.put(name, len);
+        }
+        let cache = DiskCache {
+            dir: dir.to_path_buf(),
+            max_bytes,
+            index: Mutex::new(index),
+            used: AtomicU64::new(used),
+            counters: CacheCounters::default(),
+            warned: false.into(),
+        };
+        cache.evict(0);
+        Ok(cache)
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.join(name)
+    }
+
+    /// The block's data if it is cached and intact. Blocking (file I/O): call from a blocking thread.
+    pub fn get(&self, id: &BlockId<'_>) -> Option<Bytes> {
+        let name = id.file_name();
+        let known = self
+            .index
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&name)
+            .is_some();
+        if !known {
+            self.counters.misses.fetch_add(1, Ordering::Relaxed);
+            return None;
+        }
+        match self.read_block(&name, id) {
+            Ok(data) => {
+                self.counters.hits.fetch_add(1, Ordering::Relaxed);
+                self.counters
+                    .hit_bytes
+                    .fetch_add(data.len() as u64, Ordering::Relaxed);
+                Some(data)
+            }
+            Err(why) => {
+                self.counters.corrupt.fetch_add(1, Ordering::Relaxed);
+                self.counters.misses.fetch_add(1, Ordering::Relaxed);
+                warn!(
+                    key = id.key,
+                    block = id.index,
+                    why,
+                    "discarding corrupt cache block"
+                );
+                self.remove(&name);
+                None
+            }
+        }
+    }
+
+    fn read_block(&self, name: &str, id: &BlockId<'_>) -> Result<Bytes, String> {
+        let mut raw = Vec::new();
+        File::open(self.path(name))
+            .and_then(|mut f| f.read_to_end(&mut raw))
+            .map_err(|e| e.to_string())?;
+        let header = id.header();
+        let fixed = MAGIC.len() + 4;
+        if raw.len() < fixed || &raw[..MAGIC.len()] != MAGIC {
+            return Err("bad magic".into());
+        }
+        let header_len = u32::from_le_bytes(raw[8..12].try_into().unwrap()) as usize;
+        let data_at = fixed + header_len + 12;
+        if raw.len() < data_at || raw[fixed..fixed + header_len] != header[..] {
+            return Err("header names another block".into());
+        }
+        let meta = &raw[fixed + header_len..data_at];
+        let len = u64::from_le_bytes(meta[..8].try_into().unwrap()) as usize;
+        let crc = u32::from_le_bytes(meta[8..12].try_into().unwrap());
+        let data = &raw[data_at..];
+        if data.len() != len {
+            return Err(format!("length {} but header says {len}", data.len()));
+        }
+        if crc32c::crc32c(data) != crc {
+            return Err("checksum mismatch".into());
+        }
+        Ok(Bytes::copy_from_slice(data))
+    }
+
+    /// Stores a block (write to a temporary file, then rename, so readers never see half a block).
+    /// Blocking; failures are counted and logged once, never surfaced to readers.
+    pub fn put(&self, id: &BlockId<'_>, data: &[u8]) {
+        let name = id.file_name();
+        let header = id.header();
+        let mut raw = Vec::with_capacity(data.len() + header.len() + 24);
+        raw.extend_from_slice(MAGIC);
+        raw.extend_from_slice(&(header.len() as u32).to_le_bytes());
+        raw.extend_from_slice(&header);
+        raw.extend_from_slice(&(data.len() as u64).to_le_bytes());
+        raw.extend_from_slice(&crc32c::crc32c(data).to_le_bytes());
+        raw.extend_from_slice(data);
+        let size = raw.len() as u64;
+        if size > self.max_bytes {
+            return;
+        }
+        self.evict(size);
+        let tmp = self.dir.join(format!(".tmp-{name}-{}", std::process::id()));
+        let result = fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)
+            .and_then(|mut f| f.write_all(&raw))
+            .and_then(|_| fs::rename(&tmp, self.path(&name)));
+        match result {
+            Ok(()) => {
+                self.counters.writes.fetch_add(1, Ordering::Relaxed);
+                let old = self
+                    .index
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .put(name, size);
+                self.used.fetch_add(size, Ordering::Relaxed);
+                if let Some(old) = old {
+                    self.used.fetch_sub(old, Ordering::Relaxed);
+                }
+            }
+            Err(e) => {
+                let _ = fs::remove_file(&tmp);
+                self.counters.errors.fetch_add(1, Ordering::Relaxed);
+                if !self.warned.swap(true, Ordering::Relaxed) {
+                    warn!(dir = %self.dir.display(), error = %e, "cache write failed; reads continue from the bucket");
+                }
+            }
+        }
+    }
+
+    fn remove(&self, name: &str) {
+        if let Some(size) = self
+            .index
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .pop(name)
+        {
+            self.used.fetch_sub(size, Ordering::Relaxed);
+        }
+        let _ = fs::remove_file(self.path(name));
+    }
+
+    /// Evicts least-recently-used blocks until `incoming` more bytes fit under the limit and the disk keeps
+    /// 5% free.
+    fn evict(&self, incoming: u64) {
+        loop {
+            let over_limit = self.used.load(Ordering::Relaxed) + incoming > self.max_bytes;
+            if !over_limit && !self.disk_nearly_full() {
+                return;
+            }
+            let victim = self
+                .index
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .pop_lru();
+            let Some((name, size)) = victim else { return };
+            self.used.fetch_sub(size, Ordering::Relaxed);
+            let _ = fs::remove_file(self.path(&name));
+            self.counters.evictions.fetch_add(1, Ordering::Relaxed);
+            debug!(name, "evicted cache block");
+        }
+    }
+
+    fn disk_nearly_full(&self) -> bool {
+        match nix::sys::statvfs::statvfs(&self.dir) {
+            Ok(s) => s.blocks_available() < s.blocks() / 20,
+            Err(_) => false,
+        }
+    }
+
+    pub fn used_bytes(&self) -> u64 {
+        self.used.load(Ordering::Relaxed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(index: u64) -> BlockId<'static> {
+        BlockId {
+            bucket: "b",
+            key: "k",
+            etag: "\"e\"",
+            index,
+            block_size: 4,
+        }
+    }
+
+    #[test]
+    fn round_trip_corruption_and_eviction() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = DiskCache::open(dir.path(), 300).unwrap();
+        assert!(cache.get(&id(0)).is_none());
+        cache.put(&id(0), b"abcd");
+        assert_eq!(&cache.get(&id(0)).unwrap()[..], b"abcd");
+        // Another ETag is another block.
+        assert!(
+            cache
+                .get(&BlockId {
+                    etag: "\"f\"",
+                    ..id(0)
+                })
+                .is_none()
+        );
+        // Flip a data byte: discarded, not returned.
+        let path = dir.path().join(id(0).file_name());
+        let mut raw = fs::read(&path).unwrap();
+        let last = raw.len() - 1;
+        raw[last] ^= 1;
+        fs::write(&path, raw).unwrap();
+        assert!(cache.get(&id(0)).is_none());
+        assert_eq!(cache.counters.corrupt.load(Ordering::Relaxed), 1);
+        // Each block file is ~30 bytes of header plus data; the limit keeps only the most recent ones.
+        for i in 0..40 {
+            cache.put(&id(i), b"wxyz");
+        }
+        assert!(cache.used_bytes() <= 300);
+        assert!(cache.get(&id(39)).is_some());
+        assert!(cache.get(&id(0)).is_none());
+        assert!(cache.counters.evictions.load(Ordering::Relaxed) > 0);
+        // A new instance over the same directory finds the blocks again.
+        drop(cache);
+        let again = DiskCache::open(dir.path(), 300).unwrap();
+        assert_eq!(&again.get(&id(39)).unwrap()[..], b"wxyz");
+    }
+}

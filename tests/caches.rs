@@ -1,0 +1,161 @@
+//! The local data cache through a real mount: a second epoch (and a remount) reads without a single GET to
+//! the bucket; changed objects are never served from old blocks; corrupt blocks are refetched; the size
+//! limit holds. GETs are counted by the emulator, not guessed.
+
+mod common;
+
+use std::path::Path;
+use std::time::Duration;
+
+use common::{Mount, emulator, fresh_bucket, pattern, put, put_many, sha256_hex};
+
+/// GetObject requests the emulator served for `bucket`.
+fn gets(bucket: &str) -> u64 {
+    let (status, body) = common::admin_get(emulator(), "/_emulator/stats");
+    assert_eq!(status, 200);
+    // {"bucket": {"GetObject": {"requests": N, ...}, ...}, ...}: find this bucket's GetObject counter.
+    let Some(at) = body.find(&format!("\"{bucket}\"")) else {
+        return 0;
+    };
+    let rest = &body[at..];
+    let end = rest[1..].find("\n  \"").map_or(rest.len(), |e| e + 1);
+    let section = &rest[..end];
+    let Some(g) = section.find("\"GetObject\"") else {
+        return 0;
+    };
+    let after = &section[g..];
+    let r = after.find("\"requests\":").expect("requests counter") + "\"requests\":".len();
+    after[r..]
+        .trim_start()
+        .split(|c: char| !c.is_ascii_digit())
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+fn read_all(root: &Path, names: &[String]) -> Vec<String> {
+    names
+        .iter()
+        .map(|n| sha256_hex(&std::fs::read(root.join(n)).unwrap()))
+        .collect()
+}
+
+fn dir_size(dir: &Path) -> u64 {
+    std::fs::read_dir(dir)
+        .map(|d| {
+            d.filter_map(|e| e.ok()?.metadata().ok())
+                .map(|m| m.len())
+                .sum()
+        })
+        .unwrap_or(0)
+}
+
+#[test]
+fn second_epoch_and_remount_read_without_gets() {
+    let bucket = fresh_bucket(true, "epoch");
+    let mut objects: Vec<(String, Vec<u8>)> = (0..2000)
+        .map(|i| (format!("img/{i:05}.jpg"), pattern(i, 100_000)))
+        .collect();
+    for i in 0..4 {
+        objects.push((format!("shard/{i}.tar"), pattern(100 + i, 64 << 20)));
+    }
+    let names: Vec<String> = objects.iter().map(|(k, _)| k.clone()).collect();
+    let expected: Vec<String> = objects.iter().map(|(_, d)| sha256_hex(d)).collect();
+    put_many(emulator(), &bucket, objects);
+
+    let cache = tempfile::tempdir().unwrap();
+    let cache_arg = cache.path().to_str().unwrap();
+    {
+        let mount = Mount::new(&bucket, &["--cache", cache_arg]);
+        assert_eq!(read_all(mount.path(), &names), expected, "epoch 1");
+        std::thread::sleep(Duration::from_millis(500)); // background cache writes land
+        let before = gets(&bucket);
+        assert!(before > 0);
+        assert_eq!(read_all(mount.path(), &names), expected, "epoch 2");
+        assert_eq!(gets(&bucket), before, "epoch 2 went to the bucket");
+        assert!(mount.unmount().success());
+    }
+    let before = gets(&bucket);
+    let mount = Mount::new(&bucket, &["--cache", cache_arg]);
+    assert_eq!(read_all(mount.path(), &names), expected, "after remount");
+    assert_eq!(
+        gets(&bucket),
+        before,
+        "the cache did not survive the remount"
+    );
+}
+
+#[test]
+fn changed_objects_and_corrupt_blocks_are_never_served() {
+    let bucket = fresh_bucket(true, "fresh");
+    put(emulator(), &bucket, "a.bin", pattern(1, 300_000));
+    let cache = tempfile::tempdir().unwrap();
+    let mount = Mount::new(
+        &bucket,
+        &[
+            "--cache",
+            cache.path().to_str().unwrap(),
+            "--metadata-ttl",
+            "1",
+        ],
+    );
+    let p = mount.path().join("a.bin");
+    assert_eq!(std::fs::read(&p).unwrap(), pattern(1, 300_000));
+    std::thread::sleep(Duration::from_millis(300));
+
+    // Replaced in the bucket: after the TTL the new bytes come back, not cached old blocks.
+    put(emulator(), &bucket, "a.bin", pattern(2, 300_000));
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(std::fs::read(&p).unwrap(), pattern(2, 300_000));
+    std::thread::sleep(Duration::from_millis(300));
+
+    // Corrupt every cached block: reads still return the right bytes, refetched from the bucket.
+    let blocks = cache.path().join("blocks");
+    let mut corrupted = 0;
+    for entry in std::fs::read_dir(&blocks).unwrap() {
+        let path = entry.unwrap().path();
+        let mut raw = std::fs::read(&path).unwrap();
+        let last = raw.len() - 1;
+        raw[last] ^= 0xff;
+        std::fs::write(&path, raw).unwrap();
+        corrupted += 1;
+    }
+    assert!(corrupted > 0, "nothing was cached");
+    let before = gets(&bucket);
+    assert_eq!(std::fs::read(&p).unwrap(), pattern(2, 300_000));
+    assert!(gets(&bucket) > before, "corrupt blocks were not refetched");
+    assert!(
+        mount.log().contains("discarding corrupt cache block"),
+        "{}",
+        mount.log()
+    );
+}
+
+#[test]
+fn cache_size_limit_holds() {
+    let bucket = fresh_bucket(true, "limit");
+    let objects: Vec<(String, Vec<u8>)> = (0..8)
+        .map(|i| (format!("f{i}"), pattern(i, 2 << 20)))
+        .collect();
+    put_many(emulator(), &bucket, objects.clone());
+    let cache = tempfile::tempdir().unwrap();
+    let mount = Mount::new(
+        &bucket,
+        &[
+            "--cache",
+            cache.path().to_str().unwrap(),
+            "--max-cache-size",
+            "8",
+        ],
+    );
+    for (name, data) in &objects {
+        assert_eq!(&std::fs::read(mount.path().join(name)).unwrap(), data);
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let used = dir_size(&cache.path().join("blocks"));
+    assert!(
+        used > 0 && used <= 8 << 20,
+        "cache holds {used} bytes with an 8 MiB limit"
+    );
+}
