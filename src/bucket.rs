@@ -143,7 +143,8 @@ mod tests {
             ("192.168.1.1", "IP address"),
             ("x--y", "reserved"),
             ("base--nozone--x-s3", "availability zone"),
-            ("--use1-az4--x-s3", "base name"),
+            ("--use1-az4--x-s3", "begin and end"),
+            ("a--b--use1-az4--x-s3", "base name"),
             ("bucket/prefix", "--prefix"),
         ] {
             let err = parse(bad).unwrap_err();
