@@ -9,8 +9,8 @@ use std::time::{Duration, SystemTime};
 use fuser::{
     Config, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
     InitFlags, KernelConfig, LockOwner, MountOption, OpenFlags, RenameFlags, ReplyAttr,
-    ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs,
-    ReplyWrite, Request, SessionACL, TimeOrNow, WriteFlags,
+    ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen,
+    ReplyStatfs, ReplyWrite, Request, SessionACL, TimeOrNow, WriteFlags,
 };
 use tracing::{Instrument, debug_span, warn};
 
@@ -111,10 +111,13 @@ impl Adapter {
 
 impl Filesystem for Adapter {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
-        // O_TRUNC arrives with open (not as a separate truncate); directory operations may run in parallel.
+        // O_TRUNC arrives with open (not as a separate truncate); directory operations may run in parallel;
+        // readdirplus hands the kernel every entry's attributes with the listing, so `ls -l`, `os.walk` and
+        // `find` need no lookup per entry.
         for flag in [
             InitFlags::FUSE_ATOMIC_O_TRUNC,
             InitFlags::FUSE_PARALLEL_DIROPS,
+            InitFlags::FUSE_DO_READDIRPLUS,
         ] {
             let _ = config.add_capabilities(flag);
         }
@@ -487,6 +490,48 @@ impl Filesystem for Adapter {
                 }
             }
             .instrument(debug_span!("readdir", ino = ino.0, offset)),
+        );
+    }
+
+    fn readdirplus(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectoryPlus,
+    ) {
+        let (fs, ttl, bs) = (Arc::clone(&self.fs), self.ttl, self.block_size);
+        self.spawn(
+            async move {
+                match fs.readdir(fh.0, offset).await {
+                    Ok(entries) => {
+                        for (i, entry) in entries.iter().enumerate().skip(offset as usize) {
+                            let Some(attr) = fs.cached_attr(entry.ino) else {
+                                continue;
+                            };
+                            let dots = entry.name == "." || entry.name == "..";
+                            if reply.add(
+                                INodeNo(entry.ino),
+                                i as u64 + 1,
+                                &entry.name,
+                                &ttl,
+                                &file_attr(&attr, bs),
+                                Generation(0),
+                            ) {
+                                break;
+                            }
+                            // The kernel holds a reference to every entry but . and .. (as after lookup).
+                            if !dots {
+                                fs.add_lookup(entry.ino);
+                            }
+                        }
+                        reply.ok();
+                    }
+                    Err(e) => reply.error(report("readdirplus", &e)),
+                }
+            }
+            .instrument(debug_span!("readdirplus", ino = ino.0, offset)),
         );
     }
 

@@ -300,6 +300,16 @@ impl S3Filesystem {
         }
     }
 
+    /// Attributes of a node already in the table (readdirplus answers from the listing just made).
+    pub fn cached_attr(&self, ino: u64) -> Option<Attr> {
+        self.table().get(ino).map(|n| self.attr_of(n))
+    }
+
+    /// The kernel took a reference to `ino` outside lookup (readdirplus entries).
+    pub fn add_lookup(&self, ino: u64) {
+        self.table().add_lookup(ino);
+    }
+
     pub fn forget(&self, ino: u64, n: u64) {
         self.table().forget(ino, n);
     }

@@ -97,20 +97,40 @@ impl Reader {
             return Ok(Bytes::new());
         }
         let end = (offset + len as u64).min(self.size);
-        let covered =
-            self.chunks.front().is_some_and(|c| c.start <= offset) && offset < self.next_fetch;
-        let sequential = offset == self.last_end || covered;
+        // The kernel's readahead sends several reads at once, so they may arrive out of order: anything inside
+        // the window (or just past it) is sequential, and a read a little behind it is served on the side
+        // without dropping the window.
+        let front_start = self.chunks.front().map(|c| c.start);
+        let in_window =
+            front_start.is_some_and(|s| s <= offset) && offset <= self.next_fetch + self.part_size;
+        let sequential = offset == self.last_end || in_window;
         if !sequential {
+            if let Some(s) = front_start {
+                if offset < s && s - offset <= 2 * self.part_size {
+                    self.bytes_fetched += end - offset;
+                    return self
+                        .client
+                        .get_object(&self.key, offset..end, Some(&self.etag))
+                        .await
+                        .map_err(|e| FsError::client(&self.key, e));
+                }
+            }
             self.chunks.clear();
             self.window = self.part_size;
             self.next_fetch = offset;
             let fetch_end = end.max(offset + MIN_RANDOM_FETCH).min(self.size);
             self.spawn_fetch(offset, fetch_end);
         } else {
-            while self.chunks.front().is_some_and(|c| c.end <= offset) {
+            // Keep one part behind the reader for reads that arrive late.
+            while self
+                .chunks
+                .front()
+                .is_some_and(|c| c.end + self.part_size <= offset)
+            {
                 self.chunks.pop_front();
             }
-            if self.chunks.is_empty() {
+            if self.chunks.is_empty() || self.next_fetch < offset {
+                self.chunks.clear();
                 self.next_fetch = offset;
             }
             let target = end.max(offset + self.window).min(self.size);
