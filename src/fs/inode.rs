@@ -113,9 +113,12 @@ impl InodeTable {
             if let Some(node) = self.nodes.get_mut(&ino) {
                 if node.kind == kind {
                     // Keep local sizes of files being written; the bucket does not know them yet.
+                    // A directory made by mkdir stays (locally) even when the bucket no longer has keys under it.
                     if node.writers == 0 {
                         node.stat = stat;
-                        node.local = false;
+                        if kind == Kind::File {
+                            node.local = false;
+                        }
                     }
                     node.expires = expires;
                     return ino;

@@ -7,6 +7,9 @@ pub mod names;
 pub mod read;
 pub mod write;
 
+#[cfg(test)]
+mod model_test;
+
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -284,6 +284,15 @@ impl Mount {
         status.expect("daemon exits")
     }
 
+    /// SIGKILLs the daemon (a crash), then detaches the dead mount as an operator would (`umount -l`).
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let _ = nix::mount::umount2(self.dir.path(), nix::mount::MntFlags::MNT_DETACH);
+    }
+
     fn unmount_inner(&mut self) -> Option<ExitStatus> {
         let mut child = self.child.take()?;
         let _ = nix::mount::umount2(self.dir.path(), nix::mount::MntFlags::empty());
@@ -387,6 +396,31 @@ pub fn admin_get(emu: &Emulator, path: &str) -> (u16, String) {
         stream,
         "GET {path} HTTP/1.0\r\nHost: {}\r\n\r\n",
         emu.addr()
+    )
+    .unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).unwrap();
+    let status = answer
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let body = answer
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    (status, body)
+}
+
+/// POST on the emulator's admin endpoints (e.g. `/_emulator/faults` with a JSON body): (status, body).
+pub fn admin_post(emu: &Emulator, path: &str, body: &str) -> (u16, String) {
+    use std::io::Write;
+    let mut stream = std::net::TcpStream::connect(emu.addr()).expect("connect to emulator");
+    write!(
+        stream,
+        "POST {path} HTTP/1.0\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        emu.addr(),
+        body.len()
     )
     .unwrap();
     let mut answer = String::new();
