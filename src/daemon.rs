@@ -70,7 +70,35 @@ fn notify_systemd(state: &str) {
 
 /// Entry point of the binary; returns the exit code.
 pub fn main() -> i32 {
-    let argv = match expand_mount_options(std::env::args().collect()) {
+    let mut argv: Vec<String> = std::env::args().collect();
+    let invoked_as = argv
+        .first()
+        .map(|a| a.rsplit('/').next().unwrap_or(a).to_string())
+        .unwrap_or_default();
+    if invoked_as == "mount.expressfs" {
+        argv = match mount_helper_args(&argv[1..]) {
+            Ok(Some(a)) => a,
+            Ok(None) => return 0,
+            Err(e) => {
+                eprintln!("mount.expressfs: error: {e}");
+                return 1;
+            }
+        };
+    }
+    if argv.iter().any(|a| a == "--version" || a == "-V") {
+        println!(
+            "expressfs {} (commit {}, {} build)",
+            env!("CARGO_PKG_VERSION"),
+            option_env!("EXPRESSFS_COMMIT").unwrap_or("unknown"),
+            if cfg!(debug_assertions) {
+                "debug"
+            } else {
+                "release"
+            }
+        );
+        return 0;
+    }
+    let argv = match expand_mount_options(argv) {
         Ok(a) => a,
         Err(e) => {
             eprintln!("expressfs: error: {e}");
@@ -115,6 +143,35 @@ pub fn main() -> i32 {
         Ok(Detached::Parent(code)) => code,
         Err(e) => terminal.fail(&format!("cannot start the background daemon: {e}")),
     }
+}
+
+/// mount(8) runs `mount.expressfs SOURCE DIR [-sfnv] [-N ns] [-o opts] [-t type]` for fstab lines of type
+/// `expressfs`. Returns the equivalent `expressfs` command line, or None for a fake (`-f`) mount.
+pub fn mount_helper_args(args: &[String]) -> Result<Option<Vec<String>>, String> {
+    let mut positional = Vec::new();
+    let mut options = Vec::new();
+    let mut iter = args.iter();
+    while let Some(arg) = iter.next() {
+        match arg.as_str() {
+            "-o" => options.push(iter.next().ok_or("-o needs options")?.clone()),
+            "-t" | "-N" => {
+                iter.next();
+            }
+            "-f" => return Ok(None),
+            "-s" | "-n" | "-v" => {}
+            other if other.starts_with("-o") => options.push(other[2..].to_string()),
+            other => positional.push(other.to_string()),
+        }
+    }
+    let [source, target] = positional.as_slice() else {
+        return Err("usage: mount.expressfs BUCKET MOUNTPOINT [-o options]".into());
+    };
+    let mut argv = vec!["expressfs".to_string(), source.clone(), target.clone()];
+    for o in options {
+        argv.push("-o".into());
+        argv.push(o);
+    }
+    Ok(Some(argv))
 }
 
 fn resolve_region(args: &Args, name: &bucket::BucketName) -> Result<String, String> {

@@ -176,3 +176,87 @@ fn help_lists_grouped_flags() {
         assert!(help.contains(needle), "--help lacks {needle}");
     }
 }
+
+/// An /etc/fstab line of type expressfs mounts through util-linux `mount --fstab`, which runs the daemon
+/// as the `/sbin/mount.expressfs` helper.
+#[test]
+fn fstab_line_mounts_through_the_mount_helper() {
+    let helper = std::path::Path::new("/sbin/mount.expressfs");
+    let ours = std::path::PathBuf::from(env!("CARGO_BIN_EXE_expressfs"));
+    match std::fs::read_link(helper) {
+        Ok(target) if target == ours => {}
+        Ok(target) if target.to_string_lossy().contains("/target/") => {
+            std::fs::remove_file(helper).unwrap();
+            std::os::unix::fs::symlink(&ours, helper).unwrap();
+        }
+        Ok(_) | Err(_) if helper.exists() => {
+            eprintln!(
+                "skipping: {} belongs to an installed package",
+                helper.display()
+            );
+            return;
+        }
+        _ => std::os::unix::fs::symlink(&ours, helper).unwrap(),
+    }
+    let bucket = fresh_bucket(true, "fstab");
+    put(emulator(), &bucket, "hello.txt", b"from fstab".to_vec());
+    let dir = empty_dir();
+    let fstab = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(
+        fstab.path(),
+        format!(
+            "# test fstab\n{bucket} {} expressfs _netdev,nofail,read-only,endpoint-url={},region=us-east-1,metadata-ttl=indefinite,x-systemd.automount 0 0\n",
+            dir.path().display(),
+            emulator().endpoint_url()
+        ),
+    )
+    .unwrap();
+    let out = Command::new("mount")
+        .arg("--fstab")
+        .arg(fstab.path())
+        .arg(dir.path())
+        .env("AWS_EC2_METADATA_DISABLED", "true")
+        .env("AWS_ACCESS_KEY_ID", common::ACCESS_KEY)
+        .env("AWS_SECRET_ACCESS_KEY", common::SECRET_KEY)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "mount --fstab failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(is_mounted(dir.path()));
+    assert_eq!(
+        std::fs::read(dir.path().join("hello.txt")).unwrap(),
+        b"from fstab"
+    );
+    assert_eq!(
+        common::errno_of(std::fs::write(dir.path().join("new"), b"x")),
+        libc::EROFS
+    );
+    let status = Command::new("umount").arg(dir.path()).status().unwrap();
+    assert!(status.success());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while is_mounted(dir.path()) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(!is_mounted(dir.path()));
+}
+
+#[test]
+fn version_names_the_commit_and_profile() {
+    let out = run({
+        let mut c = Command::new(env!("CARGO_BIN_EXE_expressfs"));
+        c.arg("--version");
+        c
+    });
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success()
+            && text.starts_with("expressfs ")
+            && text.contains("commit ")
+            && text.contains("build"),
+        "{text}"
+    );
+}
