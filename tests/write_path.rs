@@ -330,3 +330,22 @@ fn metadata_calls_from_copy_tools_do_not_fail() {
     File::open(&dest).unwrap().read_to_string(&mut buf).unwrap();
     assert_eq!(buf, "copied");
 }
+
+#[test]
+fn shell_redirection_writes_land() {
+    // The shell dup2s the new descriptor onto stdout and closes the original (a FUSE flush) before writing.
+    let bucket = fresh_bucket(true, "shell");
+    let mount = Mount::new(&bucket, &[]);
+    let p = mount.path().join("hello.txt");
+    let status = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!("echo hello > '{}'", p.display()))
+        .status()
+        .unwrap();
+    assert!(status.success());
+    assert_eq!(
+        get(common::emulator(), &bucket, "hello.txt").unwrap(),
+        b"hello\n"
+    );
+    assert_eq!(fs::read(&p).unwrap(), b"hello\n");
+}

@@ -677,7 +677,13 @@ impl S3Filesystem {
 
     pub async fn write(&self, fh: u64, offset: u64, data: &[u8]) -> FsResult<u32> {
         let handle = self.handle(fh)?;
-        let Handle::Write { ino, writer, .. } = handle.as_ref() else {
+        let Handle::Write {
+            ino,
+            writer,
+            counted,
+            ..
+        } = handle.as_ref()
+        else {
             return Err(FsError::BadHandle);
         };
         let mut w = writer.lock().await;
@@ -686,6 +692,10 @@ impl S3Filesystem {
         if let Some(node) = self.table().get_mut(*ino) {
             node.stat.size = size;
             node.stat.mtime = SystemTime::now();
+            // Dirty again after an upload: the file is busy until its next upload.
+            if !counted.swap(true, Ordering::SeqCst) {
+                node.writers += 1;
+            }
         }
         Ok(n)
     }
@@ -716,10 +726,9 @@ impl S3Filesystem {
                 };
                 node.expires = expires;
             }
-            // A finished (sealed) upload no longer makes the file busy for readers, rename or unlink.
-            if w.is_sealed() && counted.swap(false, Ordering::SeqCst) {
+            // Once everything written is uploaded, the file is no longer busy for readers, rename or unlink.
+            if !w.is_dirty() && counted.swap(false, Ordering::SeqCst) {
                 node.writers = node.writers.saturating_sub(1);
-                self.writers.fetch_sub(1, Ordering::SeqCst);
             }
         }
         Ok(())
@@ -759,6 +768,8 @@ impl S3Filesystem {
             return Ok(());
         };
         let mut w = writer.lock().await;
+        // The handle is gone: it no longer counts against --max-open-writers.
+        self.writers.fetch_sub(1, Ordering::SeqCst);
         let result = w.commit().await;
         if result.is_err() {
             w.abort().await;
@@ -767,7 +778,6 @@ impl S3Filesystem {
         if let Some(node) = table.get_mut(*ino) {
             if counted.swap(false, Ordering::SeqCst) {
                 node.writers = node.writers.saturating_sub(1);
-                self.writers.fetch_sub(1, Ordering::SeqCst);
             }
             if let Ok(Some(put)) = &result {
                 node.stat.etag = Some(put.etag.clone());

@@ -235,8 +235,14 @@ impl Writer {
         match result {
             Ok(r) => {
                 self.dirty = false;
-                if !matches!(self.mode, Mode::Append { .. }) {
+                // Data that was streamed away cannot be uploaded again: such a handle takes no more writes.
+                // Small and staged files stay writable; their next upload may replace only our own version.
+                let streamed =
+                    matches!(self.mode, Mode::Stream) && self.size > self.buffer.len() as u64;
+                if streamed {
                     self.sealed = true;
+                } else if !matches!(self.mode, Mode::Append { .. }) {
+                    self.condition = WriteCondition::IfMatch(r.etag.clone());
                 }
                 Ok(Some(r))
             }
@@ -320,7 +326,9 @@ impl Writer {
             }
             Mode::Stream => {
                 let Some(mut mp) = self.multipart.take() else {
-                    let body = self.buffer.split().freeze();
+                    // Smaller than one part: the whole file is still in memory, so keep it. A later write
+                    // (after `exec >file` style dup-and-close, or a second fsync) can upload the whole file again.
+                    let body = Bytes::copy_from_slice(&self.buffer);
                     return client
                         .put_object(&key, body, self.condition.clone())
                         .await
@@ -401,6 +409,11 @@ impl Writer {
         self.sealed
     }
 
+    /// Written data not yet uploaded.
+    pub fn is_dirty(&self) -> bool {
+        self.dirty
+    }
+
     pub fn is_failed(&self) -> bool {
         self.failed.is_some()
     }
@@ -444,6 +457,28 @@ mod tests {
             w.write(w.size(), b"x").await.is_err(),
             "sealed after commit"
         );
+    }
+
+    #[tokio::test]
+    async fn small_files_stay_writable_after_a_flush() {
+        // bash's `echo hi > f` dup2s the new descriptor and closes the original (a flush) before writing.
+        let fake = Arc::new(FakeClient::new("b", true));
+        let mut w = Writer::new(fake.clone(), "f".into(), opts(None));
+        w.commit().await.unwrap();
+        assert_eq!(&fake.object("f").unwrap()[..], b"");
+        w.write(0, b"hi\n").await.unwrap();
+        w.commit().await.unwrap();
+        assert_eq!(&fake.object("f").unwrap()[..], b"hi\n");
+        w.write(3, b"more").await.unwrap();
+        w.commit().await.unwrap();
+        assert_eq!(&fake.object("f").unwrap()[..], b"hi\nmore");
+        // Someone else replaced it meanwhile: our next upload must not clobber theirs.
+        fake.put_object("f", Bytes::from_static(b"theirs"), WriteCondition::None)
+            .await
+            .unwrap();
+        w.write(7, b"!").await.unwrap();
+        assert!(w.commit().await.is_err());
+        assert_eq!(&fake.object("f").unwrap()[..], b"theirs");
     }
 
     #[tokio::test]
