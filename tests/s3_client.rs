@@ -5,8 +5,6 @@
 mod common;
 
 use std::future::Future;
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -37,29 +35,7 @@ fn client(emu: &Emulator, bucket: &str) -> SdkClient {
     client_with(emu, bucket, |_| {})
 }
 
-/// A plain HTTP/1.0 call to the emulator's admin endpoints (no auth, loopback).
-fn admin(emu: &Emulator, method: &str, path: &str, body: &str) -> (u16, String) {
-    let mut stream = TcpStream::connect(emu.addr()).expect("connect to emulator");
-    write!(
-        stream,
-        "{method} {path} HTTP/1.0\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        emu.addr(),
-        body.len()
-    )
-    .unwrap();
-    let mut answer = String::new();
-    stream.read_to_string(&mut answer).unwrap();
-    let status = answer
-        .split(' ')
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
-    let body = answer
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    (status, body)
-}
+use common::admin;
 
 fn bucket_pair(tag: &str) -> [String; 2] {
     [

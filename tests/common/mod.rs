@@ -388,37 +388,13 @@ pub fn errno_of<T: std::fmt::Debug>(result: std::io::Result<T>) -> i32 {
     }
 }
 
-/// GET on the emulator's unauthenticated admin endpoints (`/_emulator/...`): (status, body).
-pub fn admin_get(emu: &Emulator, path: &str) -> (u16, String) {
+/// A call to the emulator's unauthenticated admin endpoints (`/_emulator/...`): (status, body).
+pub fn admin(emu: &Emulator, method: &str, path: &str, body: &str) -> (u16, String) {
     use std::io::Write;
     let mut stream = std::net::TcpStream::connect(emu.addr()).expect("connect to emulator");
     write!(
         stream,
-        "GET {path} HTTP/1.0\r\nHost: {}\r\n\r\n",
-        emu.addr()
-    )
-    .unwrap();
-    let mut answer = String::new();
-    stream.read_to_string(&mut answer).unwrap();
-    let status = answer
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
-    let body = answer
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    (status, body)
-}
-
-/// POST on the emulator's admin endpoints (e.g. `/_emulator/faults` with a JSON body): (status, body).
-pub fn admin_post(emu: &Emulator, path: &str, body: &str) -> (u16, String) {
-    use std::io::Write;
-    let mut stream = std::net::TcpStream::connect(emu.addr()).expect("connect to emulator");
-    write!(
-        stream,
-        "POST {path} HTTP/1.0\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        "{method} {path} HTTP/1.0\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
         emu.addr(),
         body.len()
     )
@@ -435,4 +411,12 @@ pub fn admin_post(emu: &Emulator, path: &str, body: &str) -> (u16, String) {
         .map(|(_, b)| b.to_string())
         .unwrap_or_default();
     (status, body)
+}
+
+pub fn admin_get(emu: &Emulator, path: &str) -> (u16, String) {
+    admin(emu, "GET", path, "")
+}
+
+pub fn admin_post(emu: &Emulator, path: &str, body: &str) -> (u16, String) {
+    admin(emu, "POST", path, body)
 }
