@@ -134,6 +134,9 @@ pub struct Args {
     /// No logging at all
     #[arg(long, help_heading = "Logging")]
     pub no_log: bool,
+    /// Serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9464)
+    #[arg(long, help_heading = "Logging")]
+    pub metrics_addr: Option<std::net::SocketAddr>,
 }
 
 impl Args {

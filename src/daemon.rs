@@ -266,6 +266,41 @@ fn raise_readahead(mountpoint: &Path, kb: u32) {
     }
 }
 
+/// Every 60 s: gauges for the metrics endpoint and one summary line in the log (when something changed).
+fn spawn_summary(
+    runtime: &tokio::runtime::Runtime,
+    fs: Arc<S3Filesystem>,
+    cache: Option<Arc<crate::cache::disk::DiskCache>>,
+) {
+    runtime.spawn(async move {
+        let mut last = String::new();
+        loop {
+            let (handles, writers, inodes) = fs.usage();
+            metrics::gauge!("expressfs_open_handles").set(handles as f64);
+            metrics::gauge!("expressfs_open_writers").set(writers as f64);
+            metrics::gauge!("expressfs_inodes").set(inodes as f64);
+            let mut line = format!("open_handles={handles} open_writers={writers} inodes={inodes}");
+            if let Some(c) = &cache {
+                use std::sync::atomic::Ordering::Relaxed;
+                let counters = &c.counters;
+                metrics::gauge!("expressfs_cache_hits").set(counters.hits.load(Relaxed) as f64);
+                metrics::gauge!("expressfs_cache_misses").set(counters.misses.load(Relaxed) as f64);
+                metrics::gauge!("expressfs_cache_evictions")
+                    .set(counters.evictions.load(Relaxed) as f64);
+                metrics::gauge!("expressfs_cache_corrupt_blocks")
+                    .set(counters.corrupt.load(Relaxed) as f64);
+                metrics::gauge!("expressfs_cache_bytes").set(c.used_bytes() as f64);
+                line.push_str(&format!(" cache: {}", counters.summary()));
+            }
+            if line != last {
+                info!(summary = %line, "activity");
+                last = line;
+            }
+            tokio::time::sleep(Duration::from_secs(60)).await;
+        }
+    });
+}
+
 /// Explains a failure of the startup checks in terms a user can act on.
 fn explain(e: &ClientError, bucket: &str, region: &str, directory: bool) -> String {
     match e {
@@ -349,20 +384,6 @@ fn serve(args: Args, name: bucket::BucketName, region: String, mut reporter: Rep
             }
         }
     };
-    if let Some(cache) = &disk_cache {
-        let cache = Arc::clone(cache);
-        runtime.spawn(async move {
-            let mut last = String::new();
-            loop {
-                tokio::time::sleep(Duration::from_secs(60)).await;
-                let now = cache.counters.summary();
-                if now != last {
-                    info!(counters = %now, "data cache");
-                    last = now;
-                }
-            }
-        });
-    }
 
     let mut config = FsConfig::new(
         args.uid.unwrap_or_else(|| nix::unistd::getuid().as_raw()),
@@ -394,6 +415,18 @@ fn serve(args: Args, name: bucket::BucketName, region: String, mut reporter: Rep
         }
         Some(dir)
     };
+    if let Some(addr) = args.metrics_addr {
+        let _guard = runtime.enter();
+        let installed = metrics_exporter_prometheus::PrometheusBuilder::new()
+            .with_http_listener(addr)
+            .set_buckets(&[
+                0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0,
+            ])
+            .and_then(|b| b.install());
+        if let Err(e) = installed {
+            return reporter.fail(&format!("--metrics-addr {addr}: {e}"));
+        }
+    }
     let fs = S3Filesystem::new(client, config);
     // The root mount path ignores the subtype (the type is plain "fuse"), so the source names us and the bucket.
     let fs_name = if prefix.is_empty() {
@@ -410,6 +443,8 @@ fn serve(args: Args, name: bucket::BucketName, region: String, mut reporter: Rep
         auto_unmount: args.auto_unmount,
         threads: args.max_threads,
     };
+    let fs = Arc::new(fs);
+    spawn_summary(&runtime, Arc::clone(&fs), disk_cache.clone());
     let mounted = match fuse::mount(fs, runtime.handle().clone(), &options) {
         Ok(m) => m,
         Err(e) => {

@@ -93,11 +93,13 @@ fn name_str(name: &OsStr) -> Result<String, Errno> {
 }
 
 /// Logs errors that are not routine (missing names are).
-fn report(op: &str, e: &FsError) -> Errno {
+fn report(op: &'static str, e: &FsError) -> Errno {
+    let errno = errno(e);
+    metrics::counter!("expressfs_fuse_errors_total", "op" => op, "errno" => errno.code().to_string()).increment(1);
     if !matches!(e, FsError::NotFound | FsError::Exists | FsError::NotEmpty) {
-        warn!(op, error = %e, "operation failed");
+        warn!(op, error = %e, errno = errno.code(), "operation failed");
     }
-    errno(e)
+    errno
 }
 
 impl Adapter {
@@ -359,7 +361,11 @@ impl Filesystem for Adapter {
         self.spawn(
             async move {
                 match fs.read(fh.0, offset, size).await {
-                    Ok(data) => reply.data(&data),
+                    Ok(data) => {
+                        metrics::counter!("expressfs_read_bytes_total")
+                            .increment(data.len() as u64);
+                        reply.data(&data)
+                    }
                     Err(e) => reply.error(report("read", &e)),
                 }
             }
@@ -384,7 +390,10 @@ impl Filesystem for Adapter {
         self.spawn(
             async move {
                 match fs.write(fh.0, offset, &data).await {
-                    Ok(n) => reply.written(n),
+                    Ok(n) => {
+                        metrics::counter!("expressfs_written_bytes_total").increment(u64::from(n));
+                        reply.written(n)
+                    }
                     Err(e) => reply.error(report("write", &e)),
                 }
             }
@@ -594,13 +603,13 @@ impl MountedFs {
 
 /// Mounts `fs` and starts serving it. Returns once the kernel has the mount.
 pub fn mount(
-    fs: S3Filesystem,
+    fs: Arc<S3Filesystem>,
     runtime: tokio::runtime::Handle,
     options: &FuseOptions,
 ) -> std::io::Result<MountedFs> {
     let ttl = fs.config().metadata_ttl;
     let adapter = Adapter {
-        fs: Arc::new(fs),
+        fs,
         runtime,
         ttl,
         block_size: 128 * 1024,

@@ -260,3 +260,48 @@ fn version_names_the_commit_and_profile() {
         "{text}"
     );
 }
+
+#[test]
+fn metrics_endpoint_serves_prometheus_text() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let bucket = fresh_bucket(true, "metrics");
+    put(emulator(), &bucket, "m.bin", vec![7u8; 300_000]);
+    let addr = format!("127.0.0.1:{port}");
+    let mount = common::Mount::new(&bucket, &["--metrics-addr", &addr]);
+    assert_eq!(
+        std::fs::read(mount.path().join("m.bin")).unwrap().len(),
+        300_000
+    );
+    let _ = std::fs::metadata(mount.path().join("missing"));
+    let mut body = String::new();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        use std::io::{Read, Write};
+        if let Ok(mut s) = std::net::TcpStream::connect(&addr) {
+            write!(s, "GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
+            body.clear();
+            let _ = s.read_to_string(&mut body);
+            if body.contains("expressfs_read_bytes_total") {
+                break;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(
+        body.contains("expressfs_s3_requests_total{op=\"GetObject\",result=\"ok\"}"),
+        "{body}"
+    );
+    assert!(
+        body.contains("expressfs_s3_request_seconds_bucket"),
+        "{body}"
+    );
+    assert!(body.contains("expressfs_read_bytes_total 300000"), "{body}");
+    assert!(
+        body.contains("expressfs_fuse_errors_total{op=\"lookup\",errno=\"2\"}"),
+        "{body}"
+    );
+}

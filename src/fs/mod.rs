@@ -981,6 +981,16 @@ impl S3Filesystem {
         Ok(())
     }
 
+    /// (open handles, open writers, known inodes), for metrics and the periodic summary.
+    pub fn usage(&self) -> (usize, u64, usize) {
+        let handles = self.handles.lock().unwrap_or_else(|e| e.into_inner()).len();
+        (
+            handles,
+            self.writers.load(Ordering::Relaxed),
+            self.table().len(),
+        )
+    }
+
     /// Node-count and capacity figures for statfs: an object store has no fixed size.
     pub fn statfs(&self) -> (u64, u64) {
         let nodes = self.table().len() as u64;

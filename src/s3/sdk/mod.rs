@@ -274,7 +274,15 @@ impl SdkClient {
         let span = debug_span!("s3", op, bucket = %self.config.bucket, key);
         let started = Instant::now();
         let result = call.instrument(span.clone()).await;
-        let ms = started.elapsed().as_millis() as u64;
+        let elapsed = started.elapsed();
+        let ms = elapsed.as_millis() as u64;
+        let outcome = match &result {
+            Ok(_) => "ok",
+            Err(e) => e.code(),
+        };
+        metrics::counter!("expressfs_s3_requests_total", "op" => op, "result" => outcome.to_string()).increment(1);
+        metrics::histogram!("expressfs_s3_request_seconds", "op" => op)
+            .record(elapsed.as_secs_f64());
         let _entered = span.enter();
         match &result {
             Ok(_) => debug!(ms, "s3 call done"),
