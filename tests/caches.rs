@@ -11,6 +11,11 @@ use common::{Mount, emulator, fresh_bucket, pattern, put, put_many, sha256_hex};
 
 /// GetObject requests the emulator served for `bucket`.
 fn gets(bucket: &str) -> u64 {
+    op_count(bucket, "GetObject")
+}
+
+/// Requests of one operation the emulator served for `bucket`.
+fn op_count(bucket: &str, op: &str) -> u64 {
     let (status, body) = common::admin_get(emulator(), "/_emulator/stats");
     assert_eq!(status, 200);
     // {"bucket": {"GetObject": {"requests": N, ...}, ...}, ...}: find this bucket's GetObject counter.
@@ -158,4 +163,44 @@ fn cache_size_limit_holds() {
         used > 0 && used <= 8 << 20,
         "cache holds {used} bytes with an 8 MiB limit"
     );
+}
+
+#[test]
+fn listings_and_stats_are_cached_for_the_ttl() {
+    let bucket = fresh_bucket(true, "lscache");
+    let objects: Vec<(String, Vec<u8>)> = (0..300)
+        .map(|i| (format!("d/f{i:03}"), vec![1u8; 10]))
+        .collect();
+    put_many(emulator(), &bucket, objects);
+    let mount = Mount::new(&bucket, &["--metadata-ttl", "60"]);
+    let dir = mount.path().join("d");
+    let list = |dir: &Path| {
+        let mut n = 0;
+        for e in std::fs::read_dir(dir).unwrap() {
+            assert_eq!(e.unwrap().metadata().unwrap().len(), 10);
+            n += 1;
+        }
+        n
+    };
+    assert_eq!(list(&dir), 300);
+    let (lists, heads) = (
+        op_count(&bucket, "ListObjectsV2"),
+        op_count(&bucket, "HeadObject"),
+    );
+    assert_eq!(list(&dir), 300);
+    assert_eq!(
+        op_count(&bucket, "ListObjectsV2"),
+        lists,
+        "second ls within the TTL listed again"
+    );
+    assert_eq!(
+        op_count(&bucket, "HeadObject"),
+        heads,
+        "stat of listed entries went to the bucket"
+    );
+    // Our own change shows at once.
+    std::fs::write(dir.join("new"), b"0123456789").unwrap();
+    assert_eq!(list(&dir), 301);
+    std::fs::remove_file(dir.join("f000")).unwrap_err(); // no --allow-delete: refused, listing unchanged
+    assert_eq!(list(&dir), 301);
 }

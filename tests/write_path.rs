@@ -359,14 +359,29 @@ fn locks_are_node_local_and_open_writers_are_capped() {
     let a = File::open(mount.path().join("lockfile")).unwrap();
     let b = File::open(mount.path().join("lockfile")).unwrap();
     // SAFETY: flock on descriptors we own.
-    assert_eq!(unsafe { libc::flock(a.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) }, 0);
-    assert_eq!(unsafe { libc::flock(b.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) }, -1, "second exclusive flock granted");
-    assert_eq!(std::io::Error::last_os_error().raw_os_error(), Some(libc::EWOULDBLOCK));
+    assert_eq!(
+        unsafe { libc::flock(a.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) },
+        0
+    );
+    assert_eq!(
+        unsafe { libc::flock(b.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) },
+        -1,
+        "second exclusive flock granted"
+    );
+    assert_eq!(
+        std::io::Error::last_os_error().raw_os_error(),
+        Some(libc::EWOULDBLOCK)
+    );
     // SAFETY: as above.
     assert_eq!(unsafe { libc::flock(a.as_raw_fd(), libc::LOCK_UN) }, 0);
 
-    let writers: Vec<File> = (0..3).map(|i| File::create(mount.path().join(format!("w{i}"))).unwrap()).collect();
-    assert_eq!(errno_of(File::create(mount.path().join("w3"))), libc::EMFILE);
+    let writers: Vec<File> = (0..3)
+        .map(|i| File::create(mount.path().join(format!("w{i}"))).unwrap())
+        .collect();
+    assert_eq!(
+        errno_of(File::create(mount.path().join("w3"))),
+        libc::EMFILE
+    );
     drop(writers);
     std::thread::sleep(std::time::Duration::from_millis(200)); // releases are asynchronous
     File::create(mount.path().join("w3")).expect("a slot is free again after close");

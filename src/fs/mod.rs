@@ -136,6 +136,8 @@ pub struct S3Filesystem {
     inodes: Mutex<InodeTable>,
     /// Names known not to exist, until the given instant.
     negative: Mutex<HashMap<(u64, String), Instant>>,
+    /// Directory listings, trusted for the metadata TTL; dropped when we change the directory ourselves.
+    listings: Mutex<HashMap<u64, (Instant, Arc<Vec<DirEntry>>)>>,
     handles: Mutex<HashMap<u64, Arc<Handle>>>,
     next_handle: AtomicU64,
     writers: AtomicU64,
@@ -148,6 +150,7 @@ impl S3Filesystem {
             client,
             config,
             negative: Mutex::new(HashMap::new()),
+            listings: Mutex::new(HashMap::new()),
             handles: Mutex::new(HashMap::new()),
             next_handle: AtomicU64::new(1),
             writers: AtomicU64::new(0),
@@ -475,7 +478,23 @@ impl S3Filesystem {
         };
         if offset == 0 || entries.lock().unwrap_or_else(|e| e.into_inner()).is_none() {
             let dir = self.dir_node(*ino)?;
-            let listed = Arc::new(self.list_dir(&dir).await?);
+            let listed = match self.cached_listing(*ino) {
+                Some(cached) => cached,
+                None => {
+                    let fresh = Arc::new(self.list_dir(&dir).await?);
+                    if !self.config.metadata_ttl.is_zero() {
+                        let mut listings = self.listings.lock().unwrap_or_else(|e| e.into_inner());
+                        listings.insert(
+                            *ino,
+                            (
+                                Instant::now() + self.config.metadata_ttl,
+                                Arc::clone(&fresh),
+                            ),
+                        );
+                    }
+                    fresh
+                }
+            };
             *entries.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::clone(&listed));
             return Ok(listed);
         }
@@ -484,6 +503,28 @@ impl S3Filesystem {
             .unwrap_or_else(|e| e.into_inner())
             .clone()
             .unwrap_or_default())
+    }
+
+    /// A listing of `dir` made within the TTL whose entries are all still known.
+    fn cached_listing(&self, dir: u64) -> Option<Arc<Vec<DirEntry>>> {
+        let cached = {
+            let listings = self.listings.lock().unwrap_or_else(|e| e.into_inner());
+            let (until, entries) = listings.get(&dir)?;
+            (*until > Instant::now()).then(|| Arc::clone(entries))?
+        };
+        let table = self.table();
+        cached
+            .iter()
+            .all(|e| table.get(e.ino).is_some())
+            .then_some(cached)
+    }
+
+    /// We changed `dir` (create, mkdir, unlink, rmdir, rename): its cached listing is no longer true.
+    fn invalidate_listing(&self, dir: u64) {
+        self.listings
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&dir);
     }
 
     fn release_handle(&self, fh: u64) -> Option<Arc<Handle>> {
@@ -655,6 +696,7 @@ impl S3Filesystem {
             self.attr_of(node)
         };
         self.negative().remove(&(parent, name.to_string()));
+        self.invalidate_listing(parent);
         let fh = self.add_handle(Handle::Write {
             ino: attr.ino,
             writer: AsyncMutex::new(writer),
@@ -783,16 +825,20 @@ impl S3Filesystem {
                 node.stat.etag = Some(put.etag.clone());
                 node.local = false;
             }
+            let parent = node.parent;
             if node.local && node.writers == 0 {
                 // Never uploaded: the name goes away again.
-                let (parent, name) = (node.parent, node.name.clone());
+                let name = node.name.clone();
                 table.detach(parent, &name);
             }
+            drop(table);
+            self.invalidate_listing(parent);
         }
         result.map(|_| ())
     }
 
     pub async fn mkdir(&self, parent: u64, name: &str) -> FsResult<Attr> {
+        self.invalidate_listing(parent);
         if self.config.read_only {
             return Err(FsError::ReadOnly);
         }
@@ -824,6 +870,7 @@ impl S3Filesystem {
     }
 
     pub async fn rmdir(&self, parent: u64, name: &str) -> FsResult<()> {
+        self.invalidate_listing(parent);
         if self.config.read_only {
             return Err(FsError::ReadOnly);
         }
@@ -855,6 +902,7 @@ impl S3Filesystem {
     }
 
     pub async fn unlink(&self, parent: u64, name: &str) -> FsResult<()> {
+        self.invalidate_listing(parent);
         if self.config.read_only {
             return Err(FsError::ReadOnly);
         }
@@ -904,6 +952,8 @@ impl S3Filesystem {
         new_name: &str,
         no_replace: bool,
     ) -> FsResult<()> {
+        self.invalidate_listing(parent);
+        self.invalidate_listing(new_parent);
         if self.config.read_only {
             return Err(FsError::ReadOnly);
         }
