@@ -270,6 +270,7 @@ fn raise_readahead(mountpoint: &Path, kb: u32) {
 fn spawn_summary(
     runtime: &tokio::runtime::Runtime,
     fs: Arc<S3Filesystem>,
+    sdk: Arc<SdkClient>,
     cache: Option<Arc<crate::cache::disk::DiskCache>>,
 ) {
     runtime.spawn(async move {
@@ -279,7 +280,13 @@ fn spawn_summary(
             metrics::gauge!("expressfs_open_handles").set(handles as f64);
             metrics::gauge!("expressfs_open_writers").set(writers as f64);
             metrics::gauge!("expressfs_inodes").set(inodes as f64);
-            let mut line = format!("open_handles={handles} open_writers={writers} inodes={inodes}");
+            let recovered = sdk.counters();
+            metrics::gauge!("expressfs_s3_body_resumes").set(recovered.body_resumes as f64);
+            metrics::gauge!("expressfs_s3_session_renewals").set(recovered.session_renewals as f64);
+            let mut line = format!(
+                "open_handles={handles} open_writers={writers} inodes={inodes} body_resumes={} session_renewals={}",
+                recovered.body_resumes, recovered.session_renewals
+            );
             if let Some(c) = &cache {
                 use std::sync::atomic::Ordering::Relaxed;
                 let counters = &c.counters;
@@ -359,10 +366,11 @@ fn serve(args: Args, name: bucket::BucketName, region: String, mut reporter: Rep
         client.list_objects(&prefix, Some("/"), None, 1).await?;
         Ok::<_, ClientError>(client)
     });
-    let client: Arc<dyn ObjectClient> = match client {
+    let sdk_client = match client {
         Ok(c) => Arc::new(c),
         Err(e) => return reporter.fail(&explain(&e, &name.name, &region, name.is_directory())),
     };
+    let client: Arc<dyn ObjectClient> = sdk_client.clone();
     let mut disk_cache = None;
     let client: Arc<dyn ObjectClient> = match &args.cache {
         None => client,
@@ -444,7 +452,7 @@ fn serve(args: Args, name: bucket::BucketName, region: String, mut reporter: Rep
         threads: args.max_threads,
     };
     let fs = Arc::new(fs);
-    spawn_summary(&runtime, Arc::clone(&fs), disk_cache.clone());
+    spawn_summary(&runtime, Arc::clone(&fs), sdk_client, disk_cache.clone());
     let mounted = match fuse::mount(fs, runtime.handle().clone(), &options) {
         Ok(m) => m,
         Err(e) => {
