@@ -120,8 +120,8 @@ pub struct Args {
     /// Size of a cached block in KiB
     #[arg(long, default_value_t = 1024, help_heading = "Performance and caching")]
     pub cache_block_size: u64,
-    /// Largest file that may be staged locally for out-of-order writes (0 disables staging)
-    #[arg(long, default_value = "1G", value_parser = parse_size, help_heading = "Performance and caching")]
+    /// Largest file kept locally so that out-of-order writes can be staged (0 disables staging)
+    #[arg(long, default_value = "256M", value_parser = parse_size, help_heading = "Performance and caching")]
     pub max_staged_file_size: u64,
 
     // ---- Logging

@@ -386,3 +386,34 @@ fn locks_are_node_local_and_open_writers_are_capped() {
     std::thread::sleep(std::time::Duration::from_millis(200)); // releases are asynchronous
     File::create(mount.path().join("w3")).expect("a slot is free again after close");
 }
+
+#[test]
+fn python_zipfile_with_a_large_member_round_trips() {
+    // zipfile seeks back to rewrite each local header after the member's data: with a 20 MiB member, parts
+    // are already uploaded when it does, so the local copy takes over.
+    let bucket = fresh_bucket(true, "zipfile");
+    let mount = Mount::new(&bucket, &[]);
+    let archive = mount.path().join("shard.zip");
+    let script = format!(
+        "import zipfile, os\nwith zipfile.ZipFile('{0}', 'w', zipfile.ZIP_STORED) as z:\n    z.writestr('a.bin', bytes(range(256)) * 81920)\n    z.writestr('b.txt', 'hello')\nwith zipfile.ZipFile('{0}') as z:\n    assert z.testzip() is None\n    assert z.read('b.txt') == b'hello'\n    assert z.read('a.bin') == bytes(range(256)) * 81920\nprint('ok')\n",
+        archive.display()
+    );
+    let out = std::process::Command::new("python3")
+        .arg("-c")
+        .arg(&script)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stored = get(common::emulator(), &bucket, "shard.zip").unwrap();
+    assert!(stored.len() > 20 * MIB);
+    let (_, uploads) = common::admin_get(
+        common::emulator(),
+        &format!("/_emulator/uploads?bucket={bucket}"),
+    );
+    assert_eq!(uploads.trim(), "[]");
+}

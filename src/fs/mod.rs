@@ -72,7 +72,7 @@ impl FsConfig {
             write_part_size: 8 * 1024 * 1024,
             max_writers: 64,
             staging_dir: Some(std::env::temp_dir()),
-            staging_limit: 1024 * 1024 * 1024,
+            staging_limit: 256 * 1024 * 1024,
             metadata_ttl: Duration::from_secs(1),
             negative_metadata_ttl: Duration::from_secs(1),
         }

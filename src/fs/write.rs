@@ -51,6 +51,11 @@ pub struct Writer {
     staging_dir: Option<PathBuf>,
     staging_limit: u64,
     failed: Option<FsError>,
+    /// Local copy of a streamed file (within the staging limit), kept so that a later out-of-order write
+    /// can still switch to staging after parts were uploaded. Started when the first part leaves.
+    tee: Option<std::fs::File>,
+    /// The file outgrew the staging limit (or the copy failed): no local copy any more.
+    tee_off: bool,
     /// The object was uploaded and the handle takes no more writes (stream and staged modes).
     sealed: bool,
     /// Data not yet visible in the bucket.
@@ -79,6 +84,8 @@ impl Writer {
             staging_dir: options.staging_dir,
             staging_limit: options.staging_limit,
             failed: None,
+            tee: None,
+            tee_off: false,
             sealed: false,
             dirty: true,
         }
@@ -134,11 +141,12 @@ impl Writer {
             return Ok(data.len() as u32);
         }
         if offset != self.size {
-            return self.switch_to_staging(offset, data);
+            return self.switch_to_staging(offset, data).await;
         }
         self.buffer.extend_from_slice(data);
         self.size += data.len() as u64;
         self.dirty = true;
+        self.keep_local_copy(offset, data);
         while self.buffer.len() >= self.part_size {
             let part = self.buffer.split_to(self.part_size).freeze();
             if let Err(e) = self.send_part(part).await {
@@ -148,12 +156,46 @@ impl Writer {
         Ok(data.len() as u32)
     }
 
-    /// Out-of-order write: possible only while every byte is still in memory (nothing uploaded yet).
-    fn switch_to_staging(&mut self, offset: u64, data: &[u8]) -> FsResult<u32> {
+    /// Maintains the local copy of a streamed file: started (from the buffer, which still holds every byte)
+    /// just before the first part is uploaded, extended by each later write, dropped past the staging limit.
+    fn keep_local_copy(&mut self, offset: u64, data: &[u8]) {
+        if self.tee_off || !matches!(self.mode, Mode::Stream) {
+            return;
+        }
+        let Some(dir) = &self.staging_dir else { return };
+        if self.size > self.staging_limit {
+            self.tee = None;
+            self.tee_off = true;
+            return;
+        }
+        let result = match &self.tee {
+            Some(file) => file.write_all_at(data, offset),
+            None if self.multipart.is_none() && self.buffer.len() >= self.part_size => {
+                tempfile::tempfile_in(dir)
+                    .and_then(|f| f.write_all_at(&self.buffer, 0).map(|_| f))
+                    .map(|f| {
+                        self.tee = Some(f);
+                    })
+            }
+            None => Ok(()),
+        };
+        if let Err(e) = result {
+            debug!(key = %self.key, error = %e, "no local copy for out-of-order writes");
+            self.tee = None;
+            self.tee_off = true;
+        }
+    }
+
+    /// Out-of-order write: the file moves to a local staging file (from memory, or from the local copy of what
+    /// was streamed, whose parts are then aborted) and is uploaded whole at fsync/close.
+    async fn switch_to_staging(&mut self, offset: u64, data: &[u8]) -> FsResult<u32> {
+        let have_copy = self.tee.is_some();
         let why = match (&self.mode, &self.staging_dir, &self.multipart) {
             (Mode::Append { .. }, _, _) => Some("appends must be sequential"),
             (_, None, _) => Some("staging of out-of-order writes is disabled"),
-            (_, _, Some(_)) => Some("parts were already uploaded"),
+            (_, _, Some(_)) if !have_copy => {
+                Some("parts were already uploaded and the file is over the staging limit")
+            }
             _ if offset + data.len() as u64 > self.staging_limit => Some("over the staging limit"),
             _ => None,
         };
@@ -164,11 +206,21 @@ impl Writer {
             ));
             return Err(self.fail(e));
         }
-        let dir = self.staging_dir.clone().expect("checked above");
-        let file = tempfile::tempfile_in(&dir)
-            .map_err(|e| FsError::Io(format!("staging file in {}: {e}", dir.display())))?;
-        file.write_all_at(&self.buffer, 0)
-            .map_err(|e| FsError::Io(format!("staging file: {e}")))?;
+        let file = match self.tee.take() {
+            Some(copy) => {
+                // Everything written so far is in the local copy: the streamed parts are not needed.
+                self.abort().await;
+                copy
+            }
+            None => {
+                let dir = self.staging_dir.clone().expect("checked above");
+                let file = tempfile::tempfile_in(&dir)
+                    .map_err(|e| FsError::Io(format!("staging file in {}: {e}", dir.display())))?;
+                file.write_all_at(&self.buffer, 0)
+                    .map_err(|e| FsError::Io(format!("staging file: {e}")))?;
+                file
+            }
+        };
         file.write_all_at(data, offset)
             .map_err(|e| FsError::Io(format!("staging file: {e}")))?;
         let size = self.size.max(offset + data.len() as u64);
@@ -241,6 +293,7 @@ impl Writer {
                     matches!(self.mode, Mode::Stream) && self.size > self.buffer.len() as u64;
                 if streamed {
                     self.sealed = true;
+                    self.tee = None;
                 } else if !matches!(self.mode, Mode::Append { .. }) {
                     self.condition = WriteCondition::IfMatch(r.etag.clone());
                 }
@@ -457,6 +510,29 @@ mod tests {
             w.write(w.size(), b"x").await.is_err(),
             "sealed after commit"
         );
+    }
+
+    #[tokio::test]
+    async fn seek_back_after_parts_were_uploaded_uses_the_local_copy() {
+        let fake = Arc::new(FakeClient::new("b", true));
+        let dir = tempfile::tempdir().unwrap();
+        let mut w = Writer::new(fake.clone(), "zip".into(), opts(Some(dir.path().into())));
+        let data: Vec<u8> = (0..12 * 1024 * 1024).map(|i| (i % 249) as u8).collect();
+        for chunk in data.chunks(1 << 20) {
+            let off = w.size();
+            w.write(off, chunk).await.unwrap();
+        }
+        assert_eq!(fake.open_uploads(), 1, "parts should be streaming by now");
+        w.write(0, b"PATCHED").await.unwrap();
+        assert_eq!(
+            fake.open_uploads(),
+            0,
+            "the streamed parts were not aborted"
+        );
+        w.commit().await.unwrap();
+        let mut want = data.clone();
+        want[..7].copy_from_slice(b"PATCHED");
+        assert!(fake.object("zip").unwrap()[..] == want[..]);
     }
 
     #[tokio::test]
