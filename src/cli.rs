@@ -117,6 +117,12 @@ pub struct Args {
     /// Most MiB the data cache may use (it also keeps 5% of the disk free)
     #[arg(long, help_heading = "Performance and caching")]
     pub max_cache_size: Option<u64>,
+    /// Second bucket shared by a fleet of hosts as a cache for small objects
+    #[arg(long, help_heading = "Performance and caching")]
+    pub cache_xz: Option<String>,
+    /// Largest object kept in the --cache-xz bucket
+    #[arg(long, default_value = "1M", value_parser = parse_size, help_heading = "Performance and caching")]
+    pub cache_xz_max_object_size: u64,
     /// Size of a cached block in KiB
     #[arg(long, default_value_t = 1024, help_heading = "Performance and caching")]
     pub cache_block_size: u64,
@@ -172,6 +178,21 @@ impl Args {
         }
         if self.cache_block_size < 64 || self.cache_block_size > 64 * 1024 {
             return Err("--cache-block-size must be between 64 and 65536 KiB".into());
+        }
+        if let Some(xz) = &self.cache_xz {
+            let xz = xz.strip_prefix("s3://").unwrap_or(xz).trim_end_matches('/');
+            if xz
+                == self
+                    .bucket
+                    .strip_prefix("s3://")
+                    .unwrap_or(&self.bucket)
+                    .trim_end_matches('/')
+            {
+                return Err("--cache-xz must name a different bucket than the one mounted".into());
+            }
+        }
+        if self.cache_xz_max_object_size == 0 || self.cache_xz_max_object_size > 64 * 1024 * 1024 {
+            return Err("--cache-xz-max-object-size must be between 1 byte and 64M".into());
         }
         if self.max_threads == 0 {
             return Err("--max-threads must be at least 1".into());

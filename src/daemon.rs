@@ -370,7 +370,41 @@ fn serve(args: Args, name: bucket::BucketName, region: String, mut reporter: Rep
         Ok(c) => Arc::new(c),
         Err(e) => return reporter.fail(&explain(&e, &name.name, &region, name.is_directory())),
     };
-    let client: Arc<dyn ObjectClient> = sdk_client.clone();
+    let mut client: Arc<dyn ObjectClient> = sdk_client.clone();
+    let mut shared_counters = None;
+    if let Some(xz) = &args.cache_xz {
+        let xz_name = match bucket::parse(xz) {
+            Ok(n) => n,
+            Err(e) => return reporter.fail(&format!("--cache-xz: {e}")),
+        };
+        let mut xz_config = SdkClientConfig::new(xz_name.name.clone(), region.clone());
+        xz_config.endpoint_url = args.endpoint_url.clone();
+        xz_config.force_path_style = args.force_path_style || args.endpoint_url.is_some();
+        xz_config.profile = args.profile.clone();
+        xz_config.is_directory_bucket = xz_name.is_directory();
+        xz_config.upload_checksum = args.upload_checksum();
+        let xz_client = runtime.block_on(async {
+            let c = SdkClient::new(xz_config).await?;
+            c.head_bucket().await?;
+            Ok::<_, ClientError>(c)
+        });
+        let xz_client: Arc<dyn ObjectClient> = match xz_client {
+            Ok(c) => Arc::new(c),
+            Err(e) => {
+                return reporter.fail(&format!(
+                    "--cache-xz: {}",
+                    explain(&e, &xz_name.name, &region, xz_name.is_directory())
+                ));
+            }
+        };
+        let shared = crate::cache::shared::SharedCacheClient::new(
+            client,
+            xz_client,
+            args.cache_xz_max_object_size,
+        );
+        shared_counters = Some(Arc::clone(&shared.counters));
+        client = Arc::new(shared);
+    }
     let mut disk_cache = None;
     let client: Arc<dyn ObjectClient> = match &args.cache {
         None => client,
@@ -435,7 +469,7 @@ fn serve(args: Args, name: bucket::BucketName, region: String, mut reporter: Rep
             return reporter.fail(&format!("--metrics-addr {addr}: {e}"));
         }
     }
-    let fs = S3Filesystem::new(client, config);
+    let fs = S3Filesystem::new(client, config).with_direct_client(sdk_client.clone());
     // The root mount path ignores the subtype (the type is plain "fuse"), so the source names us and the bucket.
     let fs_name = if prefix.is_empty() {
         format!("expressfs:{}", name.name)
@@ -507,6 +541,9 @@ fn serve(args: Args, name: bucket::BucketName, region: String, mut reporter: Rep
     }
     if let Some(cache) = &disk_cache {
         info!(counters = %cache.counters.summary(), "data cache at unmount");
+    }
+    if let Some(shared) = &shared_counters {
+        info!(counters = %shared.summary(), "shared cache at unmount");
     }
     notify_systemd("STOPPING=1");
     runtime.shutdown_timeout(Duration::from_secs(5));

@@ -295,6 +295,7 @@ impl Filesystem for Adapter {
         let raw = flags.0;
         let access = raw & libc::O_ACCMODE;
         let mode = OpenMode {
+            direct: raw & libc::O_DIRECT != 0,
             read: access == libc::O_RDONLY || access == libc::O_RDWR,
             write: access == libc::O_WRONLY || access == libc::O_RDWR,
             truncate: raw & libc::O_TRUNC != 0,
@@ -304,6 +305,10 @@ impl Filesystem for Adapter {
         self.spawn(
             async move {
                 match fs.open(ino.0, mode, pid).await {
+                    // O_DIRECT readers bypass the kernel page cache too.
+                    Ok(fh) if mode.direct => {
+                        reply.opened(FileHandle(fh), FopenFlags::FOPEN_DIRECT_IO)
+                    }
                     Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
                     Err(e) => reply.error(report("open", &e)),
                 }

@@ -25,7 +25,7 @@ fn op_count(bucket: &str, op: &str) -> u64 {
     let rest = &body[at..];
     let end = rest[1..].find("\n  \"").map_or(rest.len(), |e| e + 1);
     let section = &rest[..end];
-    let Some(g) = section.find("\"GetObject\"") else {
+    let Some(g) = section.find(&format!("\"{op}\"")) else {
         return 0;
     };
     let after = &section[g..];
@@ -203,4 +203,117 @@ fn listings_and_stats_are_cached_for_the_ttl() {
     assert_eq!(list(&dir), 301);
     std::fs::remove_file(dir.join("f000")).unwrap_err(); // no --allow-delete: refused, listing unchanged
     assert_eq!(list(&dir), 301);
+}
+
+#[test]
+fn shared_cache_bucket_serves_a_second_host() {
+    let bucket = fresh_bucket(true, "src");
+    let shared = common::directory_bucket("xz");
+    common::create_bucket(emulator(), &shared);
+    put(emulator(), &bucket, "small.jpg", pattern(1, 200_000));
+    put(emulator(), &bucket, "big.bin", pattern(2, 2 << 20));
+    let args = ["--cache-xz", shared.as_str()];
+    {
+        let first = Mount::new(&bucket, &args);
+        assert_eq!(
+            std::fs::read(first.path().join("small.jpg")).unwrap(),
+            pattern(1, 200_000)
+        );
+        assert_eq!(
+            std::fs::read(first.path().join("big.bin")).unwrap(),
+            pattern(2, 2 << 20)
+        );
+        std::thread::sleep(Duration::from_millis(500)); // background fill
+    }
+    let entries = |b: &str| op_count(b, "PutObject");
+    assert_eq!(
+        entries(&shared),
+        1,
+        "exactly the small object is in the shared cache"
+    );
+
+    // A second host: its first read of the small file comes from the cache bucket.
+    let before = gets(&bucket);
+    let second = Mount::new(&bucket, &args);
+    assert_eq!(
+        std::fs::read(second.path().join("small.jpg")).unwrap(),
+        pattern(1, 200_000)
+    );
+    assert_eq!(
+        gets(&bucket),
+        before,
+        "the source was read although the shared cache had the object"
+    );
+    drop(second);
+
+    // A tampered entry is ignored: right bytes, from the source.
+    let client = common::s3_client(emulator());
+    let entry = common::runtime()
+        .block_on(client.list_objects_v2().bucket(&shared).send())
+        .unwrap()
+        .contents()
+        .iter()
+        .find_map(|o| {
+            o.key()
+                .filter(|k| k.starts_with("expressfs-cache/"))
+                .map(str::to_string)
+        });
+    let entry = entry.expect("cache entry listed");
+    common::put(
+        emulator(),
+        &shared,
+        &entry,
+        b"XFSSHR01 not what it claims".to_vec(),
+    );
+    let before = gets(&bucket);
+    let third = Mount::new(&bucket, &args);
+    assert_eq!(
+        std::fs::read(third.path().join("small.jpg")).unwrap(),
+        pattern(1, 200_000)
+    );
+    assert!(gets(&bucket) > before, "a tampered entry was used");
+    // The cache bucket must not be the mounted one.
+    let empty = tempfile::tempdir().unwrap();
+    let out = common::expressfs_command(emulator())
+        .args([
+            &bucket,
+            empty.path().to_str().unwrap(),
+            "--cache-xz",
+            &bucket,
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("different bucket"));
+}
+
+#[test]
+fn o_direct_revalidates_and_bypasses_the_caches() {
+    use std::os::unix::fs::OpenOptionsExt;
+    let bucket = fresh_bucket(true, "direct");
+    put(emulator(), &bucket, "f.bin", pattern(1, 100_000));
+    let cache = tempfile::tempdir().unwrap();
+    let mount = Mount::new(
+        &bucket,
+        &[
+            "--cache",
+            cache.path().to_str().unwrap(),
+            "--metadata-ttl",
+            "60",
+        ],
+    );
+    let p = mount.path().join("f.bin");
+    assert_eq!(std::fs::read(&p).unwrap(), pattern(1, 100_000));
+    put(emulator(), &bucket, "f.bin", pattern(2, 100_000));
+    // Within the TTL a plain read may still see the old version (whole and consistent)...
+    assert_eq!(std::fs::read(&p).unwrap(), pattern(1, 100_000));
+    // ...while O_DIRECT asks the bucket.
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(&p)
+        .unwrap();
+    let mut got = Vec::new();
+    std::io::Read::read_to_end(&mut f, &mut got).unwrap();
+    assert_eq!(got, pattern(2, 100_000));
 }

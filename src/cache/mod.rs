@@ -3,6 +3,7 @@
 //! Everything but `get_object` passes straight through.
 
 pub mod disk;
+pub mod shared;
 
 use std::ops::Range;
 use std::sync::Arc;

@@ -107,6 +107,8 @@ pub struct DirEntry {
 /// How a file is opened.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct OpenMode {
+    /// O_DIRECT: revalidate against the bucket and read around the data caches.
+    pub direct: bool,
     pub write: bool,
     pub read: bool,
     pub truncate: bool,
@@ -132,6 +134,8 @@ enum Handle {
 
 pub struct S3Filesystem {
     client: Arc<dyn ObjectClient>,
+    /// The bucket without cache layers, for O_DIRECT reads.
+    direct_client: Arc<dyn ObjectClient>,
     config: FsConfig,
     inodes: Mutex<InodeTable>,
     /// Names known not to exist, until the given instant.
@@ -147,6 +151,7 @@ impl S3Filesystem {
     pub fn new(client: Arc<dyn ObjectClient>, config: FsConfig) -> S3Filesystem {
         S3Filesystem {
             inodes: Mutex::new(InodeTable::new(&config.prefix)),
+            direct_client: Arc::clone(&client),
             client,
             config,
             negative: Mutex::new(HashMap::new()),
@@ -155,6 +160,12 @@ impl S3Filesystem {
             next_handle: AtomicU64::new(1),
             writers: AtomicU64::new(0),
         }
+    }
+
+    /// Reads opened with O_DIRECT use `client` (the bucket without the cache layers).
+    pub fn with_direct_client(mut self, client: Arc<dyn ObjectClient>) -> S3Filesystem {
+        self.direct_client = client;
+        self
     }
 
     pub fn config(&self) -> &FsConfig {
@@ -554,7 +565,7 @@ impl S3Filesystem {
             return self.open_existing_for_write(&node, mode, pid).await;
         }
         // Refresh the ETag if our view is stale, so reads are pinned to what exists now.
-        let attr_fresh = node.is_fresh(Instant::now()) && node.stat.etag.is_some();
+        let attr_fresh = !mode.direct && node.is_fresh(Instant::now()) && node.stat.etag.is_some();
         let (size, etag) = if attr_fresh {
             (node.stat.size, node.stat.etag.clone().unwrap_or_default())
         } else {
@@ -575,7 +586,11 @@ impl S3Filesystem {
             (info.size, info.etag)
         };
         let reader = Reader::new(
-            Arc::clone(&self.client),
+            if mode.direct {
+                Arc::clone(&self.direct_client)
+            } else {
+                Arc::clone(&self.client)
+            },
             node.key.clone(),
             etag,
             size,
