@@ -1,7 +1,7 @@
 # Epoch 1 vs epoch 2 with and without --cache (docs/BENCHMARKS.md). Run: .venv/bin/python bench/epochs.py after cargo build --release.
 import os, subprocess, time, tempfile, concurrent.futures as cf, boto3, botocore.config
 os.environ["AWS_EC2_METADATA_DISABLED"]="true"
-R="/work/main/target/release/"
+R=os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "target/release/")
 data=tempfile.mkdtemp()
 emu = subprocess.Popen([R+"expressfs-emulator","--listen","127.0.0.1:0","--data-dir",data,"--bucket","ep--use1-az4--x-s3","--ttfb-ms","4"], stdout=subprocess.PIPE, text=True)
 ep = emu.stdout.readline().split("listening on ")[1].strip()
