@@ -317,3 +317,71 @@ fn o_direct_revalidates_and_bypasses_the_caches() {
     std::io::Read::read_to_end(&mut f, &mut got).unwrap();
     assert_eq!(got, pattern(2, 100_000));
 }
+
+#[test]
+fn metadata_ttl_and_negative_ttl_behave_as_documented() {
+    let bucket = fresh_bucket(true, "ttl");
+    put(emulator(), &bucket, "gone.txt", b"here".to_vec());
+    let client = common::s3_client(emulator());
+    let delete = |key: &str| {
+        common::runtime()
+            .block_on(client.delete_object().bucket(&bucket).key(key).send())
+            .unwrap();
+    };
+    {
+        // Within a long TTL, an object deleted by another client still answers stat (documented).
+        let mount = Mount::new(&bucket, &["--metadata-ttl", "60"]);
+        assert_eq!(
+            std::fs::metadata(mount.path().join("gone.txt"))
+                .unwrap()
+                .len(),
+            4
+        );
+        delete("gone.txt");
+        assert_eq!(
+            std::fs::metadata(mount.path().join("gone.txt"))
+                .unwrap()
+                .len(),
+            4
+        );
+    }
+    put(emulator(), &bucket, "gone.txt", b"here".to_vec());
+    {
+        // With minimal, it does not.
+        let mount = Mount::new(&bucket, &["--metadata-ttl", "minimal"]);
+        assert_eq!(
+            std::fs::metadata(mount.path().join("gone.txt"))
+                .unwrap()
+                .len(),
+            4
+        );
+        delete("gone.txt");
+        assert_eq!(
+            common::errno_of(std::fs::metadata(mount.path().join("gone.txt"))),
+            libc::ENOENT
+        );
+    }
+    // Negative entries: remembered for their TTL, then forgotten.
+    let mount = Mount::new(
+        &bucket,
+        &["--metadata-ttl", "1", "--negative-metadata-ttl", "1"],
+    );
+    assert_eq!(
+        common::errno_of(std::fs::metadata(mount.path().join("late.txt"))),
+        libc::ENOENT
+    );
+    put(emulator(), &bucket, "late.txt", b"now".to_vec());
+    assert_eq!(
+        common::errno_of(std::fs::metadata(mount.path().join("late.txt"))),
+        libc::ENOENT,
+        "negative entry not cached"
+    );
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(
+        std::fs::metadata(mount.path().join("late.txt"))
+            .unwrap()
+            .len(),
+        3,
+        "negative entry did not expire"
+    );
+}
