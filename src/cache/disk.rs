@@ -77,11 +77,22 @@ pub struct DiskCache {
     used: AtomicU64,
     pub counters: CacheCounters,
     warned: std::sync::atomic::AtomicBool,
+    keep_disk_free: bool,
 }
 
 impl DiskCache {
     /// Opens (or creates, mode 0700) the cache directory and indexes blocks left by earlier mounts.
     pub fn open(dir: &Path, max_bytes: u64) -> std::io::Result<DiskCache> {
+        DiskCache::open_with(dir, max_bytes, true)
+    }
+
+    /// `keep_disk_free`: also evict while the disk has less than 5% free (off only in unit tests, which must
+    /// not depend on how full the host's disk is).
+    pub fn open_with(
+        dir: &Path,
+        max_bytes: u64,
+        keep_disk_free: bool,
+    ) -> std::io::Result<DiskCache> {
         fs::DirBuilder::new()
             .recursive(true)
             .mode(0o700)
@@ -114,6 +125,7 @@ impl DiskCache {
             used: AtomicU64::new(used),
             counters: CacheCounters::default(),
             warned: false.into(),
+            keep_disk_free,
         };
         cache.evict(0);
         Ok(cache)
@@ -270,6 +282,9 @@ impl DiskCache {
     }
 
     fn disk_nearly_full(&self) -> bool {
+        if !self.keep_disk_free {
+            return false;
+        }
         match nix::sys::statvfs::statvfs(&self.dir) {
             Ok(s) => s.blocks_available() < s.blocks() / 20,
             Err(_) => false,
@@ -298,7 +313,7 @@ mod tests {
     #[test]
     fn round_trip_corruption_and_eviction() {
         let dir = tempfile::tempdir().unwrap();
-        let cache = DiskCache::open(dir.path(), 300).unwrap();
+        let cache = DiskCache::open_with(dir.path(), 300, false).unwrap();
         assert!(cache.get(&id(0)).is_none());
         cache.put(&id(0), b"abcd");
         assert_eq!(&cache.get(&id(0)).unwrap()[..], b"abcd");
@@ -329,7 +344,7 @@ mod tests {
         assert!(cache.counters.evictions.load(Ordering::Relaxed) > 0);
         // A new instance over the same directory finds the blocks again.
         drop(cache);
-        let again = DiskCache::open(dir.path(), 300).unwrap();
+        let again = DiskCache::open_with(dir.path(), 300, false).unwrap();
         assert_eq!(&again.get(&id(39)).unwrap()[..], b"wxyz");
     }
 }

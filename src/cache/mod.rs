@@ -265,7 +265,7 @@ mod tests {
             .unwrap()
             .etag;
         let dir = tempfile::tempdir().unwrap();
-        let cache = Arc::new(DiskCache::open(dir.path(), 1 << 30).unwrap());
+        let cache = Arc::new(DiskCache::open_with(dir.path(), 1 << 30, false).unwrap());
         let c = CachingClient::new(fake.clone(), Arc::clone(&cache), 64 * 1024);
         for (s, e) in [(0u64, 300_000u64), (70_000, 200_001), (299_990, 300_000)] {
             assert_eq!(
