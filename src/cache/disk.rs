@@ -189,14 +189,16 @@ impl DiskCache {
         let meta = &raw[fixed + header_len..data_at];
         let len = u64::from_le_bytes(meta[..8].try_into().unwrap()) as usize;
         let crc = u32::from_le_bytes(meta[8..12].try_into().unwrap());
-        let data = &raw[data_at..];
+        let raw = Bytes::from(raw);
+        let data = raw.slice(data_at..);
         if data.len() != len {
             return Err(format!("length {} but header says {len}", data.len()));
         }
-        if crc32c::crc32c(data) != crc {
+        if crc32c::crc32c(&data) != crc {
             return Err("checksum mismatch".into());
         }
-        Ok(Bytes::copy_from_slice(data))
+        // Hand out the file's buffer itself: no second copy on every cache hit.
+        Ok(data)
     }
 
     /// Stores a block (write to a temporary file, then rename, so readers never see half a block).
