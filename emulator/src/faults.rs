@@ -1,6 +1,8 @@
 //! Fault injection: a seeded random choice, per request, of a failure the real service (or the network)
 //! can produce. Settable at start (`--fault-rate`) and at run time (`POST /_emulator/faults`).
 
+use std::collections::BTreeMap;
+
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -15,10 +17,17 @@ pub enum Fault {
     TruncatedBody,
     LatencySpike,
     ExpiredToken,
+    /// A 200 whose XML document is cut off (or, for CompleteMultipartUpload, a 200 carrying an `<Error>`
+    /// document, as the real service may send); operations without an XML answer get a 500 with a non-XML body.
+    MalformedXml,
+    /// A status no S3 operation documents (HTTP 418), with a body that is not XML.
+    UnexpectedStatus,
+    /// The request is held for 20 s before it is answered: a stalled server, for client timeouts.
+    Stall,
 }
 
 impl Fault {
-    pub const ALL: [(&'static str, Fault); 7] = [
+    pub const ALL: [(&'static str, Fault); 10] = [
         ("internal-error", Fault::InternalError),
         ("slow-down", Fault::SlowDown),
         ("reset-before-body", Fault::ResetBeforeBody),
@@ -26,7 +35,30 @@ impl Fault {
         ("truncated-body", Fault::TruncatedBody),
         ("latency-spike", Fault::LatencySpike),
         ("expired-token", Fault::ExpiredToken),
+        ("malformed-xml", Fault::MalformedXml),
+        ("unexpected-status", Fault::UnexpectedStatus),
+        ("stall", Fault::Stall),
     ];
+
+    /// Kinds a plain `--fault-rate` mixes: the ones a client is expected to absorb by retrying. Malformed XML,
+    /// odd statuses and stalls are opted into by name (`--fault-kind`), since they test failing loudly.
+    pub const RETRYABLE: [Fault; 7] = [
+        Fault::InternalError,
+        Fault::SlowDown,
+        Fault::ResetBeforeBody,
+        Fault::ResetMidBody,
+        Fault::TruncatedBody,
+        Fault::LatencySpike,
+        Fault::ExpiredToken,
+    ];
+
+    pub fn name(self) -> &'static str {
+        Fault::ALL
+            .iter()
+            .find(|(_, f)| *f == self)
+            .map(|(n, _)| *n)
+            .unwrap_or("unknown")
+    }
 
     pub fn parse(name: &str) -> Option<Fault> {
         Fault::ALL.iter().find(|(n, _)| *n == name).map(|(_, f)| *f)
@@ -37,6 +69,8 @@ pub struct Faults {
     config: FaultConfig,
     kinds: Vec<Fault>,
     rng: StdRng,
+    /// What was injected so far: (kind, operation) -> count; reported by `GET /_emulator/faults`.
+    injected: BTreeMap<(&'static str, String), u64>,
 }
 
 impl Faults {
@@ -45,7 +79,7 @@ impl Faults {
             return Err(format!("fault rate {} is not within 0..=1", config.rate));
         }
         let kinds = if config.kinds.is_empty() {
-            Fault::ALL.iter().map(|(_, f)| *f).collect()
+            Fault::RETRYABLE.to_vec()
         } else {
             config
                 .kinds
@@ -54,7 +88,12 @@ impl Faults {
                 .collect::<Result<Vec<_>, _>>()?
         };
         let rng = StdRng::seed_from_u64(config.seed);
-        Ok(Faults { config, kinds, rng })
+        Ok(Faults {
+            config,
+            kinds,
+            rng,
+            injected: BTreeMap::new(),
+        })
     }
 
     pub fn config(&self) -> &FaultConfig {
@@ -74,7 +113,30 @@ impl Faults {
         if !self.rng.random_bool(self.config.rate) {
             return None;
         }
-        Some(self.kinds[self.rng.random_range(0..self.kinds.len())])
+        let fault = self.kinds[self.rng.random_range(0..self.kinds.len())];
+        *self
+            .injected
+            .entry((fault.name(), operation.to_string()))
+            .or_default() += 1;
+        Some(fault)
+    }
+
+    /// The configuration and the faults injected under it, as JSON.
+    pub fn report(&self) -> serde_json::Value {
+        let injected: Vec<serde_json::Value> = self
+            .injected
+            .iter()
+            .map(|((kind, op), n)| serde_json::json!({"kind": kind, "operation": op, "count": n}))
+            .collect();
+        let total: u64 = self.injected.values().sum();
+        serde_json::json!({
+            "rate": self.config.rate,
+            "seed": self.config.seed,
+            "operations": self.config.operations,
+            "kinds": self.config.kinds,
+            "injected_total": total,
+            "injected": injected,
+        })
     }
 }
 
@@ -98,7 +160,15 @@ mod tests {
         assert_eq!(a, run());
         let hits = a.iter().filter(|f| f.is_some()).count();
         assert!((60..140).contains(&hits), "{hits}");
-        assert_eq!(Faults::new(config).unwrap().pick("PutObject"), None);
+        assert_eq!(Faults::new(config.clone()).unwrap().pick("PutObject"), None);
+        let mut f = Faults::new(config).unwrap();
+        let picked = (0..100).filter_map(|_| f.pick("GetObject")).count() as u64;
+        assert_eq!(f.report()["injected_total"], picked);
+        assert!(picked > 0);
+        // Plain --fault-rate mixes only kinds a client should absorb.
+        let mixed = Faults::new(FaultConfig { rate: 1.0, ..Default::default() }).unwrap();
+        assert!(!mixed.kinds.contains(&Fault::Stall));
+        assert!(Faults::new(FaultConfig { rate: 1.0, kinds: vec!["stall".into(), "malformed-xml".into()], ..Default::default() }).is_ok());
         assert!(
             Faults::new(FaultConfig {
                 rate: 2.0,

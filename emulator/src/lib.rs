@@ -32,8 +32,9 @@ pub struct FaultConfig {
     pub seed: u64,
     /// Limit faults to these operation names (e.g. "GetObject", "UploadPart"); empty = all.
     pub operations: Vec<String>,
-    /// Limit faults to these kinds; empty = all kinds. Names: "internal-error", "slow-down", "reset-before-body",
-    /// "reset-mid-body", "truncated-body", "latency-spike", "expired-token".
+    /// Limit faults to these kinds; empty = the retryable kinds mixed: "internal-error", "slow-down",
+    /// "reset-before-body", "reset-mid-body", "truncated-body", "latency-spike", "expired-token". Opt-in by name:
+    /// "malformed-xml", "unexpected-status", "stall".
     pub kinds: Vec<String>,
 }
 
@@ -141,6 +142,7 @@ pub fn prepare(config: EmulatorConfig) -> anyhow::Result<Arc<server::State>> {
         config,
         store,
         faults: std::sync::Mutex::new(faults),
+        paused_until: std::sync::Mutex::new(None),
     }))
 }
 

@@ -51,8 +51,9 @@ struct Args {
     /// Only these operations get faults (e.g. GetObject). Repeatable.
     #[arg(long = "fault-op")]
     fault_ops: Vec<String>,
-    /// Only these fault kinds (internal-error, slow-down, reset-before-body, reset-mid-body, truncated-body,
-    /// latency-spike, expired-token). Repeatable.
+    /// Only these fault kinds. Default: the retryable ones mixed (internal-error, slow-down, reset-before-body,
+    /// reset-mid-body, truncated-body, latency-spike, expired-token). Opt-in: malformed-xml, unexpected-status,
+    /// stall. Repeatable. A whole-server pause is `POST /_emulator/pause?ms=N`.
     #[arg(long = "fault-kind")]
     fault_kinds: Vec<String>,
 }

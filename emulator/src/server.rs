@@ -20,6 +20,8 @@ pub struct State {
     pub config: EmulatorConfig,
     pub store: Store,
     pub faults: Mutex<Faults>,
+    /// Set by `POST /_emulator/pause?ms=N`: S3 requests wait until then.
+    pub paused_until: Mutex<Option<Instant>>,
 }
 
 /// Who signed the request.
@@ -299,6 +301,7 @@ pub async fn handle(
     if raw_path.starts_with("/_emulator/") {
         return Ok(admin(&state, req).await);
     }
+    wait_while_paused(&state).await;
     let raw_query = req.uri().query().unwrap_or("").to_string();
     let query = sigv4::parse_query(&raw_query);
     let method = req.method().clone();
@@ -316,6 +319,7 @@ pub async fn handle(
             state.store.record(&bucket, op, true, 0, 0);
             return Err(std::io::Error::other("injected connection reset"));
         }
+        Err(Outcome::Answer(r)) => r,
         Err(Outcome::Error(e)) => {
             let body = if method == Method::HEAD {
                 ResponseBody::empty()
@@ -359,9 +363,52 @@ pub async fn handle(
     Ok(response)
 }
 
+async fn wait_while_paused(state: &State) {
+    loop {
+        let until = *state.paused_until.lock().unwrap_or_else(|e| e.into_inner());
+        match until {
+            Some(t) if t > Instant::now() => tokio::time::sleep_until(t.into()).await,
+            _ => return,
+        }
+    }
+}
+
+/// Operations whose success answer is an XML document.
+fn answers_xml(op: &str) -> bool {
+    matches!(
+        op,
+        "ListObjectsV2"
+            | "CreateSession"
+            | "CreateMultipartUpload"
+            | "CompleteMultipartUpload"
+            | "ListParts"
+            | "ListMultipartUploads"
+            | "ListBuckets"
+            | "DeleteObjects"
+            | "CopyObject"
+    )
+}
+
+/// The answer for a `malformed-xml` fault (see [`Fault::MalformedXml`]).
+fn malformed_xml(op: &str) -> Response<ResponseBody> {
+    let (status, body) = if op == "CompleteMultipartUpload" {
+        // The real service can fail a completion after sending 200: the error is in the body.
+        (200, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>InternalError</Code><Message>We encountered an internal error. Please try again.</Message></Error>")
+    } else if answers_xml(op) {
+        (200, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<ListBucketResult><Name>b</Name><Contents><Key>cut-he")
+    } else {
+        (500, "<html><body>upstream proxy error</bo")
+    };
+    let mut r = respond(status, ResponseBody::full(body.to_string()));
+    set_header(&mut r, "content-type", "application/xml");
+    r
+}
+
 enum Outcome {
     Error(S3Error),
     Drop,
+    /// A ready answer (faults that are not S3 errors).
+    Answer(Response<ResponseBody>),
 }
 
 impl From<S3Error> for Outcome {
@@ -426,6 +473,13 @@ async fn run(
         Some(Fault::ResetMidBody) if op == "GetObject" => body_fault = BodyFault::ResetMidBody,
         Some(Fault::TruncatedBody) if op == "GetObject" => body_fault = BodyFault::Truncate,
         Some(Fault::ResetMidBody | Fault::TruncatedBody) => return Err(Outcome::Drop),
+        Some(Fault::MalformedXml) => return Err(Outcome::Answer(malformed_xml(op))),
+        Some(Fault::UnexpectedStatus) => {
+            let mut r = respond(418, ResponseBody::full("I'm a teapot\n".to_string()));
+            set_header(&mut r, "content-type", "text/plain");
+            return Err(Outcome::Answer(r));
+        }
+        Some(Fault::Stall) => tokio::time::sleep(Duration::from_secs(20)).await,
         None => {}
     }
 
@@ -499,10 +553,22 @@ async fn admin(state: &State, req: Request<Incoming>) -> Response<ResponseBody> 
         }
         ("GET", "/_emulator/faults") => {
             let faults = state.faults.lock().unwrap_or_else(|e| e.into_inner());
-            json(
-                200,
-                serde_json::to_string(faults.config()).unwrap_or_default(),
-            )
+            json(200, faults.report().to_string())
+        }
+        ("POST", "/_emulator/pause") => {
+            // Whole-server pause: every S3 request that arrives (or is waiting) before the deadline is held.
+            let ms = query
+                .iter()
+                .find(|(k, _)| k == "ms")
+                .and_then(|(_, v)| v.parse::<u64>().ok());
+            match ms {
+                Some(ms) if ms <= 600_000 => {
+                    *state.paused_until.lock().unwrap_or_else(|e| e.into_inner()) =
+                        Some(Instant::now() + Duration::from_millis(ms));
+                    json(200, format!("{{\"paused_ms\":{ms}}}"))
+                }
+                _ => json(400, "{\"error\":\"pause needs ?ms=N (at most 600000)\"}".into()),
+            }
         }
         ("POST", "/_emulator/faults") => {
             let body = match http_body_util::Limited::new(req.into_body(), 64 * 1024)

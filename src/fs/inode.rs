@@ -6,6 +6,8 @@
 use std::collections::HashMap;
 use std::time::{Instant, SystemTime};
 
+use super::names;
+
 pub const ROOT_INO: u64 = 1;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -132,8 +134,8 @@ impl InodeTable {
             .map(|p| p.key.clone())
             .unwrap_or_default();
         let key = match kind {
-            Kind::File => format!("{parent_key}{name}"),
-            Kind::Directory => format!("{parent_key}{name}/"),
+            Kind::File => names::file_key(&parent_key, name),
+            Kind::Directory => names::dir_prefix(&parent_key, name),
         };
         let ino = self.next;
         self.next += 1;
@@ -229,8 +231,8 @@ impl InodeTable {
             n.parent = new_parent;
             n.name = new_name.to_string();
             n.key = match n.kind {
-                Kind::File => format!("{parent_key}{new_name}"),
-                Kind::Directory => format!("{parent_key}{new_name}/"),
+                Kind::File => names::file_key(&parent_key, new_name),
+                Kind::Directory => names::dir_prefix(&parent_key, new_name),
             };
         }
         self.children

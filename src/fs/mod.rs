@@ -239,7 +239,7 @@ impl S3Filesystem {
     /// Asks the bucket what `parent/name` is: the object `key` and the prefix `key/` are checked at once;
     /// when both exist the directory wins.
     async fn resolve(&self, parent: &inode::Node, name: &str) -> FsResult<Option<(Kind, Stat)>> {
-        let key = format!("{}{name}", parent.key);
+        let key = names::file_key(&parent.key, name);
         let dir_prefix = format!("{key}/");
         let (head, list) = tokio::join!(
             self.client.head_object(&key),
@@ -415,23 +415,14 @@ impl S3Filesystem {
                 .await
                 .map_err(|e| FsError::client(&dir.key, e))?;
             for prefix in &page.common_prefixes {
-                let Some(name) = prefix
-                    .strip_prefix(dir.key.as_str())
-                    .and_then(|p| p.strip_suffix('/'))
-                else {
-                    continue;
-                };
-                if names::is_valid_name(name) {
+                if let Some(name) = names::name_of_common_prefix(&dir.key, prefix) {
                     found.insert(name.to_string(), (Kind::Directory, Stat::directory()));
                 }
             }
             for object in page.objects {
-                let Some(name) = object.key.strip_prefix(dir.key.as_str()) else {
+                let Some(name) = names::name_of_object(&dir.key, &object.key) else {
                     continue;
                 };
-                if !names::is_valid_name(name) {
-                    continue;
-                }
                 let stat = Stat {
                     size: object.size,
                     mtime: object.last_modified,
@@ -689,7 +680,7 @@ impl S3Filesystem {
             None => WriteCondition::IfNoneMatch,
         };
         self.reserve_writer()?;
-        let key = format!("{}{name}", parent_node.key);
+        let key = names::file_key(&parent_node.key, name);
         let writer = Writer::new(
             Arc::clone(&self.client),
             key,
@@ -894,7 +885,7 @@ impl S3Filesystem {
         let prefix = match &node {
             Some(n) if n.kind != Kind::Directory => return Err(FsError::NotADirectory),
             Some(n) => n.key.clone(),
-            None => format!("{}{name}/", parent_node.key),
+            None => names::dir_prefix(&parent_node.key, name),
         };
         if let Some(n) = &node {
             if self.table().local_children(n.ino).iter().any(|_| true) {
@@ -947,7 +938,7 @@ impl S3Filesystem {
         if node.writers > 0 || node.local {
             return Err(FsError::Busy("the file is being written"));
         }
-        let key = format!("{}{name}", parent_node.key);
+        let key = names::file_key(&parent_node.key, name);
         self.client
             .delete_object(&key)
             .await
@@ -989,7 +980,7 @@ impl S3Filesystem {
                     parent,
                     name: name.into(),
                     kind: Kind::File,
-                    key: format!("{}{name}", from_dir.key),
+                    key: names::file_key(&from_dir.key, name),
                     stat: Stat::directory(),
                     expires: Instant::now(),
                     lookups: 0,
