@@ -1,24 +1,38 @@
 //! `expressfs-bench`: runs the workloads against one emulator (with a latency profile) through an expressfs
-//! mount and through a raw aws-sdk-s3 client (the limit: same bytes, parallel ranged GETs, no FUSE), and
-//! prints a table with ratios. Peers (s3fs, rclone) are run when installed. All traffic is on 127.0.0.1.
+//! mount, through the peers that are installed (s3fs, rclone mount) and through a raw aws-sdk-s3 client
+//! (the limit: same bytes, best request pattern, no FUSE), then prints a table with ratios to the limit and
+//! draws them as a PNG bar chart. All traffic is on 127.0.0.1.
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+mod chart;
+mod mounts;
+mod peers;
+mod report;
+mod s3;
+mod shards;
+mod workloads;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
-use aws_sdk_s3::config::{Credentials, Region};
-use aws_sdk_s3::primitives::ByteStream;
+use anyhow::{Result, ensure};
+use bytes::Bytes;
 use clap::Parser;
 use expressfs_emulator::{Emulator, EmulatorConfig};
-use futures::StreamExt;
 
-const KEY: &str = "AKIDEXPRESSFSTEST";
-const SECRET: &str = "expressfs-test-secret";
-const REGION: &str = "us-east-1";
-const MIB: u64 = 1024 * 1024;
+use mounts::Mount;
+use peers::{Kind, Peer};
+use report::{Report, Spec};
+use s3::MIB;
+use workloads::{Cell, Dataset, Results};
+
+/// The bucket expressfs, rclone and the limit read: a directory bucket (S3 Express).
+const DIR_BUCKET: &str = "bench--use1-az4--x-s3";
+/// Its general-purpose twin (no `--x-s3` suffix) with the same objects, for s3fs, which has no CreateSession.
+const GP_BUCKET: &str = "bench-general";
+/// Reads of the random-read workload.
+const RANDOM_READS: usize = 400;
 
 #[derive(Parser, Debug)]
 #[command(about = "expressfs benchmark suite (emulator on loopback)")]
@@ -26,609 +40,342 @@ struct Args {
     /// Time to first byte of the emulator, ms (4 ~ S3 Express in-AZ, 30 ~ S3 Standard)
     #[arg(long, default_value_t = 4)]
     ttfb_ms: u64,
-    /// Size of the big sequential file, MiB
-    #[arg(long, default_value_t = 1024)]
+    /// Size of the big sequential file, MiB (the parallel workload reads 4 files of a quarter of it)
+    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u64).range(4..))]
     big_mib: u64,
     /// Number of 100 KB files for the small-file workload
-    #[arg(long, default_value_t = 5000)]
-    small_files: usize,
+    #[arg(long, default_value_t = 5000, value_parser = clap::value_parser!(u64).range(1..))]
+    small_files: u64,
     /// Entries in the listing workload
     #[arg(long, default_value_t = 20000)]
-    list_entries: usize,
+    list_entries: u64,
     /// Checkpoint size, MiB
-    #[arg(long, default_value_t = 1024)]
+    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u64).range(1..))]
     checkpoint_mib: u64,
+    /// Number of WebDataset-style tar shards (workload 6)
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..))]
+    shards: u64,
+    /// Size of each shard, MiB
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..))]
+    shard_mib: u64,
     /// Path of the expressfs binary
     #[arg(long, default_value = "target/release/expressfs")]
     expressfs: PathBuf,
-}
-
-struct Row {
-    workload: String,
-    unit: &'static str,
-    limit: f64,
-    ours: f64,
-    extra: String,
-}
-
-fn client(emu: &Emulator) -> aws_sdk_s3::Client {
-    let config = aws_sdk_s3::config::Builder::new()
-        .behavior_version_latest()
-        .region(Region::new(REGION))
-        .credentials_provider(Credentials::new(KEY, SECRET, None, None, "bench"))
-        .endpoint_url(emu.endpoint_url())
-        .force_path_style(true)
-        .build();
-    aws_sdk_s3::Client::from_conf(config)
-}
-
-fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut out = Vec::with_capacity(len);
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    while out.len() < len {
-        s ^= s << 13;
-        s ^= s >> 7;
-        s ^= s << 17;
-        out.extend_from_slice(&s.to_le_bytes());
-    }
-    out.truncate(len);
-    out
-}
-
-async fn put_big(c: &aws_sdk_s3::Client, bucket: &str, key: &str, mib: u64) -> Result<()> {
-    let id = c
-        .create_multipart_upload()
-        .bucket(bucket)
-        .key(key)
-        .send()
-        .await?
-        .upload_id
-        .unwrap_or_default();
-    let part = bytes::Bytes::from(pattern(7, (64 * MIB) as usize));
-    let count = mib.div_ceil(64);
-    // Four parts in flight, as a tuned uploader would (this is the limit for the checkpoint workload).
-    let uploads = futures::stream::iter(1..=count).map(|n| {
-        let len = if n == count {
-            ((mib - 64 * (count - 1)) * MIB) as usize
-        } else {
-            (64 * MIB) as usize
-        };
-        let (c, body, id) = (c.clone(), part.slice(..len), id.clone());
-        async move {
-            let out = c
-                .upload_part()
-                .bucket(bucket)
-                .key(key)
-                .upload_id(&id)
-                .part_number(n as i32)
-                .body(ByteStream::from(body))
-                .send()
-                .await?;
-            Ok::<_, anyhow::Error>(
-                aws_sdk_s3::types::CompletedPart::builder()
-                    .part_number(n as i32)
-                    .set_e_tag(out.e_tag)
-                    .build(),
-            )
-        }
-    });
-    let parts: Vec<_> = uploads
-        .buffered(4)
-        .collect::<Vec<_>>()
-        .await
-        .into_iter()
-        .collect::<Result<_>>()?;
-    c.complete_multipart_upload()
-        .bucket(bucket)
-        .key(key)
-        .upload_id(&id)
-        .multipart_upload(
-            aws_sdk_s3::types::CompletedMultipartUpload::builder()
-                .set_parts(Some(parts))
-                .build(),
-        )
-        .send()
-        .await?;
-    Ok(())
-}
-
-/// The limit: 16 parallel 8 MiB ranged GETs over the same object.
-async fn raw_read(c: &aws_sdk_s3::Client, bucket: &str, key: &str, size: u64) -> Result<f64> {
-    let started = Instant::now();
-    let next = Arc::new(AtomicUsize::new(0));
-    let chunks = size.div_ceil(8 * MIB) as usize;
-    let mut tasks = Vec::new();
-    for _ in 0..16 {
-        let (c, bucket, key, next) = (
-            c.clone(),
-            bucket.to_string(),
-            key.to_string(),
-            Arc::clone(&next),
-        );
-        tasks.push(tokio::spawn(async move {
-            loop {
-                let i = next.fetch_add(1, Ordering::Relaxed);
-                if i >= chunks {
-                    return Ok::<_, anyhow::Error>(());
-                }
-                let start = i as u64 * 8 * MIB;
-                let end = (start + 8 * MIB).min(size) - 1;
-                let out = c
-                    .get_object()
-                    .bucket(&bucket)
-                    .key(&key)
-                    .range(format!("bytes={start}-{end}"))
-                    .send()
-                    .await?;
-                let body = out.body.collect().await?.into_bytes();
-                anyhow::ensure!(body.len() as u64 == end - start + 1, "short body");
-            }
-        }));
-    }
-    for t in tasks {
-        t.await??;
-    }
-    Ok(size as f64 / MIB as f64 / started.elapsed().as_secs_f64())
-}
-
-fn read_file_mbps(path: &Path) -> Result<(f64, u64)> {
-    use std::io::Read;
-    let started = Instant::now();
-    let mut f = std::fs::File::open(path)?;
-    let mut buf = vec![0u8; 4 * MIB as usize];
-    let mut total = 0u64;
-    loop {
-        let n = f.read(&mut buf)?;
-        if n == 0 {
-            break;
-        }
-        total += n as u64;
-    }
-    Ok((
-        total as f64 / MIB as f64 / started.elapsed().as_secs_f64(),
-        total,
-    ))
-}
-
-struct Daemon {
-    child: Child,
-    dir: tempfile::TempDir,
-}
-
-impl Daemon {
-    fn start(
-        exe: &Path,
-        emu: &Emulator,
-        bucket: &str,
-        extra: &[&str],
-    ) -> Result<(Daemon, Duration)> {
-        let dir = tempfile::Builder::new().prefix("bench-mnt-").tempdir()?;
-        let started = Instant::now();
-        let child = Command::new(exe)
-            .env("AWS_EC2_METADATA_DISABLED", "true")
-            .env("AWS_ACCESS_KEY_ID", KEY)
-            .env("AWS_SECRET_ACCESS_KEY", SECRET)
-            .args([
-                "--foreground",
-                "--endpoint-url",
-                &emu.endpoint_url(),
-                "--region",
-                REGION,
-            ])
-            .args(extra)
-            .arg(bucket)
-            .arg(dir.path())
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .with_context(|| format!("starting {}", exe.display()))?;
-        let d = Daemon { child, dir };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let info = std::fs::read_to_string("/proc/self/mountinfo")?;
-            if info.contains(d.dir.path().to_str().unwrap_or("")) {
-                break;
-            }
-            if Instant::now() > deadline {
-                bail!("mount did not appear");
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        Ok((d, started.elapsed()))
-    }
-
-    fn rss_mib(&self) -> f64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
-            .unwrap_or_default();
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmHWM:"))
-            .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse::<f64>().ok())
-            .unwrap_or(0.0)
-            / 1024.0
-    }
-
-    fn cpu_secs(&self) -> f64 {
-        let stat =
-            std::fs::read_to_string(format!("/proc/{}/stat", self.child.id())).unwrap_or_default();
-        let fields: Vec<&str> = stat
-            .rsplit_once(')')
-            .map(|(_, r)| r.split_whitespace().collect())
-            .unwrap_or_default();
-        let ticks: f64 = fields.get(11).and_then(|v| v.parse().ok()).unwrap_or(0.0)
-            + fields.get(12).and_then(|v| v.parse().ok()).unwrap_or(0.0);
-        ticks / 100.0
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = nix_umount(self.dir.path());
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn nix_umount(path: &Path) -> Result<()> {
-    let status = Command::new("umount").arg(path).status()?;
-    anyhow::ensure!(status.success(), "umount failed");
-    Ok(())
-}
-
-fn percentile(v: &mut [f64], p: f64) -> f64 {
-    if v.is_empty() {
-        return 0.0;
-    }
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[((v.len() - 1) as f64 * p) as usize]
+    /// Run the installed peers (s3fs, rclone mount) too [default]
+    #[arg(long, overrides_with = "no_peers")]
+    peers: bool,
+    /// Skip the peers
+    #[arg(long, overrides_with = "peers")]
+    no_peers: bool,
+    /// rclone binary [default: rclone on PATH, else .venv/bin/rclone]
+    #[arg(long)]
+    rclone: Option<PathBuf>,
+    /// Give up on one workload of one client after this many seconds (the mount is then killed)
+    #[arg(long, default_value_t = 600)]
+    timeout_secs: u64,
+    /// Where to write the PNG bar chart of ratios to the limit
+    #[arg(long, default_value = "docs/benchmarks.png")]
+    chart: PathBuf,
+    /// Do not draw the chart
+    #[arg(long)]
+    no_chart: bool,
+    /// TrueType font for the chart's text [default: $EXPRESSFS_BENCH_FONT, common paths, fc-match]
+    #[arg(long)]
+    chart_font: Option<PathBuf>,
+    /// Print the table as markdown with machine, date and command, for docs/BENCHMARKS.md
+    #[arg(long)]
+    markdown: bool,
 }
 
 fn main() -> Result<()> {
     let args = Args::parse();
-    // SAFETY: set before any thread starts.
+    // SAFETY: set before any thread starts. Every SDK and tool would otherwise try the EC2 metadata address.
     unsafe { std::env::set_var("AWS_EC2_METADATA_DISABLED", "true") };
-    let data = tempfile::Builder::new().prefix("bench-emu-").tempdir()?;
-    let bucket = "bench--use1-az4--x-s3".to_string();
+    let peers = if args.no_peers {
+        Vec::new()
+    } else {
+        peers::discover(args.rclone.as_deref())
+    };
+    let timeout = Duration::from_secs(args.timeout_secs);
+
+    let data_dir = tempfile::Builder::new().prefix("bench-emu-").tempdir()?;
     let emu = Emulator::start_background(EmulatorConfig {
-        data_dir: data.path().to_path_buf(),
-        buckets: vec![bucket.clone()],
-        access_key: KEY.into(),
-        secret_key: SECRET.into(),
+        data_dir: data_dir.path().to_path_buf(),
+        buckets: vec![DIR_BUCKET.into(), GP_BUCKET.into()],
+        access_key: s3::KEY.into(),
+        secret_key: s3::SECRET.into(),
         ttfb: Duration::from_millis(args.ttfb_ms),
         ..Default::default()
     })?;
+    let endpoint = emu.endpoint_url();
     let rt = tokio::runtime::Runtime::new()?;
-    let c = client(&emu);
-    let mut rows = Vec::new();
-    let big = args.big_mib * MIB;
+    let c = s3::client(&endpoint);
 
-    eprintln!("preparing data ...");
-    rt.block_on(async {
-        put_big(&c, &bucket, "big/seq.bin", args.big_mib).await?;
-        for i in 0..4 {
-            put_big(&c, &bucket, &format!("par/{i}.bin"), args.big_mib / 4).await?;
-        }
-        let body = bytes::Bytes::from(pattern(3, 100_000));
-        let sem = Arc::new(tokio::sync::Semaphore::new(64));
-        let mut tasks = Vec::new();
-        for i in 0..args.small_files.max(args.list_entries) {
-            let (c, bucket, body, sem) =
-                (c.clone(), bucket.clone(), body.clone(), Arc::clone(&sem));
-            let key = if i < args.small_files {
-                format!("small/{i:06}.jpg")
-            } else {
-                format!("list/{i:06}")
-            };
-            let key2 =
-                (i < args.list_entries && i < args.small_files).then(|| format!("list/{i:06}"));
-            tasks.push(tokio::spawn(async move {
-                let _p = sem.acquire().await;
-                c.put_object()
-                    .bucket(&bucket)
-                    .key(&key)
-                    .body(ByteStream::from(body.clone()))
-                    .send()
-                    .await?;
-                if let Some(k) = key2 {
-                    c.put_object()
-                        .bucket(&bucket)
-                        .key(&k)
-                        .body(ByteStream::from(bytes::Bytes::from_static(b"x")))
-                        .send()
-                        .await?;
-                }
-                Ok::<_, anyhow::Error>(())
-            }));
-        }
-        for t in tasks {
-            t.await??;
-        }
-        Ok::<_, anyhow::Error>(())
-    })?;
-
-    let (daemon, startup) = Daemon::start(&args.expressfs, &emu, &bucket, &["--read-only"])?;
-    let mnt = daemon.dir.path().to_path_buf();
-    let first_byte = {
-        let started = Instant::now();
-        let mut f = std::fs::File::open(mnt.join("small/000000.jpg"))?;
-        let mut b = [0u8; 1];
-        std::io::Read::read_exact(&mut f, &mut b)?;
-        startup + started.elapsed()
-    };
-
-    // 1. One big file, sequential.
-    let limit = rt.block_on(raw_read(&c, &bucket, "big/seq.bin", big))?;
-    let cpu0 = daemon.cpu_secs();
-    let (ours, n) = read_file_mbps(&mnt.join("big/seq.bin"))?;
-    anyhow::ensure!(n == big, "short read");
-    let cpu = daemon.cpu_secs() - cpu0;
-    rows.push(Row {
-        workload: format!("1. sequential read, 1 x {} MiB", args.big_mib),
-        unit: "MB/s",
-        limit,
-        ours,
-        extra: format!(
-            "daemon CPU {:.2} s/GiB",
-            cpu / (big as f64 / 1024.0 / MIB as f64)
-        ),
-    });
-
-    // 2. Four files in parallel.
-    let quarter = args.big_mib / 4 * MIB;
-    let started = Instant::now();
-    rt.block_on(async {
-        let mut t = Vec::new();
-        for i in 0..4 {
-            let (c, b) = (c.clone(), bucket.clone());
-            t.push(tokio::spawn(async move {
-                raw_read(&c, &b, &format!("par/{i}.bin"), quarter).await
-            }));
-        }
-        for x in t {
-            x.await??;
-        }
-        Ok::<_, anyhow::Error>(())
-    })?;
-    let limit = (4 * quarter) as f64 / MIB as f64 / started.elapsed().as_secs_f64();
-    let started = Instant::now();
-    let handles: Vec<_> = (0..4)
-        .map(|i| {
-            let p = mnt.join(format!("par/{i}.bin"));
-            std::thread::spawn(move || read_file_mbps(&p))
-        })
-        .collect();
-    for h in handles {
-        h.join().map_err(|_| anyhow::anyhow!("reader panicked"))??;
-    }
-    let ours = (4 * quarter) as f64 / MIB as f64 / started.elapsed().as_secs_f64();
-    rows.push(Row {
-        workload: format!("2. parallel read, 4 x {} MiB", args.big_mib / 4),
-        unit: "MB/s",
-        limit,
-        ours,
-        extra: format!("daemon peak RSS {:.0} MiB", daemon.rss_mib()),
-    });
-
-    // 3. Random 64 KiB reads.
-    let reads = 400;
-    let mut lat = Vec::new();
-    let started = Instant::now();
-    rt.block_on(async {
-        let mut s = 99u64;
-        for _ in 0..reads {
-            s = s
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            let off = (s >> 11) % (big - 65536);
-            c.get_object()
-                .bucket(&bucket)
-                .key("big/seq.bin")
-                .range(format!("bytes={off}-{}", off + 65535))
-                .send()
-                .await?
-                .body
-                .collect()
-                .await?;
-        }
-        Ok::<_, anyhow::Error>(())
-    })?;
-    let limit = reads as f64 / started.elapsed().as_secs_f64();
-    let f = std::fs::File::open(mnt.join("big/seq.bin"))?;
-    let started = Instant::now();
-    let mut s = 7u64;
-    let mut buf = vec![0u8; 65536];
-    for _ in 0..reads {
-        s = s
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        let off = (s >> 11) % (big - 65536);
-        let t = Instant::now();
-        std::os::unix::fs::FileExt::read_exact_at(&f, &mut buf, off)?;
-        lat.push(t.elapsed().as_secs_f64() * 1000.0);
-    }
-    let ours = reads as f64 / started.elapsed().as_secs_f64();
-    drop(f);
-    rows.push(Row {
-        workload: "3. random 64 KiB reads, 1 thread".into(),
-        unit: "reads/s",
-        limit,
-        ours,
-        extra: format!(
-            "p50 {:.1} ms, p99 {:.1} ms",
-            percentile(&mut lat, 0.5),
-            percentile(&mut lat, 0.99)
-        ),
-    });
-
-    // 4. Small files, 64 threads.
-    let n = args.small_files;
-    let started = Instant::now();
-    rt.block_on(async {
-        let sem = Arc::new(tokio::sync::Semaphore::new(64));
-        let mut t = Vec::new();
-        for i in 0..n {
-            let (c, b, sem) = (c.clone(), bucket.clone(), Arc::clone(&sem));
-            t.push(tokio::spawn(async move {
-                let _p = sem.acquire().await;
-                c.get_object()
-                    .bucket(&b)
-                    .key(format!("small/{i:06}.jpg"))
-                    .send()
-                    .await?
-                    .body
-                    .collect()
-                    .await?;
-                Ok::<_, anyhow::Error>(())
-            }));
-        }
-        for x in t {
-            x.await??;
-        }
-        Ok::<_, anyhow::Error>(())
-    })?;
-    let limit = n as f64 / started.elapsed().as_secs_f64();
-    let next = Arc::new(AtomicUsize::new(0));
-    let started = Instant::now();
-    let threads: Vec<_> = (0..64)
-        .map(|_| {
-            let (next, mnt) = (Arc::clone(&next), mnt.clone());
-            std::thread::spawn(move || -> Result<()> {
-                loop {
-                    let i = next.fetch_add(1, Ordering::Relaxed);
-                    if i >= n {
-                        return Ok(());
-                    }
-                    let data = std::fs::read(mnt.join(format!("small/{i:06}.jpg")))?;
-                    anyhow::ensure!(data.len() == 100_000, "wrong size");
-                }
-            })
-        })
-        .collect();
-    for t in threads {
-        t.join().map_err(|_| anyhow::anyhow!("reader panicked"))??;
-    }
-    let ours = n as f64 / started.elapsed().as_secs_f64();
-    rows.push(Row {
-        workload: format!("4. {n} files of 100 KB, 64 threads"),
-        unit: "files/s",
-        limit,
-        ours,
-        extra: String::new(),
-    });
-
-    // 5. Listing.
-    let started = Instant::now();
-    let listed = rt.block_on(async {
-        let mut token = None;
-        let mut count = 0usize;
-        loop {
-            let out = c
-                .list_objects_v2()
-                .bucket(&bucket)
-                .prefix("list/")
-                .delimiter("/")
-                .set_continuation_token(token)
-                .send()
-                .await?;
-            count += out.contents().len();
-            token = out.next_continuation_token.clone();
-            if token.is_none() {
-                return Ok::<_, anyhow::Error>(count);
-            }
-        }
-    })?;
-    let limit = listed as f64 / started.elapsed().as_secs_f64();
-    let started = Instant::now();
-    let mut seen = 0;
-    for e in std::fs::read_dir(mnt.join("list"))? {
-        e?.metadata()?;
-        seen += 1;
-    }
-    anyhow::ensure!(seen == listed, "listed {seen}, expected {listed}");
-    let ours = seen as f64 / started.elapsed().as_secs_f64();
-    rows.push(Row {
-        workload: format!("5. list + stat {listed} entries"),
-        unit: "entries/s",
-        limit,
-        ours,
-        extra: String::new(),
-    });
-    drop(daemon);
-
-    // 7. Checkpoint write.
-    let ck = args.checkpoint_mib;
-    let started = Instant::now();
-    rt.block_on(put_big(&c, &bucket, "raw-ckpt.bin", ck))?;
-    let limit = ck as f64 / started.elapsed().as_secs_f64();
-    let (daemon, _) = Daemon::start(&args.expressfs, &emu, &bucket, &[])?;
-    let chunk = pattern(5, MIB as usize);
-    let started = Instant::now();
+    let data = Arc::new(prepare(&rt, &c, &args)?);
+    if peers
+        .iter()
+        .any(|p| p.kind == Kind::S3fs && p.exe.is_some())
     {
-        use std::io::Write;
-        let mut f = std::fs::File::create(daemon.dir.path().join("ckpt.bin"))?;
-        for _ in 0..ck {
-            f.write_all(&chunk)?;
-        }
-        f.sync_all()?;
+        eprintln!("copying the objects into {GP_BUCKET} for s3fs ...");
+        let n = rt.block_on(s3::mirror(&c, DIR_BUCKET, GP_BUCKET))?;
+        eprintln!("copied {n} objects");
     }
-    let ours = ck as f64 / started.elapsed().as_secs_f64();
-    rows.push(Row {
-        workload: format!("7. checkpoint write {ck} MiB + fsync"),
-        unit: "MB/s",
-        limit,
-        ours,
-        extra: format!("daemon peak RSS {:.0} MiB", daemon.rss_mib()),
-    });
-    drop(daemon);
+    let limits = measure_limits(&rt, &c, &data, args.checkpoint_mib)?;
 
-    println!();
-    println!(
-        "ttfb {} ms, {} cores",
-        args.ttfb_ms,
-        std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(0)
-    );
-    println!("| workload | unit | limit (raw SDK) | expressfs | ratio | notes |");
-    println!("|---|---|---:|---:|---:|---|");
-    for r in &rows {
-        println!(
-            "| {} | {} | {:.0} | {:.0} | {:.2} | {} |",
-            r.workload,
-            r.unit,
-            r.limit,
-            r.ours,
-            r.ours / r.limit,
-            r.extra
-        );
+    let mut clients = vec![(
+        "expressfs",
+        run_expressfs(&args, &endpoint, &data, timeout)?,
+    )];
+    for peer in &peers {
+        clients.push((peer.name, run_peer(peer, &endpoint, &data, timeout)));
     }
-    println!(
-        "| 8. start to first byte | ms | - | {:.0} | - | mount + open + read 1 byte |",
-        first_byte.as_secs_f64() * 1000.0
-    );
-    for peer in ["s3fs", "rclone", "mount-s3"] {
-        let found = Command::new("sh")
-            .arg("-c")
-            .arg(format!("command -v {peer}"))
-            .output()
-            .map(|o| o.status.success())
-            .unwrap_or(false);
-        println!(
-            "peer {peer}: {}",
-            if found {
-                "installed but not yet driven by this suite"
-            } else {
-                "not installed"
-            }
+
+    let report = Report::new(specs(&args, &limits), clients, preamble(&args, &peers));
+    if args.markdown {
+        print!("{}", report.markdown());
+    } else {
+        print!("{}", report.text());
+    }
+    if !args.no_chart {
+        let title = format!(
+            "Ratio to the raw-SDK limit, emulator TTFB {} ms, {}",
+            args.ttfb_ms,
+            report::today()
         );
+        match chart::write_png(&args.chart, &report, &title, args.chart_font.as_deref()) {
+            Ok(()) => eprintln!("chart written to {}", args.chart.display()),
+            Err(e) => eprintln!("warning: no chart: {e:#}"),
+        }
     }
     Ok(())
+}
+
+/// Uploads the data set into the directory bucket. Memory stays bounded whatever the sizes: big objects
+/// are multipart uploads of slices of one 64 MiB buffer, small ones go 64 at a time, shards stream.
+fn prepare(rt: &tokio::runtime::Runtime, c: &aws_sdk_s3::Client, args: &Args) -> Result<Dataset> {
+    eprintln!("preparing data ...");
+    rt.block_on(async {
+        s3::put_big(c, DIR_BUCKET, "big/seq.bin", args.big_mib).await?;
+        for i in 0..4 {
+            s3::put_big(c, DIR_BUCKET, &format!("par/{i}.bin"), args.big_mib / 4).await?;
+        }
+        let body = Bytes::from(s3::pattern(3, 100_000));
+        let small = (0..args.small_files).map(|i| (format!("small/{i:06}.jpg"), body.clone()));
+        let list =
+            (0..args.list_entries).map(|i| (format!("list/{i:06}"), Bytes::from_static(b"x")));
+        s3::put_many(c, DIR_BUCKET, small.chain(list), 64).await
+    })?;
+    let shards = shards::write_shards(
+        rt.handle(),
+        c,
+        DIR_BUCKET,
+        args.shards as usize,
+        args.shard_mib,
+    )?;
+    eprintln!(
+        "{} shards hold {} samples",
+        shards.keys.len(),
+        shards.samples
+    );
+    Ok(Dataset {
+        big: args.big_mib * MIB,
+        quarter: args.big_mib / 4 * MIB,
+        small_files: args.small_files as usize,
+        list_entries: args.list_entries as usize,
+        random_reads: RANDOM_READS,
+        shards,
+    })
+}
+
+fn per_sec(count: f64, started: Instant) -> f64 {
+    count / started.elapsed().as_secs_f64()
+}
+
+/// The raw client's figure for each workload that has one.
+fn measure_limits(
+    rt: &tokio::runtime::Runtime,
+    c: &aws_sdk_s3::Client,
+    d: &Dataset,
+    checkpoint_mib: u64,
+) -> Result<BTreeMap<u8, f64>> {
+    eprintln!("raw client (the limit) ...");
+    rt.block_on(async {
+        let mut l = BTreeMap::new();
+        l.insert(1, s3::raw_read(c, DIR_BUCKET, "big/seq.bin", d.big).await?);
+        l.insert(2, s3::limit_parallel(c, DIR_BUCKET, d.quarter).await?);
+        l.insert(
+            3,
+            s3::limit_random(c, DIR_BUCKET, d.big, d.random_reads).await?,
+        );
+        l.insert(4, s3::limit_small(c, DIR_BUCKET, d.small_files).await?);
+        let (listed, rate) = s3::limit_list(c, DIR_BUCKET).await?;
+        ensure!(
+            listed == d.list_entries,
+            "listed {listed}, expected {}",
+            d.list_entries
+        );
+        l.insert(5, rate);
+        let started = Instant::now();
+        let samples = shards::raw_samples(c, DIR_BUCKET, &d.shards).await?;
+        ensure!(
+            samples == d.shards.samples,
+            "counted {samples} samples, expected {}",
+            d.shards.samples
+        );
+        l.insert(6, per_sec(samples as f64, started));
+        let started = Instant::now();
+        s3::put_big(c, DIR_BUCKET, "raw-ckpt.bin", checkpoint_mib).await?;
+        l.insert(7, per_sec(checkpoint_mib as f64, started));
+        Ok(l)
+    })
+}
+
+/// expressfs: the read workloads on a read-only mount, then the checkpoint on a writable one.
+fn run_expressfs(
+    args: &Args,
+    endpoint: &str,
+    data: &Arc<Dataset>,
+    timeout: Duration,
+) -> Result<Results> {
+    let (mut m, took) = Mount::expressfs(&args.expressfs, endpoint, DIR_BUCKET, &["--read-only"])?;
+    let first = workloads::first_byte(&mut m, took, timeout);
+    let mut results = workloads::run_reads(&mut m, data, endpoint, timeout);
+    results.insert(8, first);
+    drop(m);
+    let (mut m, _) = Mount::expressfs(&args.expressfs, endpoint, DIR_BUCKET, &[])?;
+    results.insert(
+        7,
+        workloads::run_checkpoint(&mut m, args.checkpoint_mib, timeout),
+    );
+    Ok(results)
+}
+
+/// Every workload marked with the same reason.
+fn all(why: &str) -> Results {
+    (1..=8).map(|id| (id, Cell::missing(why))).collect()
+}
+
+/// A peer: the read workloads and the first byte. Peers are mounted read-only, so no checkpoint.
+fn run_peer(peer: &Peer, endpoint: &str, data: &Arc<Dataset>, timeout: Duration) -> Results {
+    let Some(exe) = &peer.exe else {
+        return all("not installed");
+    };
+    let mounted = match peer.kind {
+        Kind::S3fs => Mount::s3fs(exe, endpoint, GP_BUCKET),
+        Kind::Rclone => Mount::rclone(exe, endpoint, DIR_BUCKET),
+    };
+    let (mut m, took) = match mounted {
+        Ok(m) => m,
+        Err(e) => {
+            eprintln!("{}: {e:#}", peer.name);
+            return all("mount failed");
+        }
+    };
+    let first = workloads::first_byte(&mut m, took, timeout);
+    let mut results = workloads::run_reads(&mut m, data, endpoint, timeout);
+    results.insert(8, first);
+    results.insert(7, Cell::missing("n/a"));
+    results
+}
+
+fn specs(args: &Args, limits: &BTreeMap<u8, f64>) -> Vec<Spec> {
+    let spec = |id: u8, title: String, short, unit| Spec {
+        id,
+        title,
+        short,
+        unit,
+        limit: limits.get(&id).copied(),
+    };
+    vec![
+        spec(
+            1,
+            format!("1. sequential read, 1 x {} MiB", args.big_mib),
+            "1 sequential",
+            "MB/s",
+        ),
+        spec(
+            2,
+            format!("2. parallel read, 4 x {} MiB", args.big_mib / 4),
+            "2 parallel",
+            "MB/s",
+        ),
+        spec(
+            3,
+            "3. random 64 KiB reads, 1 thread".into(),
+            "3 random 64K",
+            "reads/s",
+        ),
+        spec(
+            4,
+            format!("4. {} files of 100 KB, 64 threads", args.small_files),
+            "4 small files",
+            "files/s",
+        ),
+        spec(
+            5,
+            format!("5. list + stat {} entries", args.list_entries),
+            "5 list+stat",
+            "entries/s",
+        ),
+        spec(
+            6,
+            format!(
+                "6. tar shards, {} x {} MiB, {} workers",
+                args.shards,
+                args.shard_mib,
+                shards::WORKERS
+            ),
+            "6 tar shards",
+            "samples/s",
+        ),
+        spec(
+            7,
+            format!("7. checkpoint write {} MiB + fsync", args.checkpoint_mib),
+            "7 checkpoint",
+            "MB/s",
+        ),
+        spec(8, "8. start to first byte".into(), "8 first byte", "ms"),
+    ]
+}
+
+/// What the reader needs to interpret the table: latency profile, who the peers are and how they ran.
+fn preamble(args: &Args, peers: &[Peer]) -> Vec<String> {
+    let mut lines = vec![format!(
+        "Emulator TTFB {} ms. limit = raw aws-sdk-s3 client, same bytes, best request pattern; ratio = client / limit.",
+        args.ttfb_ms
+    )];
+    lines.push(
+        "Workload 3 notes count GetObject requests and the bytes their responses declared (a client that \
+         drops a long range early is counted for all of it)."
+            .into(),
+    );
+    if args.no_peers {
+        lines.push("Peers: skipped (--no-peers).".into());
+    }
+    for p in peers {
+        lines.push(match (&p.exe, p.kind) {
+            (None, _) => format!("{}: not installed.", p.name),
+            (Some(_), Kind::S3fs) => format!(
+                "s3fs: {}, options `{}` (defaults otherwise), path-style, general-purpose bucket {GP_BUCKET} with the same objects.",
+                p.version,
+                mounts::S3FS_OPTIONS
+            ),
+            (Some(_), Kind::Rclone) => format!(
+                "rclone: {}, `rclone mount {}`, directory bucket.",
+                p.version,
+                mounts::RCLONE_FLAGS.join(" ")
+            ),
+        });
+    }
+    if !peers.is_empty() {
+        lines.push(
+            "Peers are mounted read-only: workload 7 (writing) runs for expressfs only.".into(),
+        );
+        if peers::on_path("mount-s3").is_some() {
+            lines.push("mount-s3: installed but not driven by this suite.".into());
+        } else {
+            lines.push("mount-s3: not installed.".into());
+        }
+    }
+    lines
 }

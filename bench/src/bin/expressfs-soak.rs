@@ -1,0 +1,550 @@
+//! `expressfs-soak`: mixed reads, writes, overwrites, deletes and listings through one expressfs mount for a
+//! long time with faults injected by the emulator. It checks every byte read against what must be there,
+//! checks at the end (faults off, through a raw client) that every acknowledged write landed, and samples the
+//! daemon's RSS and open file descriptors, which must stay flat. Exit status 1 on any violation.
+//!
+//! `target/release/expressfs-soak --minutes 30 --fault-rate 0.05` (see docs/RELIABILITY.md).
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use aws_sdk_s3::config::{Credentials, Region};
+use clap::Parser;
+use expressfs_emulator::{Emulator, EmulatorConfig};
+
+const KEY: &str = "AKIDEXPRESSFSTEST";
+const SECRET: &str = "expressfs-test-secret";
+const REGION: &str = "us-east-1";
+const BUCKET: &str = "soak--use1-az4--x-s3";
+const MIB: usize = 1024 * 1024;
+
+#[derive(Parser, Debug)]
+#[command(
+    about = "long mixed workload with injected faults; RSS and fds must stay flat, bytes exact"
+)]
+struct Args {
+    #[arg(long, default_value_t = 30.0)]
+    minutes: f64,
+    /// Fraction of S3 requests that get a fault (the emulator's retryable kinds, mixed)
+    #[arg(long, default_value_t = 0.05)]
+    fault_rate: f64,
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Seconds between RSS/fd samples
+    #[arg(long, default_value_t = 10)]
+    sample_secs: u64,
+    #[arg(long, default_value_t = 3)]
+    readers: usize,
+    #[arg(long, default_value = "target/release/expressfs")]
+    expressfs: PathBuf,
+}
+
+/// Deterministic bytes, different per seed.
+fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut out = Vec::with_capacity(len + 8);
+    while out.len() < len {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        out.extend_from_slice(&x.to_le_bytes());
+    }
+    out.truncate(len);
+    out
+}
+
+/// Small xorshift generator for choosing operations (no need for a crate).
+struct Rng(u64);
+impl Rng {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n.max(1)
+    }
+}
+
+#[derive(Default)]
+struct Counters {
+    reads_ok: AtomicU64,
+    reads_failed: AtomicU64,
+    bytes_read: AtomicU64,
+    writes_ok: AtomicU64,
+    writes_failed: AtomicU64,
+    deletes: AtomicU64,
+    listings_ok: AtomicU64,
+    listings_failed: AtomicU64,
+    violations: Mutex<Vec<String>>,
+}
+
+impl Counters {
+    fn violation(&self, what: String) {
+        eprintln!("VIOLATION: {what}");
+        self.violations.lock().unwrap().push(what);
+    }
+}
+
+/// One plain HTTP/1.1 request to the emulator's admin endpoints.
+fn admin(emu: &Emulator, method: &str, path: &str, body: &str) -> Result<String> {
+    let mut s = std::net::TcpStream::connect(emu.addr())?;
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )?;
+    let mut answer = String::new();
+    s.read_to_string(&mut answer)?;
+    Ok(answer
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default())
+}
+
+fn proc_value(pid: u32, field: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse().ok())
+        .unwrap_or(0)
+}
+
+fn open_fds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| d.count())
+        .unwrap_or(0)
+}
+
+fn start_daemon(exe: &Path, emu: &Emulator, mnt: &Path) -> Result<Child> {
+    let child = Command::new(exe)
+        .env("AWS_EC2_METADATA_DISABLED", "true")
+        .env("AWS_ACCESS_KEY_ID", KEY)
+        .env("AWS_SECRET_ACCESS_KEY", SECRET)
+        .args(["--foreground", "--endpoint-url", &emu.endpoint_url()])
+        .args(["--region", REGION, "--allow-delete", "--allow-overwrite"])
+        .arg(BUCKET)
+        .arg(mnt)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .with_context(|| format!("starting {}", exe.display()))?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !std::fs::read_to_string("/proc/self/mountinfo")?.contains(mnt.to_str().unwrap_or("")) {
+        if Instant::now() > deadline {
+            bail!("mount did not appear");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    Ok(child)
+}
+
+/// Reads random prepared files and compares every byte.
+fn reader(
+    mnt: &Path,
+    files: &[(String, Arc<Vec<u8>>)],
+    seed: u64,
+    stop: &AtomicBool,
+    c: &Counters,
+) {
+    let mut rng = Rng(seed | 1);
+    while !stop.load(Ordering::Relaxed) {
+        let (name, expected) = &files[rng.below(files.len() as u64) as usize];
+        match std::fs::read(mnt.join(name)) {
+            Ok(got) if got == **expected => {
+                c.reads_ok.fetch_add(1, Ordering::Relaxed);
+                c.bytes_read.fetch_add(got.len() as u64, Ordering::Relaxed);
+            }
+            Ok(got) => c.violation(format!(
+                "wrong bytes from {name}: {} bytes, expected {}",
+                got.len(),
+                expected.len()
+            )),
+            Err(_) => {
+                c.reads_failed.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+fn write_file(path: &Path, data: &[u8]) -> std::io::Result<()> {
+    let mut f = std::fs::File::create(path)?;
+    for chunk in data.chunks(MIB) {
+        f.write_all(chunk)?;
+    }
+    f.sync_all()
+}
+
+/// Reads through the mount, retrying loud failures (faults are on); None if it never succeeded.
+fn read_back(path: &Path) -> Option<std::io::Result<Vec<u8>>> {
+    for _ in 0..8 {
+        match std::fs::read(path) {
+            Ok(d) => return Some(Ok(d)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Some(Err(e)),
+            Err(_) => std::thread::sleep(Duration::from_millis(100)),
+        }
+    }
+    None
+}
+
+/// Writes, overwrites and deletes files in `out/`; remembers what each key must hold (by the seed of its
+/// content) once the write was acknowledged.
+fn writer(
+    mnt: &Path,
+    seed: u64,
+    stop: &AtomicBool,
+    c: &Counters,
+    acked: &Mutex<HashMap<String, (u64, usize)>>,
+) {
+    let mut rng = Rng(seed | 1);
+    let mut n = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        n += 1;
+        let name = format!("out/w-{:02}", rng.below(16));
+        let path = mnt.join(&name);
+        let before = acked.lock().unwrap().get(&name).copied();
+        if before.is_some() && rng.below(10) == 0 {
+            match std::fs::remove_file(&path) {
+                Ok(()) => {
+                    acked.lock().unwrap().remove(&name);
+                    c.deletes.fetch_add(1, Ordering::Relaxed);
+                }
+                Err(_) => {
+                    c.writes_failed.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            continue;
+        }
+        // Mostly small (checkpoint metadata, logs), sometimes multipart-sized.
+        let len = if rng.below(4) == 0 {
+            (8 + rng.below(20)) as usize * MIB + rng.below(4096) as usize
+        } else {
+            1 + rng.below(300_000) as usize
+        };
+        let content_seed = seed * 1_000_000 + n;
+        let data = pattern(content_seed, len);
+        match write_file(&path, &data) {
+            Ok(()) => {
+                c.writes_ok.fetch_add(1, Ordering::Relaxed);
+                acked
+                    .lock()
+                    .unwrap()
+                    .insert(name.clone(), (content_seed, len));
+                match read_back(&path) {
+                    Some(Ok(got)) if got == data => {}
+                    Some(Ok(got)) => c.violation(format!(
+                        "{name}: read back {} bytes that differ from the acknowledged write",
+                        got.len()
+                    )),
+                    Some(Err(e)) => {
+                        c.violation(format!("{name}: acknowledged write not found: {e}"))
+                    }
+                    None => {}
+                }
+            }
+            Err(_) => {
+                c.writes_failed.fetch_add(1, Ordering::Relaxed);
+                // The key holds the old object or nothing: never a part of the new one.
+                if let Some(Ok(got)) = read_back(&path) {
+                    let old = before.map(|(s, l)| pattern(s, l));
+                    if old.as_deref() != Some(&got[..]) {
+                        c.violation(format!(
+                            "{name}: failed write left {} bytes that are not the previous object",
+                            got.len()
+                        ));
+                    }
+                }
+                // The name's state is unknown now only if it was never acknowledged; keep the expectation.
+            }
+        }
+    }
+}
+
+fn lister(mnt: &Path, expected: usize, stop: &AtomicBool, c: &Counters) {
+    while !stop.load(Ordering::Relaxed) {
+        match std::fs::read_dir(mnt.join("data")).and_then(|d| d.collect::<Result<Vec<_>, _>>()) {
+            Ok(entries) if entries.len() == expected => {
+                c.listings_ok.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok(entries) => c.violation(format!(
+                "data/ listed {} entries, expected {expected}",
+                entries.len()
+            )),
+            Err(_) => {
+                c.listings_failed.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        let _ = std::fs::read_dir(mnt.join("out")).map(|d| d.count());
+        std::thread::sleep(Duration::from_millis(300));
+    }
+}
+
+struct Sample {
+    secs: u64,
+    rss_mib: f64,
+    fds: usize,
+}
+
+fn main() -> Result<()> {
+    let args = Args::parse();
+    // SAFETY: set before any thread starts.
+    unsafe { std::env::set_var("AWS_EC2_METADATA_DISABLED", "true") };
+    let data_dir = tempfile::Builder::new().prefix("soak-emu-").tempdir()?;
+    let emu = Emulator::start_background(EmulatorConfig {
+        data_dir: data_dir.path().to_path_buf(),
+        buckets: vec![BUCKET.into()],
+        access_key: KEY.into(),
+        secret_key: SECRET.into(),
+        ttfb: Duration::from_millis(2),
+        ..Default::default()
+    })?;
+    let rt = tokio::runtime::Runtime::new()?;
+    let client = aws_sdk_s3::Client::from_conf(
+        aws_sdk_s3::config::Builder::new()
+            .behavior_version_latest()
+            .region(Region::new(REGION))
+            .credentials_provider(Credentials::new(KEY, SECRET, None, None, "soak"))
+            .endpoint_url(emu.endpoint_url())
+            .force_path_style(true)
+            .build(),
+    );
+
+    eprintln!("preparing data ...");
+    let mut files: Vec<(String, Arc<Vec<u8>>)> = Vec::new();
+    for i in 0..4u64 {
+        files.push((format!("data/big-{i}"), Arc::new(pattern(i, 32 * MIB + 17))));
+    }
+    for i in 0..200u64 {
+        files.push((
+            format!("data/small-{i:03}"),
+            Arc::new(pattern(100 + i, 100_000)),
+        ));
+    }
+    rt.block_on(async {
+        for (key, body) in &files {
+            client
+                .put_object()
+                .bucket(BUCKET)
+                .key(key)
+                .body(body.to_vec().into())
+                .send()
+                .await?;
+        }
+        anyhow::Ok(())
+    })?;
+
+    let mnt = tempfile::Builder::new().prefix("soak-mnt-").tempdir()?;
+    let mut daemon = start_daemon(&args.expressfs, &emu, mnt.path())?;
+    let pid = daemon.id();
+    std::fs::create_dir_all(mnt.path().join("out"))?;
+    let faults = format!(
+        r#"{{"rate":{},"seed":{},"operations":[],"kinds":[]}}"#,
+        args.fault_rate, args.seed
+    );
+    admin(&emu, "POST", "/_emulator/faults", &faults)?;
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let counters = Arc::new(Counters::default());
+    let acked = Arc::new(Mutex::new(HashMap::new()));
+    let files = Arc::new(files);
+    let mut workers = Vec::new();
+    for r in 0..args.readers {
+        let (m, f, s, c) = (
+            mnt.path().to_path_buf(),
+            files.clone(),
+            stop.clone(),
+            counters.clone(),
+        );
+        let seed = args.seed * 97 + r as u64;
+        workers.push(std::thread::spawn(move || reader(&m, &f, seed, &s, &c)));
+    }
+    {
+        let (m, s, c, a) = (
+            mnt.path().to_path_buf(),
+            stop.clone(),
+            counters.clone(),
+            acked.clone(),
+        );
+        let seed = args.seed;
+        workers.push(std::thread::spawn(move || writer(&m, seed, &s, &c, &a)));
+        let (m, s, c, n) = (
+            mnt.path().to_path_buf(),
+            stop.clone(),
+            counters.clone(),
+            files.len(),
+        );
+        workers.push(std::thread::spawn(move || lister(&m, n, &s, &c)));
+    }
+
+    let started = Instant::now();
+    let total = Duration::from_secs_f64(args.minutes * 60.0);
+    let mut samples = Vec::new();
+    eprintln!(
+        "{:>6} {:>9} {:>5} {:>8} {:>7} {:>7} {:>7}",
+        "secs", "rss MiB", "fds", "reads", "r.fail", "writes", "w.fail"
+    );
+    while started.elapsed() < total {
+        std::thread::sleep(Duration::from_secs(args.sample_secs).min(total));
+        if daemon.try_wait()?.is_some() {
+            counters.violation("the daemon exited during the soak".into());
+            break;
+        }
+        let s = Sample {
+            secs: started.elapsed().as_secs(),
+            rss_mib: proc_value(pid, "VmRSS:") as f64 / 1024.0,
+            fds: open_fds(pid),
+        };
+        let c = &counters;
+        eprintln!(
+            "{:>6} {:>9.1} {:>5} {:>8} {:>7} {:>7} {:>7}",
+            s.secs,
+            s.rss_mib,
+            s.fds,
+            c.reads_ok.load(Ordering::Relaxed),
+            c.reads_failed.load(Ordering::Relaxed),
+            c.writes_ok.load(Ordering::Relaxed),
+            c.writes_failed.load(Ordering::Relaxed)
+        );
+        samples.push(s);
+    }
+    stop.store(true, Ordering::Relaxed);
+    for w in workers {
+        let _ = w.join();
+    }
+    let injected = admin(&emu, "GET", "/_emulator/faults", "")?;
+    admin(&emu, "POST", "/_emulator/faults", r#"{"rate":0.0}"#)?;
+
+    // Every acknowledged write must be in the bucket, exactly (checked without the mount and without faults).
+    let acked = acked.lock().unwrap().clone();
+    rt.block_on(async {
+        for (name, (seed, len)) in &acked {
+            let got = client.get_object().bucket(BUCKET).key(name).send().await;
+            match got {
+                Ok(o) => {
+                    let body = o.body.collect().await?.into_bytes();
+                    if body[..] != pattern(*seed, *len)[..] {
+                        counters.violation(format!(
+                            "{name}: bucket holds other bytes than acknowledged"
+                        ));
+                    }
+                }
+                Err(e) => counters.violation(format!("{name}: acknowledged write missing: {e}")),
+            }
+        }
+        anyhow::Ok(())
+    })?;
+    let uploads = admin(
+        &emu,
+        "GET",
+        &format!("/_emulator/uploads?bucket={BUCKET}"),
+        "",
+    )?;
+    let _ = Command::new("umount").arg(mnt.path()).status();
+    let _ = daemon.wait();
+
+    report(&args, &counters, &samples, &injected, &uploads, acked.len())
+}
+
+fn report(
+    args: &Args,
+    c: &Counters,
+    samples: &[Sample],
+    injected: &str,
+    uploads: &str,
+    acked: usize,
+) -> Result<()> {
+    let quarter = (samples.len() / 4).max(1);
+    let max_rss = |s: &[Sample]| s.iter().map(|x| x.rss_mib).fold(0.0, f64::max);
+    let max_fds = |s: &[Sample]| s.iter().map(|x| x.fds).max().unwrap_or(0);
+    let (early, late) = (
+        &samples[..quarter.min(samples.len())],
+        &samples[samples.len().saturating_sub(quarter)..],
+    );
+    let injected: serde_json::Value = serde_json::from_str(injected).unwrap_or_default();
+    println!(
+        "## Soak: {} min, fault rate {}, seed {}",
+        args.minutes, args.fault_rate, args.seed
+    );
+    println!();
+    println!("| measure | value |");
+    println!("|---|---:|");
+    let line = |k: &str, v: String| println!("| {k} | {v} |");
+    line(
+        "whole-file reads verified",
+        c.reads_ok.load(Ordering::Relaxed).to_string(),
+    );
+    line(
+        "reads that failed loudly (EIO)",
+        c.reads_failed.load(Ordering::Relaxed).to_string(),
+    );
+    line(
+        "GiB read and compared",
+        format!(
+            "{:.1}",
+            c.bytes_read.load(Ordering::Relaxed) as f64 / (1u64 << 30) as f64
+        ),
+    );
+    line(
+        "writes acknowledged (fsync ok)",
+        c.writes_ok.load(Ordering::Relaxed).to_string(),
+    );
+    line(
+        "writes that failed loudly",
+        c.writes_failed.load(Ordering::Relaxed).to_string(),
+    );
+    line("deletes", c.deletes.load(Ordering::Relaxed).to_string());
+    line(
+        "listings ok / failed",
+        format!(
+            "{} / {}",
+            c.listings_ok.load(Ordering::Relaxed),
+            c.listings_failed.load(Ordering::Relaxed)
+        ),
+    );
+    line("acknowledged keys verified at the end", acked.to_string());
+    line("faults injected", injected["injected_total"].to_string());
+    line(
+        "daemon RSS, max in first / last quarter (MiB)",
+        format!("{:.0} / {:.0}", max_rss(early), max_rss(late)),
+    );
+    line(
+        "daemon open fds, max in first / last quarter",
+        format!("{} / {}", max_fds(early), max_fds(late)),
+    );
+    line("multipart uploads left behind", uploads.trim().to_string());
+    let violations = c.violations.lock().unwrap();
+    line(
+        "violations (wrong bytes, lost writes)",
+        violations.len().to_string(),
+    );
+    println!();
+    if let Some(list) = injected["injected"].as_array() {
+        let mut by_kind: std::collections::BTreeMap<String, u64> = Default::default();
+        for item in list {
+            *by_kind
+                .entry(item["kind"].as_str().unwrap_or("?").to_string())
+                .or_default() += item["count"].as_u64().unwrap_or(0);
+        }
+        println!("| fault kind | injected |");
+        println!("|---|---:|");
+        for (k, n) in by_kind {
+            println!("| {k} | {n} |");
+        }
+    }
+    let rss_grew = max_rss(late) > max_rss(early) * 1.5 + 64.0;
+    let fds_grew = max_fds(late) > max_fds(early) + 16;
+    if !violations.is_empty() || rss_grew || fds_grew || uploads.trim() != "[]" {
+        bail!(
+            "soak failed: {} violations, rss grew: {rss_grew}, fds grew: {fds_grew}, uploads: {}",
+            violations.len(),
+            uploads.trim()
+        );
+    }
+    Ok(())
+}
