@@ -102,6 +102,11 @@ pub struct Args {
     /// Most bytes fetched ahead for one sequential reader
     #[arg(long, default_value = "64M", value_parser = parse_size, help_heading = "Performance and caching")]
     pub max_prefetch: u64,
+    /// Memory for read-ahead and upload buffers across all files: MiB as in Mountpoint (`2048`) or a size
+    /// (`2G`). Under pressure read-ahead windows shrink and uploads send one part at a time. Default: a quarter
+    /// of the RAM or cgroup limit, at least 256 MiB
+    #[arg(long, value_parser = parse_memory_target, help_heading = "Performance and caching")]
+    pub memory_target: Option<u64>,
     /// Kernel readahead for the mount in KiB (set on the mount's bdi when running as root)
     #[arg(long, default_value_t = 4096, help_heading = "Performance and caching")]
     pub read_ahead_kb: u32,
@@ -228,6 +233,20 @@ fn parse_mode(s: &str) -> Result<u16, String> {
 }
 
 /// Bytes with an optional K/M/G (binary) suffix.
+/// `--memory-target`: a bare number is MiB (Mountpoint's unit), otherwise a size like `2G`; at least 64 MiB.
+pub fn parse_memory_target(s: &str) -> Result<u64, String> {
+    let bytes = match s.trim().parse::<u64>() {
+        Ok(mib) => mib.checked_mul(1 << 20).ok_or("too large")?,
+        Err(_) => parse_size(s)?,
+    };
+    if bytes < 64 << 20 {
+        return Err(format!(
+            "{s:?} is below the 64 MiB minimum (a bare number means MiB)"
+        ));
+    }
+    Ok(bytes)
+}
+
 pub fn parse_size(s: &str) -> Result<u64, String> {
     let t = s.trim();
     let (digits, mult) = match t.char_indices().last() {
@@ -331,6 +350,10 @@ mod tests {
         assert_eq!(parse_ttl("minimal").unwrap(), Duration::ZERO);
         assert_eq!(parse_ttl("2.5").unwrap(), Duration::from_millis(2500));
         assert!(parse_ttl("-1").is_err());
+        assert_eq!(parse_memory_target("2048").unwrap(), 2048 << 20);
+        assert_eq!(parse_memory_target("1G").unwrap(), 1 << 30);
+        assert!(parse_memory_target("10").unwrap_err().contains("64 MiB"));
+        assert!(parse_memory_target("lots").is_err());
     }
 
     #[test]

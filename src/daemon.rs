@@ -280,12 +280,19 @@ fn spawn_summary(
             metrics::gauge!("expressfs_open_handles").set(handles as f64);
             metrics::gauge!("expressfs_open_writers").set(writers as f64);
             metrics::gauge!("expressfs_inodes").set(inodes as f64);
+            let memory = &fs.config().memory;
+            metrics::gauge!("expressfs_buffer_bytes").set(memory.used() as f64);
+            metrics::gauge!("expressfs_buffer_bytes_peak").set(memory.peak() as f64);
+            metrics::gauge!("expressfs_buffer_budget_refusals").set(memory.refused() as f64);
             let recovered = sdk.counters();
             metrics::gauge!("expressfs_s3_body_resumes").set(recovered.body_resumes as f64);
             metrics::gauge!("expressfs_s3_session_renewals").set(recovered.session_renewals as f64);
             let mut line = format!(
-                "open_handles={handles} open_writers={writers} inodes={inodes} body_resumes={} session_renewals={}",
-                recovered.body_resumes, recovered.session_renewals
+                "open_handles={handles} open_writers={writers} inodes={inodes} body_resumes={} session_renewals={} buffer_peak_mib={} budget_refusals={}",
+                recovered.body_resumes,
+                recovered.session_renewals,
+                memory.peak() >> 20,
+                memory.refused()
             );
             if let Some(c) = &cache {
                 use std::sync::atomic::Ordering::Relaxed;
@@ -442,6 +449,14 @@ fn serve(args: Args, name: bucket::BucketName, region: String, mut reporter: Rep
     config.write_part_size = args.write_part_size();
     config.max_prefetch = args.max_prefetch;
     config.max_writers = args.max_open_writers;
+    let memory_target = args
+        .memory_target
+        .unwrap_or_else(crate::memory::default_target);
+    config.memory = crate::memory::MemoryBudget::new(memory_target);
+    info!(
+        memory_target_mib = memory_target >> 20,
+        "read-ahead and upload buffers share this budget"
+    );
     config.metadata_ttl = args.metadata_ttl();
     config.negative_metadata_ttl = args.negative_metadata_ttl.unwrap_or(config.metadata_ttl);
     config.staging_limit = args.max_staged_file_size;

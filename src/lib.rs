@@ -14,4 +14,5 @@ pub mod daemon;
 pub mod fs;
 pub mod fuse;
 pub mod logging;
+pub mod memory;
 pub mod s3;

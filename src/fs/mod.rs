@@ -26,6 +26,7 @@ use inode::{InodeTable, Kind, Stat};
 use read::Reader;
 use write::{Writer, WriterOptions};
 
+use crate::memory::MemoryBudget;
 use crate::s3::{ObjectClient, WriteCondition};
 
 /// Configuration of the core, built by the CLI layer from flags.
@@ -53,6 +54,8 @@ pub struct FsConfig {
     /// How long lookups, attributes and listings are trusted.
     pub metadata_ttl: Duration,
     pub negative_metadata_ttl: Duration,
+    /// Shared by read-ahead and upload buffers (`--memory-target`).
+    pub memory: Arc<MemoryBudget>,
 }
 
 impl FsConfig {
@@ -75,6 +78,7 @@ impl FsConfig {
             staging_limit: 256 * 1024 * 1024,
             metadata_ttl: Duration::from_secs(1),
             negative_metadata_ttl: Duration::from_secs(1),
+            memory: MemoryBudget::unlimited(),
         }
     }
 }
@@ -587,6 +591,7 @@ impl S3Filesystem {
             size,
             self.config.read_part_size,
             self.config.max_prefetch,
+            Arc::clone(&self.config.memory),
         );
         Ok(self.add_handle(Handle::Read(AsyncMutex::new(reader))))
     }
@@ -597,6 +602,7 @@ impl S3Filesystem {
             condition,
             staging_dir: self.config.staging_dir.clone(),
             staging_limit: self.config.staging_limit,
+            memory: Arc::clone(&self.config.memory),
         }
     }
 

@@ -93,7 +93,11 @@ mod tests {
     #[test]
     fn listing_entries_map_to_names() {
         assert_eq!(name_of_object("a/", "a/b.jpg"), Some("b.jpg"));
-        assert_eq!(name_of_object("a/", "a/"), None, "the directory marker itself");
+        assert_eq!(
+            name_of_object("a/", "a/"),
+            None,
+            "the directory marker itself"
+        );
         assert_eq!(name_of_object("a/", "b/c"), None);
         assert_eq!(name_of_object("", "x/.."), None);
         assert_eq!(name_of_common_prefix("a/", "a/sub/"), Some("sub"));

@@ -1,9 +1,11 @@
 //! Read handles: ranged GETs pinned to the ETag seen at open, with a sequential prefetch window.
 //!
-//! Sequential readers get chunks of `part_size` fetched ahead, the window doubling up to `max_window`;
-//! a read that jumps elsewhere drops the window and fetches just what it needs. Memory per handle is
-//! bounded by `max_window + part_size`. Every GET carries If-Match, so a replaced object yields an error,
-//! never a mix of old and new bytes.
+//! A reader that continues where it stopped gets chunks fetched ahead: the window starts at
+//! [`INITIAL_WINDOW`] (a small file or the first bytes of a big one come back fast) and doubles with every
+//! sequential read up to `max_window`, in GETs of at most `part_size`. A read that jumps elsewhere drops the
+//! window and fetches just what it asks for (at least [`MIN_RANDOM_FETCH`]): random access wastes no
+//! read-ahead. Prefetched chunks are held against the global [`MemoryBudget`]; when it is spent the window
+//! stops growing. Every GET carries If-Match, so a replaced object yields an error, never a mix of bytes.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -12,10 +14,19 @@ use bytes::{Bytes, BytesMut};
 use tokio::task::JoinHandle;
 
 use super::error::{FsError, FsResult};
+use crate::memory::{MemoryBudget, Reservation};
 use crate::s3::{ClientError, ObjectClient};
 
-/// Smallest GET a random read makes, so small scattered reads do not cost one request per kernel page.
-const MIN_RANDOM_FETCH: u64 = 256 * 1024;
+/// Smallest GET a random read makes: the kernel asks in whole pages, and one 64 KiB GET costs the same
+/// round trip as one 4 KiB GET.
+const MIN_RANDOM_FETCH: u64 = 64 * 1024;
+
+/// First prefetch window of a sequential reader.
+const INITIAL_WINDOW: u64 = 1024 * 1024;
+
+/// How far past the fetched range a read may land and still count as the same stream: the kernel's
+/// readahead sends several requests (up to 1 MiB each) at once and they can arrive out of order.
+const REORDER_SLACK: u64 = 2 * 1024 * 1024;
 
 enum ChunkData {
     Pending(JoinHandle<Result<Bytes, ClientError>>),
@@ -26,6 +37,7 @@ struct Chunk {
     start: u64,
     end: u64,
     data: ChunkData,
+    _memory: Reservation,
 }
 
 impl Drop for Chunk {
@@ -44,11 +56,14 @@ pub struct Reader {
     part_size: u64,
     max_window: u64,
     window: u64,
+    memory: Arc<MemoryBudget>,
     chunks: VecDeque<Chunk>,
     /// Where the next prefetch starts.
     next_fetch: u64,
     /// End of the previous read, to tell sequential from random access.
     last_end: u64,
+    /// The chunks come from sequential prefetching (not from one random read).
+    streaming: bool,
     pub bytes_fetched: u64,
 }
 
@@ -60,6 +75,7 @@ impl Reader {
         size: u64,
         part_size: u64,
         max_window: u64,
+        memory: Arc<MemoryBudget>,
     ) -> Reader {
         let part_size = part_size.max(64 * 1024);
         Reader {
@@ -69,15 +85,18 @@ impl Reader {
             size,
             part_size,
             max_window: max_window.max(part_size),
-            window: part_size,
+            window: INITIAL_WINDOW.min(part_size),
+            memory,
             chunks: VecDeque::new(),
             next_fetch: 0,
             last_end: 0,
+            streaming: false,
             bytes_fetched: 0,
         }
     }
 
-    fn spawn_fetch(&mut self, start: u64, end: u64) {
+    /// Starts a GET of `start..end`; `memory` is what it holds against the budget.
+    fn spawn_fetch(&mut self, start: u64, end: u64, memory: Reservation) {
         let client = Arc::clone(&self.client);
         let key = self.key.clone();
         let etag = self.etag.clone();
@@ -88,8 +107,29 @@ impl Reader {
             start,
             end,
             data: ChunkData::Pending(task),
+            _memory: memory,
         });
         self.next_fetch = end;
+    }
+
+    /// Fetches ahead up to `target`: chunks the current read needs (below `needed`) are always fetched,
+    /// the rest only while the memory budget allows; a refusal shrinks the window.
+    fn prefetch(&mut self, needed: u64, target: u64) {
+        while self.next_fetch < target {
+            let chunk_len = self.window.min(self.part_size);
+            let chunk_end = (self.next_fetch + chunk_len).min(self.size);
+            let bytes = chunk_end - self.next_fetch;
+            let memory = if self.next_fetch < needed {
+                self.memory.reserve(bytes)
+            } else if let Some(m) = self.memory.try_reserve(bytes) {
+                m
+            } else {
+                self.window = (self.next_fetch - needed.min(self.next_fetch))
+                    .max(INITIAL_WINDOW.min(self.part_size));
+                return;
+            };
+            self.spawn_fetch(self.next_fetch, chunk_end, memory);
+        }
     }
 
     pub async fn read(&mut self, offset: u64, len: u32) -> FsResult<Bytes> {
@@ -97,30 +137,26 @@ impl Reader {
             return Ok(Bytes::new());
         }
         let end = (offset + len as u64).min(self.size);
-        // The kernel's readahead sends several reads at once, so they may arrive out of order: anything inside
-        // the window (or just past it) is sequential, and a read a little behind it is served on the side
-        // without dropping the window.
         let front_start = self.chunks.front().map(|c| c.start);
-        let in_window =
-            front_start.is_some_and(|s| s <= offset) && offset <= self.next_fetch + self.part_size;
-        let sequential = offset == self.last_end || in_window;
-        if !sequential {
-            if let Some(s) = front_start {
-                if offset < s && s - offset <= 2 * self.part_size {
-                    self.bytes_fetched += end - offset;
-                    return self
-                        .client
-                        .get_object(&self.key, offset..end, Some(&self.etag))
-                        .await
-                        .map_err(|e| FsError::client(&self.key, e));
-                }
+        if let Some(s) = front_start {
+            if offset < s && s - offset <= 2 * self.part_size {
+                // A request from just before what is held (the kernel's readahead requests arrive out of
+                // order): served on the side with exactly its bytes, the stream left as it is.
+                self.bytes_fetched += end - offset;
+                return self
+                    .client
+                    .get_object(&self.key, offset..end, Some(&self.etag))
+                    .await
+                    .map_err(|e| FsError::client(&self.key, e));
             }
-            self.chunks.clear();
-            self.window = self.part_size;
-            self.next_fetch = offset;
-            let fetch_end = end.max(offset + MIN_RANDOM_FETCH).min(self.size);
-            self.spawn_fetch(offset, fetch_end);
-        } else {
+        }
+        let continues = offset == self.last_end && self.last_end > 0 || offset == 0;
+        let near_stream = self.streaming
+            && front_start.is_some_and(|s| s <= offset)
+            && offset <= self.next_fetch + REORDER_SLACK;
+        let covered = front_start.is_some_and(|s| s <= offset) && end <= self.next_fetch;
+        let sequential = continues || near_stream;
+        if sequential {
             // Keep one part behind the reader for reads that arrive late.
             while self
                 .chunks
@@ -129,15 +165,21 @@ impl Reader {
             {
                 self.chunks.pop_front();
             }
-            if self.chunks.is_empty() || self.next_fetch < offset {
+            if self.chunks.front().is_none_or(|c| c.start > offset) || self.next_fetch < offset {
                 self.chunks.clear();
                 self.next_fetch = offset;
             }
+            self.streaming = true;
             let target = end.max(offset + self.window).min(self.size);
-            while self.next_fetch < target {
-                let chunk_end = (self.next_fetch + self.part_size).min(self.size);
-                self.spawn_fetch(self.next_fetch, chunk_end);
-            }
+            self.prefetch(end, target);
+        } else if !covered {
+            self.chunks.clear();
+            self.streaming = false;
+            self.window = INITIAL_WINDOW.min(self.part_size);
+            self.next_fetch = offset;
+            let fetch_end = end.max(offset + MIN_RANDOM_FETCH).min(self.size);
+            let memory = self.memory.reserve(fetch_end - offset);
+            self.spawn_fetch(offset, fetch_end, memory);
         }
 
         let mut out: Option<BytesMut> = None;
@@ -223,6 +265,7 @@ mod tests {
             data.len() as u64,
             256 * 1024,
             1024 * 1024,
+            MemoryBudget::unlimited(),
         );
         let mut pos = 0u64;
         while pos < data.len() as u64 {
@@ -254,10 +297,113 @@ mod tests {
         fake.put_object("k", Bytes::from(vec![1u8; 1000]), WriteCondition::None)
             .await
             .unwrap();
-        let mut r = Reader::new(fake, "k".into(), put.etag, 1000, 256 * 1024, 1024 * 1024);
+        let mut r = Reader::new(
+            fake,
+            "k".into(),
+            put.etag,
+            1000,
+            256 * 1024,
+            1024 * 1024,
+            MemoryBudget::unlimited(),
+        );
         assert!(matches!(
             r.read(0, 100).await,
             Err(FsError::ObjectChanged { .. })
         ));
+    }
+
+    #[tokio::test]
+    async fn random_reads_fetch_little_more_than_they_read() {
+        let fake = Arc::new(FakeClient::new("b", true));
+        let size = 64 * 1024 * 1024;
+        let data = pattern(size);
+        let put = fake
+            .put_object("k", Bytes::from(data.clone()), WriteCondition::None)
+            .await
+            .unwrap();
+        let mut r = Reader::new(
+            fake,
+            "k".into(),
+            put.etag,
+            size as u64,
+            8 * 1024 * 1024,
+            64 * 1024 * 1024,
+            MemoryBudget::unlimited(),
+        );
+        let mut x = 0x2545F4914F6CDD1Du64;
+        let mut read = 0u64;
+        for _ in 0..300 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let off = (x % (size as u64 - 65536)) & !4095;
+            let got = r.read(off, 65536).await.unwrap();
+            assert_eq!(&got[..], &data[off as usize..off as usize + 65536]);
+            read += got.len() as u64;
+        }
+        assert!(
+            r.bytes_fetched <= 2 * read,
+            "fetched {} for {read} read",
+            r.bytes_fetched
+        );
+    }
+
+    #[tokio::test]
+    async fn a_spent_budget_stops_read_ahead_but_not_reads() {
+        let fake = Arc::new(FakeClient::new("b", true));
+        let size = 48 * 1024 * 1024;
+        let data = pattern(size);
+        let put = fake
+            .put_object("k", Bytes::from(data.clone()), WriteCondition::None)
+            .await
+            .unwrap();
+        let budget = MemoryBudget::new(4 * 1024 * 1024);
+        let mut r = Reader::new(
+            fake,
+            "k".into(),
+            put.etag,
+            size as u64,
+            8 * 1024 * 1024,
+            64 * 1024 * 1024,
+            Arc::clone(&budget),
+        );
+        let mut pos = 0;
+        while pos < size as u64 {
+            let got = r.read(pos, 1024 * 1024).await.unwrap();
+            assert_eq!(&got[..], &data[pos as usize..pos as usize + got.len()]);
+            pos += got.len() as u64;
+            assert!(
+                budget.used() <= 4 * 1024 * 1024 + 8 * 1024 * 1024,
+                "held {} bytes with a 4 MiB target",
+                budget.used()
+            );
+        }
+        assert!(budget.refused() > 0, "the window should have been cut");
+        drop(r);
+        assert_eq!(budget.used(), 0);
+    }
+
+    #[tokio::test]
+    async fn readahead_requests_out_of_order_get_the_right_bytes() {
+        let fake = Arc::new(FakeClient::new("b", true));
+        let data = pattern(6 * 1024 * 1024);
+        let put = fake
+            .put_object("k", Bytes::from(data.clone()), WriteCondition::None)
+            .await
+            .unwrap();
+        let mut r = Reader::new(
+            fake,
+            "k".into(),
+            put.etag,
+            data.len() as u64,
+            8 * 1024 * 1024,
+            64 * 1024 * 1024,
+            MemoryBudget::unlimited(),
+        );
+        let mib = 1024 * 1024;
+        for off in [mib, 0, 3 * mib, 2 * mib, 5 * mib, 4 * mib] {
+            let got = r.read(off as u64, mib as u32).await.unwrap();
+            assert_eq!(&got[..], &data[off..off + mib], "at {off}");
+        }
     }
 }

@@ -20,10 +20,24 @@ use tokio::task::JoinHandle;
 use tracing::{debug, warn};
 
 use super::error::{FsError, FsResult};
+use crate::memory::MemoryBudget;
 use crate::s3::{ObjectClient, PutResult, UploadedPart, WriteCondition};
 
 /// Parts uploading at once per file: enough to keep the link busy, small enough to bound memory.
 const MAX_PARTS_IN_FLIGHT: usize = 4;
+
+/// Waits for the oldest parts until at most `keep` are in flight.
+async fn wait_for_parts(mp: &mut Multipart, key: &str, keep: usize) -> FsResult<()> {
+    while mp.in_flight.len() > keep {
+        let task = mp.in_flight.pop_front().expect("non-empty");
+        let part = task
+            .await
+            .map_err(|e| FsError::Io(format!("part upload task: {e}")))?
+            .map_err(|e| FsError::client(key, e))?;
+        mp.done.push(part);
+    }
+    Ok(())
+}
 
 enum Mode {
     Stream,
@@ -50,6 +64,7 @@ pub struct Writer {
     multipart: Option<Multipart>,
     staging_dir: Option<PathBuf>,
     staging_limit: u64,
+    memory: Arc<MemoryBudget>,
     failed: Option<FsError>,
     /// Local copy of a streamed file (within the staging limit), kept so that a later out-of-order write
     /// can still switch to staging after parts were uploaded. Started when the first part leaves.
@@ -67,6 +82,7 @@ pub struct WriterOptions {
     pub condition: WriteCondition,
     pub staging_dir: Option<PathBuf>,
     pub staging_limit: u64,
+    pub memory: Arc<MemoryBudget>,
 }
 
 impl Writer {
@@ -83,6 +99,7 @@ impl Writer {
             multipart: None,
             staging_dir: options.staging_dir,
             staging_limit: options.staging_limit,
+            memory: options.memory,
             failed: None,
             tee: None,
             tee_off: false,
@@ -258,21 +275,23 @@ impl Writer {
             });
         }
         let mp = self.multipart.as_mut().expect("just set");
+        // A part in flight holds its bytes against the memory budget; when the budget is spent, the parts
+        // already in flight finish first, so the upload goes on one part at a time instead of growing.
+        let memory = match self.memory.try_reserve(part.len() as u64) {
+            Some(m) => m,
+            None => {
+                wait_for_parts(mp, &self.key, 0).await?;
+                self.memory.reserve(part.len() as u64)
+            }
+        };
         let number = mp.next_part;
         mp.next_part += 1;
         let (client, key, id) = (Arc::clone(&self.client), self.key.clone(), mp.id.clone());
         mp.in_flight.push_back(tokio::spawn(async move {
+            let _memory = memory;
             client.upload_part(&key, &id, number, part).await
         }));
-        while mp.in_flight.len() > MAX_PARTS_IN_FLIGHT {
-            let task = mp.in_flight.pop_front().expect("non-empty");
-            let part = task
-                .await
-                .map_err(|e| FsError::Io(format!("part upload task: {e}")))?
-                .map_err(|e| FsError::client(&self.key, e))?;
-            mp.done.push(part);
-        }
-        Ok(())
+        wait_for_parts(mp, &self.key, MAX_PARTS_IN_FLIGHT).await
     }
 
     /// Makes everything written so far durable in the bucket (fsync and close).
@@ -490,7 +509,31 @@ mod tests {
             condition: WriteCondition::IfNoneMatch,
             staging_dir: staging,
             staging_limit: 64 << 20,
+            memory: MemoryBudget::unlimited(),
         }
+    }
+
+    #[tokio::test]
+    async fn a_spent_budget_serialises_parts_and_still_completes() {
+        let fake = Arc::new(FakeClient::new("b", true));
+        let budget = MemoryBudget::new(1);
+        let mut w = Writer::new(
+            fake.clone(),
+            "ckpt".into(),
+            WriterOptions {
+                memory: Arc::clone(&budget),
+                ..opts(None)
+            },
+        );
+        let data: Vec<u8> = (0..23 * 1024 * 1024).map(|i| (i % 253) as u8).collect();
+        for chunk in data.chunks(1 << 20) {
+            w.write(w.size(), chunk).await.unwrap();
+            assert!(budget.used() <= 5 * 1024 * 1024, "one part at a time");
+        }
+        w.commit().await.unwrap();
+        assert_eq!(fake.object("ckpt").unwrap(), data);
+        assert!(budget.refused() >= 4);
+        assert_eq!(budget.used(), 0);
     }
 
     #[tokio::test]

@@ -273,6 +273,18 @@ impl Mount {
         self.dir.path()
     }
 
+    /// The daemon's peak resident memory so far (VmHWM), MiB.
+    pub fn peak_rss_mib(&self) -> u64 {
+        let pid = self.child.as_ref().map_or(0, |c| c.id());
+        std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .unwrap_or_default()
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .unwrap_or(0)
+            / 1024
+    }
+
     /// The daemon's log so far (stdout and stderr).
     pub fn log(&self) -> String {
         std::fs::read_to_string(&self.log_path).unwrap_or_default()
