@@ -166,9 +166,20 @@ mod tests {
         assert_eq!(f.report()["injected_total"], picked);
         assert!(picked > 0);
         // Plain --fault-rate mixes only kinds a client should absorb.
-        let mixed = Faults::new(FaultConfig { rate: 1.0, ..Default::default() }).unwrap();
+        let mixed = Faults::new(FaultConfig {
+            rate: 1.0,
+            ..Default::default()
+        })
+        .unwrap();
         assert!(!mixed.kinds.contains(&Fault::Stall));
-        assert!(Faults::new(FaultConfig { rate: 1.0, kinds: vec!["stall".into(), "malformed-xml".into()], ..Default::default() }).is_ok());
+        assert!(
+            Faults::new(FaultConfig {
+                rate: 1.0,
+                kinds: vec!["stall".into(), "malformed-xml".into()],
+                ..Default::default()
+            })
+            .is_ok()
+        );
         assert!(
             Faults::new(FaultConfig {
                 rate: 2.0,

@@ -393,9 +393,15 @@ fn answers_xml(op: &str) -> bool {
 fn malformed_xml(op: &str) -> Response<ResponseBody> {
     let (status, body) = if op == "CompleteMultipartUpload" {
         // The real service can fail a completion after sending 200: the error is in the body.
-        (200, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>InternalError</Code><Message>We encountered an internal error. Please try again.</Message></Error>")
+        (
+            200,
+            "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>InternalError</Code><Message>We encountered an internal error. Please try again.</Message></Error>",
+        )
     } else if answers_xml(op) {
-        (200, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<ListBucketResult><Name>b</Name><Contents><Key>cut-he")
+        (
+            200,
+            "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<ListBucketResult><Name>b</Name><Contents><Key>cut-he",
+        )
     } else {
         (500, "<html><body>upstream proxy error</bo")
     };
@@ -567,7 +573,10 @@ async fn admin(state: &State, req: Request<Incoming>) -> Response<ResponseBody> 
                         Some(Instant::now() + Duration::from_millis(ms));
                     json(200, format!("{{\"paused_ms\":{ms}}}"))
                 }
-                _ => json(400, "{\"error\":\"pause needs ?ms=N (at most 600000)\"}".into()),
+                _ => json(
+                    400,
+                    "{\"error\":\"pause needs ?ms=N (at most 600000)\"}".into(),
+                ),
             }
         }
         ("POST", "/_emulator/faults") => {
