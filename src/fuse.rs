@@ -49,6 +49,7 @@ pub fn errno(e: &FsError) -> Errno {
         FsError::BadHandle => Errno::EBADF,
         FsError::ObjectChanged { .. } => Errno::EIO,
         FsError::Io(_) => Errno::EIO,
+        FsError::NoSpace(_) => Errno::ENOSPC,
         FsError::Client { source, .. } => match source {
             ClientError::AccessDenied { .. } | ClientError::NoCredentials(_) => Errno::EACCES,
             ClientError::NotSupported(_) => Errno::ENOTSUP,

@@ -237,3 +237,225 @@ fn cache_and_staging_files_are_private() {
     }
     assert!(files > 0);
 }
+
+fn fault_only(emu: &expressfs_emulator::Emulator, ops: &[&str], kinds: &[&str]) {
+    let q = |v: &[&str]| {
+        v.iter()
+            .map(|s| format!("{s:?}"))
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    let body = format!(
+        r#"{{"rate":1.0,"seed":3,"operations":[{}],"kinds":[{}]}}"#,
+        q(ops),
+        q(kinds)
+    );
+    let (status, answer) = admin_post(emu, "/_emulator/faults", &body);
+    assert_eq!(status, 200, "{answer}");
+}
+
+/// Answers no S3 client expects (a cut XML document, a 200 carrying an error, a 418 with a text body, a
+/// 500 with an HTML body) make the operation fail with EIO; nothing is half-written and everything works
+/// again once the server behaves.
+#[test]
+fn malformed_answers_and_odd_statuses_fail_loudly_and_lose_nothing() {
+    let bucket = fresh_bucket(true, "malformed");
+    let emu = start_emulator(EmulatorConfig {
+        buckets: vec![bucket.clone()],
+        ..Default::default()
+    });
+    let data = pattern(5, 3 * MIB + 1);
+    put(&emu, &bucket, "dir/f.bin", data.clone());
+    let mount = Mount::on(
+        &emu,
+        &bucket,
+        &["--metadata-ttl", "minimal", "--allow-overwrite"],
+    );
+    assert!(mount.path().join("dir/f.bin").exists());
+
+    fault_only(&emu, &["ListObjectsV2"], &["malformed-xml"]);
+    let listed =
+        std::fs::read_dir(mount.path().join("dir")).and_then(|d| d.collect::<Result<Vec<_>, _>>());
+    assert_eq!(common::errno_of(listed), libc::EIO, "cut listing XML");
+
+    // (A 500 with an HTML body is retried like any 500; the retryable kinds are covered above.)
+    fault_only(&emu, &["GetObject"], &["unexpected-status"]);
+    let read = std::fs::read(mount.path().join("dir/f.bin"));
+    assert_eq!(common::errno_of(read), libc::EIO, "HTTP 418 on GetObject");
+
+    // CompleteMultipartUpload answering 200 with an <Error> inside: the write must fail, not succeed.
+    fault_only(&emu, &["CompleteMultipartUpload"], &["malformed-xml"]);
+    let big = pattern(6, 12 * MIB);
+    let result = (|| -> std::io::Result<()> {
+        let mut f = std::fs::File::create(mount.path().join("dir/new.bin"))?;
+        f.write_all(&big)?;
+        f.sync_all()
+    })();
+    assert_eq!(
+        common::errno_of(result),
+        libc::EIO,
+        "a completion that failed inside a 200"
+    );
+
+    admin_post(&emu, "/_emulator/faults", &faults_json(0.0, 0, &[]));
+    assert!(
+        get(&emu, &bucket, "dir/new.bin").is_none(),
+        "nothing partial under the key"
+    );
+    assert_eq!(std::fs::read(mount.path().join("dir/f.bin")).unwrap(), data);
+    assert_eq!(
+        std::fs::read_dir(mount.path().join("dir")).unwrap().count(),
+        1
+    );
+    let log = mount.log();
+    assert!(
+        log.contains("dir/f.bin") && log.contains("418") && log.contains("IsTruncated"),
+        "failures are logged with their key:\n{log}"
+    );
+    drop(mount);
+    let (_, uploads) = admin_get(&emu, &format!("/_emulator/uploads?bucket={bucket}"));
+    assert_eq!(uploads.trim(), "[]", "the failed upload was aborted");
+}
+
+/// A whole-server pause: reads in progress wait (or time out with an error), never return wrong or short
+/// data, and the mount works normally afterwards.
+#[test]
+fn a_paused_server_delays_but_does_not_corrupt() {
+    let bucket = fresh_bucket(true, "pause");
+    let emu = start_emulator(EmulatorConfig {
+        buckets: vec![bucket.clone()],
+        ..Default::default()
+    });
+    let data = pattern(8, 20 * MIB + 3);
+    put(&emu, &bucket, "f.bin", data.clone());
+    let mount = Mount::on(&emu, &bucket, &["--metadata-ttl", "minimal"]);
+    let (status, answer) = common::admin(&emu, "POST", "/_emulator/pause?ms=4000", "");
+    assert_eq!(status, 200, "{answer}");
+    let started = std::time::Instant::now();
+    match std::fs::read(mount.path().join("f.bin")) {
+        Ok(got) => assert!(got == data, "wrong bytes after a pause"),
+        Err(e) => eprintln!("read failed loudly during the pause: {e}"),
+    }
+    assert!(
+        started.elapsed() >= Duration::from_secs(3),
+        "the pause did not hold the request"
+    );
+    assert_eq!(std::fs::read(mount.path().join("f.bin")).unwrap(), data);
+    let (status, _) = common::admin(&emu, "POST", "/_emulator/pause?ms=nope", "");
+    assert_eq!(status, 400);
+}
+
+/// Without --allow-other, another uid is refused by the kernel (EACCES); with it, the other uid can read.
+#[test]
+fn other_users_need_allow_other() {
+    use std::os::unix::process::CommandExt;
+    let bucket = fresh_bucket(true, "uid");
+    put(common::emulator(), &bucket, "f", b"hello".to_vec());
+    let as_nobody = |path: &std::path::Path| {
+        std::process::Command::new("cat")
+            .arg(path)
+            .uid(65534)
+            .gid(65534)
+            .output()
+            .unwrap()
+    };
+    let private = Mount::new(&bucket, &[]);
+    let out = as_nobody(&private.path().join("f"));
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("Permission denied"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    drop(private);
+    let shared = Mount::new(&bucket, &["--allow-other"]);
+    let out = as_nobody(&shared.path().join("f"));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(out.stdout, b"hello");
+}
+
+/// 10,000 handles open at once: every one reads its bytes, and the daemon does not hold a descriptor per
+/// handle.
+#[test]
+fn ten_thousand_open_files() {
+    let bucket = fresh_bucket(true, "manyopen");
+    let files: Vec<(String, Vec<u8>)> = (0..100)
+        .map(|i| (format!("f{i:03}"), pattern(900 + i, 4096)))
+        .collect();
+    put_many(common::emulator(), &bucket, files.clone());
+    nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE, 20_000, 20_000)
+        .unwrap();
+    let mount = Mount::new(&bucket, &[]);
+    let mut handles = Vec::with_capacity(10_000);
+    for i in 0..10_000 {
+        let (name, _) = &files[i % files.len()];
+        handles.push(std::fs::File::open(mount.path().join(name)).unwrap());
+    }
+    let daemon_fds = mount.open_fds();
+    for (i, f) in handles.iter_mut().enumerate() {
+        let mut first = [0u8; 16];
+        f.read_exact(&mut first).unwrap();
+        assert_eq!(first, files[i % files.len()].1[..16]);
+    }
+    assert!(
+        daemon_fds < 200,
+        "daemon holds {daemon_fds} fds for 10,000 handles"
+    );
+    drop(handles);
+}
+
+/// A full staging or cache file system: the write that needs the space fails loudly (and leaves nothing
+/// under its key); reads go on, served from the bucket.
+#[test]
+fn full_cache_and_staging_disk() {
+    let bucket = fresh_bucket(true, "enospc");
+    let data = pattern(31, 6 * MIB);
+    put(common::emulator(), &bucket, "big.bin", data.clone());
+    let cache = tempfile::tempdir().unwrap();
+    nix::mount::mount(
+        Some("tmpfs"),
+        cache.path(),
+        Some("tmpfs"),
+        nix::mount::MsFlags::empty(),
+        Some("size=1m"),
+    )
+    .unwrap();
+    struct Unmount<'a>(&'a std::path::Path);
+    impl Drop for Unmount<'_> {
+        fn drop(&mut self) {
+            let _ = nix::mount::umount2(self.0, nix::mount::MntFlags::MNT_DETACH);
+        }
+    }
+    let _tmpfs = Unmount(cache.path());
+    let mount = Mount::new(
+        &bucket,
+        &[
+            "--cache",
+            cache.path().to_str().unwrap(),
+            "--max-cache-size",
+            "64",
+        ],
+    );
+    for _ in 0..2 {
+        assert!(std::fs::read(mount.path().join("big.bin")).unwrap() == data);
+    }
+    // Writing backwards needs staging (in the full cache directory).
+    let path = mount.path().join("staged.bin");
+    let result = (|| -> std::io::Result<()> {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::File::create(&path)?;
+        let block = pattern(32, MIB);
+        for i in (0..4u64).rev() {
+            f.write_all_at(&block, i * MIB as u64)?;
+        }
+        f.sync_all()
+    })();
+    let errno = common::errno_of(result);
+    assert!(errno == libc::ENOSPC || errno == libc::EIO, "errno {errno}");
+    assert!(get(common::emulator(), &bucket, "staged.bin").is_none());
+    assert!(std::fs::read(mount.path().join("big.bin")).unwrap() == data);
+}

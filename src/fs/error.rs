@@ -38,11 +38,22 @@ pub enum FsError {
         #[source]
         source: ClientError,
     },
+    #[error("{0}: no space left in the staging directory")]
+    NoSpace(String),
     #[error("{0}")]
     Io(String),
 }
 
 impl FsError {
+    /// A local file (staging, local copy) could not be written; a full disk is told apart.
+    pub fn local(what: &str, e: std::io::Error) -> FsError {
+        if e.raw_os_error() == Some(libc::ENOSPC) {
+            FsError::NoSpace(what.to_string())
+        } else {
+            FsError::Io(format!("{what}: {e}"))
+        }
+    }
+
     /// Wraps a client error with the key it concerned; NotFound and a changed object get their own kinds.
     pub fn client(key: &str, source: ClientError) -> FsError {
         match source {

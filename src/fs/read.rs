@@ -184,6 +184,7 @@ impl Reader {
 
         let mut out: Option<BytesMut> = None;
         let mut single: Option<Bytes> = None;
+        let mut failed = None;
         for chunk in self.chunks.iter_mut() {
             if chunk.start >= end {
                 break;
@@ -192,10 +193,20 @@ impl Reader {
                 continue;
             }
             if let ChunkData::Pending(task) = &mut chunk.data {
-                let result = task
-                    .await
-                    .map_err(|e| FsError::Io(format!("{}: fetch task failed: {e}", self.key)))?;
-                chunk.data = ChunkData::Ready(result.map_err(|e| FsError::client(&self.key, e))?);
+                let result = match task.await {
+                    Ok(Ok(bytes)) => Ok(bytes),
+                    Ok(Err(e)) => Err(FsError::client(&self.key, e)),
+                    Err(e) => Err(FsError::Io(format!("{}: fetch task failed: {e}", self.key))),
+                };
+                match result {
+                    Ok(bytes) => chunk.data = ChunkData::Ready(bytes),
+                    Err(e) => {
+                        // A finished task must not be awaited again: the next read starts afresh.
+                        chunk.data = ChunkData::Ready(Bytes::new());
+                        failed = Some(e);
+                        break;
+                    }
+                }
             }
             let ChunkData::Ready(data) = &chunk.data else {
                 unreachable!()
@@ -220,6 +231,12 @@ impl Reader {
                 }
                 (Some(buf), _) => buf.extend_from_slice(&piece),
             }
+        }
+        if let Some(e) = failed {
+            self.chunks.clear();
+            self.streaming = false;
+            self.next_fetch = offset;
+            return Err(e);
         }
         let data = match out {
             Some(buf) => buf.freeze(),
@@ -405,5 +422,28 @@ mod tests {
             let got = r.read(off as u64, mib as u32).await.unwrap();
             assert_eq!(&got[..], &data[off..off + mib], "at {off}");
         }
+    }
+
+    #[tokio::test]
+    async fn a_failed_fetch_is_an_error_and_the_next_read_starts_afresh() {
+        let fake = Arc::new(FakeClient::new("b", true));
+        let put = fake
+            .put_object("k", Bytes::from(pattern(3 << 20)), WriteCondition::None)
+            .await
+            .unwrap();
+        let mut r = Reader::new(
+            fake.clone(),
+            "k".into(),
+            put.etag,
+            3 << 20,
+            1 << 20,
+            4 << 20,
+            MemoryBudget::unlimited(),
+        );
+        fake.fail_next_gets(1);
+        assert!(r.read(0, 4096).await.is_err());
+        // Same handle again: no panic from re-polling a finished fetch, and the right bytes.
+        let got = r.read(0, 4096).await.unwrap();
+        assert_eq!(&got[..], &pattern(3 << 20)[..4096]);
     }
 }

@@ -143,8 +143,11 @@ impl Writer {
             )));
         }
         if let Mode::Staged { file, size } = &mut self.mode {
-            file.write_all_at(data, offset)
-                .map_err(|e| FsError::Io(format!("staging file: {e}")))?;
+            if let Err(e) = file.write_all_at(data, offset) {
+                // Once a write is lost, the file must not be uploaded as if it were whole.
+                let e = FsError::local(&format!("{}: staging file", self.key), e);
+                return Err(self.fail(e));
+            }
             *size = (*size).max(offset + data.len() as u64);
             if *size > self.staging_limit {
                 let e = FsError::InvalidArgument(format!(
@@ -223,23 +226,29 @@ impl Writer {
             ));
             return Err(self.fail(e));
         }
-        let file = match self.tee.take() {
+        let staged = match self.tee.take() {
             Some(copy) => {
                 // Everything written so far is in the local copy: the streamed parts are not needed.
                 self.abort().await;
-                copy
+                copy.write_all_at(data, offset).map(|_| copy)
             }
             None => {
                 let dir = self.staging_dir.clone().expect("checked above");
-                let file = tempfile::tempfile_in(&dir)
-                    .map_err(|e| FsError::Io(format!("staging file in {}: {e}", dir.display())))?;
-                file.write_all_at(&self.buffer, 0)
-                    .map_err(|e| FsError::Io(format!("staging file: {e}")))?;
-                file
+                tempfile::tempfile_in(&dir).and_then(|f| {
+                    f.write_all_at(&self.buffer, 0)?;
+                    f.write_all_at(data, offset)?;
+                    Ok(f)
+                })
             }
         };
-        file.write_all_at(data, offset)
-            .map_err(|e| FsError::Io(format!("staging file: {e}")))?;
+        let file = match staged {
+            Ok(f) => f,
+            Err(e) => {
+                // The bytes of this write are nowhere: the file fails as a whole (never uploaded without them).
+                let e = FsError::local(&format!("{}: staging file", self.key), e);
+                return Err(self.fail(e));
+            }
+        };
         let size = self.size.max(offset + data.len() as u64);
         debug!(key = %self.key, offset, "out-of-order write: staging the file locally");
         self.buffer = BytesMut::new();

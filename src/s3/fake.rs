@@ -34,6 +34,8 @@ pub struct FakeClient {
     state: Mutex<State>,
     counter: AtomicU64,
     pub requests: AtomicU64,
+    /// GETs still to fail with a transient error (fault injection for unit tests).
+    failing_gets: AtomicU64,
 }
 
 impl FakeClient {
@@ -44,6 +46,7 @@ impl FakeClient {
             state: Mutex::new(State::default()),
             counter: AtomicU64::new(1),
             requests: AtomicU64::new(0),
+            failing_gets: AtomicU64::new(0),
         }
     }
 
@@ -59,6 +62,11 @@ impl FakeClient {
     /// The stored bytes of `key`, for assertions.
     pub fn object(&self, key: &str) -> Option<Bytes> {
         self.state().objects.get(key).map(|s| s.data.clone())
+    }
+
+    /// Makes the next `n` GETs fail as if retries were exhausted.
+    pub fn fail_next_gets(&self, n: u64) {
+        self.failing_gets.store(n, Ordering::SeqCst);
     }
 
     pub fn open_uploads(&self) -> usize {
@@ -194,6 +202,15 @@ impl ObjectClient for FakeClient {
         range: Range<u64>,
         if_match: Option<&str>,
     ) -> Result<Bytes, ClientError> {
+        let injected = self
+            .failing_gets
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+        if injected.is_ok() {
+            return Err(ClientError::Transient {
+                code: "InternalError".into(),
+                message: "injected by the fake".into(),
+            });
+        }
         let state = self.state();
         let s = state
             .objects

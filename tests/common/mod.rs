@@ -273,6 +273,12 @@ impl Mount {
         self.dir.path()
     }
 
+    /// Descriptors the daemon holds open.
+    pub fn open_fds(&self) -> usize {
+        let pid = self.child.as_ref().map_or(0, |c| c.id());
+        std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count())
+    }
+
     /// The daemon's peak resident memory so far (VmHWM), MiB.
     pub fn peak_rss_mib(&self) -> u64 {
         let pid = self.child.as_ref().map_or(0, |c| c.id());

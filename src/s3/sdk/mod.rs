@@ -563,8 +563,22 @@ fn list_page(
                 "ListObjectsV2 truncated without a continuation token".into(),
             ));
         }
-        (None, _) => None,
+        // Every ListObjectsV2 answer says whether it is truncated; a document without it was cut short (the
+        // SDK's parser accepts an unterminated document), and reading it as "empty" would hide entries.
+        (None, _) => {
+            return Err(ClientError::Malformed(
+                "ListObjectsV2 answer without IsTruncated (cut short or not a listing)".into(),
+            ));
+        }
     };
+    if let Some(count) = out.key_count() {
+        if count as usize != objects.len() + out.common_prefixes().len() {
+            return Err(ClientError::Malformed(format!(
+                "ListObjectsV2 KeyCount {count} but {} entries",
+                objects.len() + out.common_prefixes().len()
+            )));
+        }
+    }
     Ok(ListPage {
         objects,
         common_prefixes,
@@ -601,6 +615,16 @@ mod tests {
 
         let broken = ListObjectsV2Output::builder().is_truncated(true).build();
         assert!(matches!(list_page(broken), Err(ClientError::Malformed(_))));
+        let cut = ListObjectsV2Output::builder().build();
+        assert!(matches!(list_page(cut), Err(ClientError::Malformed(_))));
+        let miscounted = ListObjectsV2Output::builder()
+            .is_truncated(false)
+            .key_count(2)
+            .build();
+        assert!(matches!(
+            list_page(miscounted),
+            Err(ClientError::Malformed(_))
+        ));
     }
 
     #[test]
