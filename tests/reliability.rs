@@ -39,6 +39,21 @@ fn emulator_errors(emu: &expressfs_emulator::Emulator) -> u64 {
         .sum()
 }
 
+/// Sizes of the fault test: CI-sized by default; `EXPRESSFS_FAULT_SCALE=full` runs the sizes (1 GiB
+/// read, 2,000 small files, 1 GiB write) and `EXPRESSFS_FAULT_SEEDS=1,2,3,4` picks the seeds.
+fn fault_test_plan() -> (usize, usize, usize, Vec<u64>) {
+    let full = std::env::var("EXPRESSFS_FAULT_SCALE").is_ok_and(|v| v == "full");
+    let seeds = std::env::var("EXPRESSFS_FAULT_SEEDS")
+        .ok()
+        .map(|v| v.split(',').filter_map(|s| s.trim().parse().ok()).collect())
+        .unwrap_or_else(|| vec![1, 2]);
+    if full {
+        (1024 * MIB + 5, 2000, 1024 * MIB + 3, seeds)
+    } else {
+        (64 * MIB + 5, 250, 24 * MIB + 3, seeds)
+    }
+}
+
 #[test]
 fn faults_never_produce_wrong_bytes() {
     let bucket = fresh_bucket(true, "faults");
@@ -46,8 +61,9 @@ fn faults_never_produce_wrong_bytes() {
         buckets: vec![bucket.clone()],
         ..Default::default()
     });
-    let big = pattern(1, 64 * MIB + 5);
-    let small: Vec<(String, Vec<u8>)> = (0..250)
+    let (big_len, small_count, write_len, seeds) = fault_test_plan();
+    let big = pattern(1, big_len);
+    let small: Vec<(String, Vec<u8>)> = (0..small_count as u64)
         .map(|i| (format!("small/{i:04}"), pattern(10 + i, 20_000)))
         .collect();
     put(&emu, &bucket, "big.bin", big.clone());
@@ -63,7 +79,7 @@ fn faults_never_produce_wrong_bytes() {
     ];
     let mut completed = 0;
     let mut loud_failures = 0;
-    for seed in [1u64, 2] {
+    for seed in seeds {
         let mount = Mount::on(&emu, &bucket, &["--metadata-ttl", "minimal"]);
         let (status, answer) =
             admin_post(&emu, "/_emulator/faults", &faults_json(0.1, seed, &kinds));
@@ -91,7 +107,7 @@ fn faults_never_produce_wrong_bytes() {
                 Err(_) => loud_failures += 1,
             }
         }
-        let written = pattern(100 + seed, 24 * MIB + 3);
+        let written = pattern(100 + seed, write_len);
         let path = mount.path().join(format!("out-{seed}.bin"));
         let result = (|| -> std::io::Result<()> {
             let mut f = std::fs::File::create(&path)?;

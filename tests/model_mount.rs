@@ -1,0 +1,144 @@
+//! The property test of `src/fs/model_test.rs`, shorter, through a real mount and the emulator: random
+//! create/write/close/read/unlink/rename/mkdir/readdir sequences compared with an in-memory model of what the
+//! file system must hold. One mount; each case works in a fresh directory.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::Path;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use common::{Mount, fresh_bucket};
+use proptest::prelude::*;
+
+const FILES: [&str; 5] = ["a", "b", "c", "d/e", "d/f"];
+
+#[derive(Debug, Clone)]
+enum Op {
+    Write {
+        file: usize,
+        data: Vec<u8>,
+        chunk: usize,
+    },
+    Read {
+        file: usize,
+    },
+    Unlink {
+        file: usize,
+    },
+    Rename {
+        from: usize,
+        to: usize,
+    },
+    List {
+        in_d: bool,
+    },
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        (
+            0..5usize,
+            proptest::collection::vec(any::<u8>(), 0..3000),
+            1..1500usize
+        )
+            .prop_map(|(file, data, chunk)| Op::Write { file, data, chunk }),
+        (0..5usize).prop_map(|file| Op::Read { file }),
+        (0..5usize).prop_map(|file| Op::Unlink { file }),
+        (0..5usize, 0..5usize).prop_map(|(from, to)| Op::Rename { from, to }),
+        any::<bool>().prop_map(|in_d| Op::List { in_d }),
+    ]
+}
+
+fn mount() -> &'static Mount {
+    static MOUNT: OnceLock<Mount> = OnceLock::new();
+    MOUNT.get_or_init(|| {
+        let bucket = fresh_bucket(true, "model");
+        Mount::new(&bucket, &["--allow-overwrite", "--allow-delete"])
+    })
+}
+
+fn listing(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+fn run(root: &Path, ops: Vec<Op>) {
+    std::fs::create_dir(root).unwrap();
+    std::fs::create_dir(root.join("d")).unwrap();
+    let mut model: BTreeMap<&str, Vec<u8>> = BTreeMap::new();
+    for op in ops {
+        match op {
+            Op::Write { file, data, chunk } => {
+                let mut f = std::fs::File::create(root.join(FILES[file])).unwrap();
+                for piece in data.chunks(chunk) {
+                    f.write_all(piece).unwrap();
+                }
+                drop(f);
+                model.insert(FILES[file], data);
+            }
+            Op::Read { file } => match (
+                std::fs::read(root.join(FILES[file])),
+                model.get(FILES[file]),
+            ) {
+                (Ok(got), Some(want)) => assert!(got == *want, "bytes of {}", FILES[file]),
+                (Err(e), None) if e.kind() == std::io::ErrorKind::NotFound => {}
+                (got, want) => panic!("{}: mount says {got:?}, model says {want:?}", FILES[file]),
+            },
+            Op::Unlink { file } => {
+                let result = std::fs::remove_file(root.join(FILES[file]));
+                match model.remove(FILES[file]) {
+                    Some(_) => result.unwrap(),
+                    None => assert_eq!(result.unwrap_err().kind(), std::io::ErrorKind::NotFound),
+                }
+            }
+            Op::Rename { from, to } => {
+                let result = std::fs::rename(root.join(FILES[from]), root.join(FILES[to]));
+                match model.get(FILES[from]).cloned() {
+                    Some(data) => {
+                        result.unwrap();
+                        model.remove(FILES[from]);
+                        model.insert(FILES[to], data);
+                    }
+                    None => assert_eq!(result.unwrap_err().kind(), std::io::ErrorKind::NotFound),
+                }
+            }
+            Op::List { in_d } => {
+                let dir = if in_d {
+                    root.join("d")
+                } else {
+                    root.to_path_buf()
+                };
+                let mut want: Vec<String> = model
+                    .keys()
+                    .filter_map(|k| match (in_d, k.split_once('/')) {
+                        (true, Some((_, n))) => Some(n.to_string()),
+                        (false, None) => Some(k.to_string()),
+                        _ => None,
+                    })
+                    .collect();
+                if !in_d {
+                    want.push("d".into());
+                }
+                want.sort();
+                assert_eq!(listing(&dir), want);
+            }
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 32, ..ProptestConfig::default() })]
+    #[test]
+    fn random_operations_through_a_mount_match_the_model(ops in proptest::collection::vec(op(), 1..25)) {
+        static CASE: AtomicUsize = AtomicUsize::new(0);
+        let n = CASE.fetch_add(1, Ordering::Relaxed);
+        run(&mount().path().join(format!("case-{n}")), ops);
+    }
+}
