@@ -7,7 +7,6 @@ mod common;
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::Path;
-use std::sync::OnceLock;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use common::{Mount, fresh_bucket};
@@ -50,14 +49,6 @@ fn op() -> impl Strategy<Value = Op> {
         (0..5usize, 0..5usize).prop_map(|(from, to)| Op::Rename { from, to }),
         any::<bool>().prop_map(|in_d| Op::List { in_d }),
     ]
-}
-
-fn mount() -> &'static Mount {
-    static MOUNT: OnceLock<Mount> = OnceLock::new();
-    MOUNT.get_or_init(|| {
-        let bucket = fresh_bucket(true, "model");
-        Mount::new(&bucket, &["--allow-overwrite", "--allow-delete"])
-    })
 }
 
 fn listing(dir: &Path) -> Vec<String> {
@@ -133,12 +124,22 @@ fn run(root: &Path, ops: Vec<Op>) {
     }
 }
 
-proptest! {
-    #![proptest_config(ProptestConfig { cases: 32, ..ProptestConfig::default() })]
-    #[test]
-    fn random_operations_through_a_mount_match_the_model(ops in proptest::collection::vec(op(), 1..25)) {
-        static CASE: AtomicUsize = AtomicUsize::new(0);
-        let n = CASE.fetch_add(1, Ordering::Relaxed);
-        run(&mount().path().join(format!("case-{n}")), ops);
+#[test]
+fn random_operations_through_a_mount_match_the_model() {
+    // The mount lives in this test (not in a static) so it is unmounted when the test ends.
+    let bucket = fresh_bucket(true, "model");
+    let mount = Mount::new(&bucket, &["--allow-overwrite", "--allow-delete"]);
+    let case = AtomicUsize::new(0);
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
+        cases: 32,
+        ..ProptestConfig::default()
+    });
+    let result = runner.run(&proptest::collection::vec(op(), 1..25), |ops| {
+        let n = case.fetch_add(1, Ordering::Relaxed);
+        run(&mount.path().join(format!("case-{n}")), ops);
+        Ok(())
+    });
+    if let Err(e) = result {
+        panic!("{e}\n{}", mount.log());
     }
 }
