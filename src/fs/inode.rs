@@ -44,6 +44,9 @@ pub struct Node {
     /// Object key for files; key prefix ending in `/` for directories (the mount prefix for the root).
     pub key: String,
     pub stat: Stat,
+    /// When the bucket was asked for `stat` (or when our own upload set it). An answer to a request sent
+    /// earlier than this is older than what we know and must not replace it.
+    pub stat_at: Instant,
     /// Until when `stat` (and this name's existence) may be served without asking the bucket.
     pub expires: Instant,
     /// Kernel references (lookup count); the node is dropped when it reaches zero.
@@ -75,6 +78,7 @@ impl InodeTable {
             kind: Kind::Directory,
             key: root_prefix.to_string(),
             stat: Stat::directory(),
+            stat_at: Instant::now(),
             expires: Instant::now(),
             lookups: 1,
             local: false,
@@ -101,7 +105,8 @@ impl InodeTable {
             .and_then(|ino| self.nodes.get(ino))
     }
 
-    /// Records that `parent/name` exists with `kind` and `stat`; returns its inode number.
+    /// Records that `parent/name` exists with `kind` and `stat`, as the bucket said in answer to a request
+    /// sent at `observed`; returns its inode number.
     pub fn upsert(
         &mut self,
         parent: u64,
@@ -109,6 +114,7 @@ impl InodeTable {
         kind: Kind,
         stat: Stat,
         expires: Instant,
+        observed: Instant,
     ) -> u64 {
         let slot = (parent, name.to_string());
         if let Some(&ino) = self.children.get(&slot) {
@@ -116,8 +122,10 @@ impl InodeTable {
                 if node.kind == kind {
                     // Keep local sizes of files being written; the bucket does not know them yet.
                     // A directory made by mkdir stays (locally) even when the bucket no longer has keys under it.
-                    if node.writers == 0 {
+                    // (A listing sent before our own upload finished would bring back the old size.)
+                    if node.writers == 0 && observed >= node.stat_at {
                         node.stat = stat;
+                        node.stat_at = observed;
                         if kind == Kind::File {
                             node.local = false;
                         }
@@ -148,6 +156,7 @@ impl InodeTable {
                 kind,
                 key,
                 stat,
+                stat_at: observed,
                 expires,
                 lookups: 0,
                 local: false,
@@ -260,23 +269,58 @@ mod tests {
     #[test]
     fn same_name_same_kind_keeps_its_number() {
         let mut t = InodeTable::new("pre/");
-        let a = t.upsert(ROOT_INO, "a", Kind::File, Stat::directory(), later());
+        let a = t.upsert(
+            ROOT_INO,
+            "a",
+            Kind::File,
+            Stat::directory(),
+            later(),
+            Instant::now(),
+        );
         assert_eq!(t.get(a).unwrap().key, "pre/a");
         assert_eq!(
-            t.upsert(ROOT_INO, "a", Kind::File, Stat::directory(), later()),
+            t.upsert(
+                ROOT_INO,
+                "a",
+                Kind::File,
+                Stat::directory(),
+                later(),
+                Instant::now()
+            ),
             a
         );
-        let d = t.upsert(ROOT_INO, "a", Kind::Directory, Stat::directory(), later());
+        let d = t.upsert(
+            ROOT_INO,
+            "a",
+            Kind::Directory,
+            Stat::directory(),
+            later(),
+            Instant::now(),
+        );
         assert_ne!(d, a);
         assert_eq!(t.get(d).unwrap().key, "pre/a/");
-        let f = t.upsert(d, "x", Kind::File, Stat::directory(), later());
+        let f = t.upsert(
+            d,
+            "x",
+            Kind::File,
+            Stat::directory(),
+            later(),
+            Instant::now(),
+        );
         assert_eq!(t.get(f).unwrap().key, "pre/a/x");
     }
 
     #[test]
     fn forget_drops_unreferenced_expired_nodes() {
         let mut t = InodeTable::new("");
-        let a = t.upsert(ROOT_INO, "a", Kind::File, Stat::directory(), Instant::now());
+        let a = t.upsert(
+            ROOT_INO,
+            "a",
+            Kind::File,
+            Stat::directory(),
+            Instant::now(),
+            Instant::now(),
+        );
         t.add_lookup(a);
         t.add_lookup(a);
         t.forget(a, 1);
@@ -289,11 +333,47 @@ mod tests {
     #[test]
     fn rename_moves_names_and_keys() {
         let mut t = InodeTable::new("");
-        let d = t.upsert(ROOT_INO, "d", Kind::Directory, Stat::directory(), later());
-        let a = t.upsert(ROOT_INO, "a", Kind::File, Stat::directory(), later());
+        let d = t.upsert(
+            ROOT_INO,
+            "d",
+            Kind::Directory,
+            Stat::directory(),
+            later(),
+            Instant::now(),
+        );
+        let a = t.upsert(
+            ROOT_INO,
+            "a",
+            Kind::File,
+            Stat::directory(),
+            later(),
+            Instant::now(),
+        );
         t.rename(ROOT_INO, "a", d, "b");
         assert!(t.child(ROOT_INO, "a").is_none());
         assert_eq!(t.child(d, "b").unwrap().ino, a);
         assert_eq!(t.get(a).unwrap().key, "d/b");
+    }
+
+    #[test]
+    fn an_answer_to_an_older_request_does_not_replace_a_newer_stat() {
+        let mut t = InodeTable::new("");
+        let stat = |size| Stat {
+            size,
+            mtime: SystemTime::UNIX_EPOCH,
+            etag: Some(format!("e{size}")),
+        };
+        let listing_sent = Instant::now();
+        let ino = t.upsert(ROOT_INO, "f", Kind::File, stat(599), later(), listing_sent);
+        // Our own upload finished after the listing was sent ...
+        let n = t.get_mut(ino).unwrap();
+        n.stat = stat(4096);
+        n.stat_at = Instant::now() + std::time::Duration::from_millis(1);
+        // ... and the listing's (older) answer arrives afterwards.
+        t.upsert(ROOT_INO, "f", Kind::File, stat(599), later(), listing_sent);
+        assert_eq!(t.get(ino).unwrap().stat.size, 4096);
+        let newer = Instant::now() + std::time::Duration::from_millis(5);
+        t.upsert(ROOT_INO, "f", Kind::File, stat(7), later(), newer);
+        assert_eq!(t.get(ino).unwrap().stat.size, 7);
     }
 }

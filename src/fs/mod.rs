@@ -291,10 +291,11 @@ impl S3Filesystem {
         {
             return Err(FsError::NotFound);
         }
+        let asked = Instant::now();
         match self.resolve(&parent_node, name).await? {
             Some((kind, stat)) => {
                 let mut table = self.table();
-                let ino = table.upsert(parent, name, kind, stat, self.expiry());
+                let ino = table.upsert(parent, name, kind, stat, self.expiry(), asked);
                 table.add_lookup(ino);
                 Ok(self.attr_of(table.get(ino).expect("just inserted")))
             }
@@ -340,16 +341,20 @@ impl S3Filesystem {
         if node.kind == Kind::Directory || node.is_fresh(Instant::now()) {
             return Ok(self.attr_of(&node));
         }
+        let asked = Instant::now();
         match self.client.head_object(&node.key).await {
             Ok(info) => {
                 let mut table = self.table();
                 let expires = self.expiry();
                 let n = table.get_mut(ino).ok_or(FsError::NotFound)?;
-                n.stat = Stat {
-                    size: info.size,
-                    mtime: info.last_modified,
-                    etag: Some(info.etag),
-                };
+                if asked >= n.stat_at && n.writers == 0 {
+                    n.stat = Stat {
+                        size: info.size,
+                        mtime: info.last_modified,
+                        etag: Some(info.etag),
+                    };
+                    n.stat_at = asked;
+                }
                 n.expires = expires;
                 Ok(self.attr_of(n))
             }
@@ -412,6 +417,7 @@ impl S3Filesystem {
     async fn list_dir(&self, dir: &inode::Node) -> FsResult<Vec<DirEntry>> {
         let mut found: HashMap<String, (Kind, Stat)> = HashMap::new();
         let mut token: Option<String> = None;
+        let asked = Instant::now();
         loop {
             let page = self
                 .client
@@ -453,7 +459,7 @@ impl S3Filesystem {
             name: "..".into(),
         });
         for (name, (kind, stat)) in found {
-            let ino = table.upsert(dir.ino, &name, kind, stat, expires);
+            let ino = table.upsert(dir.ino, &name, kind, stat, expires, asked);
             let kind = if kind == Kind::File {
                 FileKind::File
             } else {
@@ -564,6 +570,7 @@ impl S3Filesystem {
         let (size, etag) = if attr_fresh {
             (node.stat.size, node.stat.etag.clone().unwrap_or_default())
         } else {
+            let asked = Instant::now();
             let info = self
                 .client
                 .head_object(&node.key)
@@ -571,11 +578,14 @@ impl S3Filesystem {
                 .map_err(|e| FsError::client(&node.key, e))?;
             let expires = self.expiry();
             if let Some(n) = self.table().get_mut(ino) {
-                n.stat = Stat {
-                    size: info.size,
-                    mtime: info.last_modified,
-                    etag: Some(info.etag.clone()),
-                };
+                if asked >= n.stat_at {
+                    n.stat = Stat {
+                        size: info.size,
+                        mtime: info.last_modified,
+                        etag: Some(info.etag.clone()),
+                    };
+                    n.stat_at = asked;
+                }
                 n.expires = expires;
             }
             (info.size, info.etag)
@@ -699,7 +709,14 @@ impl S3Filesystem {
                 mtime: SystemTime::now(),
                 etag: None,
             };
-            let ino = table.upsert(parent, name, Kind::File, stat, self.expiry());
+            let ino = table.upsert(
+                parent,
+                name,
+                Kind::File,
+                stat,
+                self.expiry(),
+                Instant::now(),
+            );
             table.add_lookup(ino);
             let node = table.get_mut(ino).expect("just inserted");
             node.local = true;
@@ -778,6 +795,7 @@ impl S3Filesystem {
                     mtime: SystemTime::now(),
                     etag: Some(put.etag),
                 };
+                node.stat_at = Instant::now();
                 node.expires = expires;
             }
             // Once everything written is uploaded, the file is no longer busy for readers, rename or unlink.
@@ -834,7 +852,12 @@ impl S3Filesystem {
                 node.writers = node.writers.saturating_sub(1);
             }
             if let Ok(Some(put)) = &result {
-                node.stat.etag = Some(put.etag.clone());
+                node.stat = Stat {
+                    size: w.size(),
+                    mtime: SystemTime::now(),
+                    etag: Some(put.etag.clone()),
+                };
+                node.stat_at = Instant::now();
                 node.local = false;
             }
             let parent = node.parent;
@@ -871,6 +894,7 @@ impl S3Filesystem {
             Kind::Directory,
             Stat::directory(),
             self.expiry(),
+            Instant::now(),
         );
         table.add_lookup(ino);
         let node = table.get_mut(ino).expect("just inserted");
@@ -988,6 +1012,7 @@ impl S3Filesystem {
                     kind: Kind::File,
                     key: names::file_key(&from_dir.key, name),
                     stat: Stat::directory(),
+                    stat_at: Instant::now(),
                     expires: Instant::now(),
                     lookups: 0,
                     local: false,

@@ -239,8 +239,9 @@ fn writer(
                 match read_back(&path) {
                     Some(Ok(got)) if got == data => {}
                     Some(Ok(got)) => c.violation(format!(
-                        "{name}: read back {} bytes that differ from the acknowledged write",
-                        got.len()
+                        "{name}: read back {} bytes that differ from the acknowledged write of {} bytes",
+                        got.len(),
+                        data.len()
                     )),
                     Some(Err(e)) => {
                         c.violation(format!("{name}: acknowledged write not found: {e}"))
