@@ -10,46 +10,11 @@ use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use common::{Mount, fresh_bucket};
+use model_ops::{FILES, Op, op};
 use proptest::prelude::*;
 
-const FILES: [&str; 5] = ["a", "b", "c", "d/e", "d/f"];
-
-#[derive(Debug, Clone)]
-enum Op {
-    Write {
-        file: usize,
-        data: Vec<u8>,
-        chunk: usize,
-    },
-    Read {
-        file: usize,
-    },
-    Unlink {
-        file: usize,
-    },
-    Rename {
-        from: usize,
-        to: usize,
-    },
-    List {
-        in_d: bool,
-    },
-}
-
-fn op() -> impl Strategy<Value = Op> {
-    prop_oneof![
-        (
-            0..5usize,
-            proptest::collection::vec(any::<u8>(), 0..3000),
-            1..1500usize
-        )
-            .prop_map(|(file, data, chunk)| Op::Write { file, data, chunk }),
-        (0..5usize).prop_map(|file| Op::Read { file }),
-        (0..5usize).prop_map(|file| Op::Unlink { file }),
-        (0..5usize, 0..5usize).prop_map(|(from, to)| Op::Rename { from, to }),
-        any::<bool>().prop_map(|in_d| Op::List { in_d }),
-    ]
-}
+#[path = "../src/fs/model_ops.rs"]
+mod model_ops;
 
 fn listing(dir: &Path) -> Vec<String> {
     let mut names: Vec<String> = std::fs::read_dir(dir)

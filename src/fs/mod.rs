@@ -8,6 +8,8 @@ pub mod read;
 pub mod write;
 
 #[cfg(test)]
+mod model_ops;
+#[cfg(test)]
 mod model_test;
 
 use std::collections::HashMap;

@@ -7,48 +7,10 @@ use std::sync::Arc;
 
 use proptest::prelude::*;
 
+use super::model_ops::{FILES, Op, op};
 use super::{FsConfig, FsError, OpenMode, ROOT_INO, S3Filesystem};
 use crate::s3::ObjectClient;
 use crate::s3::fake::FakeClient;
-
-const FILES: [&str; 5] = ["a", "b", "c", "d/e", "d/f"];
-
-#[derive(Debug, Clone)]
-enum Op {
-    Write {
-        file: usize,
-        data: Vec<u8>,
-        chunk: usize,
-    },
-    Read {
-        file: usize,
-    },
-    Unlink {
-        file: usize,
-    },
-    Rename {
-        from: usize,
-        to: usize,
-    },
-    List {
-        in_d: bool,
-    },
-}
-
-fn op() -> impl Strategy<Value = Op> {
-    prop_oneof![
-        (
-            0..5usize,
-            proptest::collection::vec(any::<u8>(), 0..3000),
-            1..1500usize
-        )
-            .prop_map(|(file, data, chunk)| Op::Write { file, data, chunk }),
-        (0..5usize).prop_map(|file| Op::Read { file }),
-        (0..5usize).prop_map(|file| Op::Unlink { file }),
-        (0..5usize, 0..5usize).prop_map(|(from, to)| Op::Rename { from, to }),
-        any::<bool>().prop_map(|in_d| Op::List { in_d }),
-    ]
-}
 
 async fn parent_of(fs: &S3Filesystem, path: &str) -> (u64, String) {
     match path.split_once('/') {

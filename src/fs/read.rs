@@ -263,27 +263,46 @@ mod tests {
     use crate::s3::WriteCondition;
     use crate::s3::fake::FakeClient;
 
+    /// A fake bucket holding `data` as "k", and a reader of it.
+    async fn reader(
+        data: impl Into<Bytes>,
+        part_size: u64,
+        max_window: u64,
+        memory: Arc<MemoryBudget>,
+    ) -> (Arc<FakeClient>, Reader) {
+        let data = data.into();
+        let fake = Arc::new(FakeClient::new("b", true));
+        let size = data.len() as u64;
+        let put = fake
+            .put_object("k", data, WriteCondition::None)
+            .await
+            .unwrap();
+        let r = Reader::new(
+            fake.clone(),
+            "k".into(),
+            put.etag,
+            size,
+            part_size,
+            max_window,
+            memory,
+        );
+        (fake, r)
+    }
+
     fn pattern(len: usize) -> Vec<u8> {
         (0..len).map(|i| (i * 7 % 251) as u8).collect()
     }
 
     #[tokio::test]
     async fn sequential_and_random_reads_return_the_right_bytes() {
-        let fake = Arc::new(FakeClient::new("b", true));
         let data = pattern(3 * 1024 * 1024 + 17);
-        let put = fake
-            .put_object("k", Bytes::from(data.clone()), WriteCondition::None)
-            .await
-            .unwrap();
-        let mut r = Reader::new(
-            fake.clone(),
-            "k".into(),
-            put.etag,
-            data.len() as u64,
+        let (_, mut r) = reader(
+            data.clone(),
             256 * 1024,
             1024 * 1024,
             MemoryBudget::unlimited(),
-        );
+        )
+        .await;
         let mut pos = 0u64;
         while pos < data.len() as u64 {
             let got = r.read(pos, 128 * 1024).await.unwrap();
@@ -331,22 +350,15 @@ mod tests {
 
     #[tokio::test]
     async fn random_reads_fetch_little_more_than_they_read() {
-        let fake = Arc::new(FakeClient::new("b", true));
         let size = 64 * 1024 * 1024;
         let data = pattern(size);
-        let put = fake
-            .put_object("k", Bytes::from(data.clone()), WriteCondition::None)
-            .await
-            .unwrap();
-        let mut r = Reader::new(
-            fake,
-            "k".into(),
-            put.etag,
-            size as u64,
+        let (_, mut r) = reader(
+            data.clone(),
             8 * 1024 * 1024,
             64 * 1024 * 1024,
             MemoryBudget::unlimited(),
-        );
+        )
+        .await;
         let mut x = 0x2545F4914F6CDD1Du64;
         let mut read = 0u64;
         for _ in 0..300 {
@@ -367,23 +379,16 @@ mod tests {
 
     #[tokio::test]
     async fn a_spent_budget_stops_read_ahead_but_not_reads() {
-        let fake = Arc::new(FakeClient::new("b", true));
         let size = 48 * 1024 * 1024;
         let data = pattern(size);
-        let put = fake
-            .put_object("k", Bytes::from(data.clone()), WriteCondition::None)
-            .await
-            .unwrap();
         let budget = MemoryBudget::new(4 * 1024 * 1024);
-        let mut r = Reader::new(
-            fake,
-            "k".into(),
-            put.etag,
-            size as u64,
+        let (_, mut r) = reader(
+            data.clone(),
             8 * 1024 * 1024,
             64 * 1024 * 1024,
             Arc::clone(&budget),
-        );
+        )
+        .await;
         let mut pos = 0;
         while pos < size as u64 {
             let got = r.read(pos, 1024 * 1024).await.unwrap();
@@ -402,21 +407,14 @@ mod tests {
 
     #[tokio::test]
     async fn readahead_requests_out_of_order_get_the_right_bytes() {
-        let fake = Arc::new(FakeClient::new("b", true));
         let data = pattern(6 * 1024 * 1024);
-        let put = fake
-            .put_object("k", Bytes::from(data.clone()), WriteCondition::None)
-            .await
-            .unwrap();
-        let mut r = Reader::new(
-            fake,
-            "k".into(),
-            put.etag,
-            data.len() as u64,
+        let (_, mut r) = reader(
+            data.clone(),
             8 * 1024 * 1024,
             64 * 1024 * 1024,
             MemoryBudget::unlimited(),
-        );
+        )
+        .await;
         let mib = 1024 * 1024;
         for off in [mib, 0, 3 * mib, 2 * mib, 5 * mib, 4 * mib] {
             let got = r.read(off as u64, mib as u32).await.unwrap();
@@ -426,20 +424,13 @@ mod tests {
 
     #[tokio::test]
     async fn a_failed_fetch_is_an_error_and_the_next_read_starts_afresh() {
-        let fake = Arc::new(FakeClient::new("b", true));
-        let put = fake
-            .put_object("k", Bytes::from(pattern(3 << 20)), WriteCondition::None)
-            .await
-            .unwrap();
-        let mut r = Reader::new(
-            fake.clone(),
-            "k".into(),
-            put.etag,
-            3 << 20,
+        let (fake, mut r) = reader(
+            pattern(3 << 20),
             1 << 20,
             4 << 20,
             MemoryBudget::unlimited(),
-        );
+        )
+        .await;
         fake.fail_next_gets(1);
         assert!(r.read(0, 4096).await.is_err());
         // Same handle again: no panic from re-polling a finished fetch, and the right bytes.
