@@ -118,12 +118,7 @@ fn invalid_keys_are_hidden() {
     put(emu, &bucket, "dir//double", b"x".to_vec());
     put(emu, &bucket, "dot/./x", b"x".to_vec());
     put(emu, &bucket, "dotdot/../x", b"x".to_vec());
-    put(
-        emu,
-        &bucket,
-        &format!("{}", "n".repeat(256)),
-        b"long".to_vec(),
-    );
+    put(emu, &bucket, &"n".repeat(256).to_string(), b"long".to_vec());
     put(emu, &bucket, "marker/", Vec::new());
     let mount = Mount::new(&bucket, &[]);
     let root = mount.path();

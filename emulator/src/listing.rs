@@ -285,10 +285,10 @@ fn list_key_order(
         .range(prefix.to_string()..)
         .take_while(|(k, _)| k.starts_with(prefix))
     {
-        if let Some((is_prefix, a)) = &after {
-            if key.as_str() <= a.as_str() || (*is_prefix && key.starts_with(a.as_str())) {
-                continue;
-            }
+        if let Some((is_prefix, a)) = &after
+            && (key.as_str() <= a.as_str() || (*is_prefix && key.starts_with(a.as_str())))
+        {
+            continue;
         }
         let entry = match common_prefix(key, prefix, delimiter) {
             Some(cp) if last_prefix.as_deref() == Some(cp.as_str()) => continue,

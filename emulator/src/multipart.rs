@@ -117,13 +117,13 @@ pub async fn upload_part(state: &Arc<State>, ctx: &Ctx, body: Incoming) -> Answe
     }
     let mut r = respond(200, ResponseBody::empty());
     set_header(&mut r, "etag", &etag);
-    if let Some((alg, value)) = checksum {
-        if let (Ok(n), Ok(v)) = (
+    if let Some((alg, value)) = checksum
+        && let (Ok(n), Ok(v)) = (
             http::HeaderName::try_from(format!("x-amz-checksum-{alg}")),
             http::HeaderValue::from_str(&value),
-        ) {
-            r.headers_mut().insert(n, v);
-        }
+        )
+    {
+        r.headers_mut().insert(n, v);
     }
     Ok(r)
 }

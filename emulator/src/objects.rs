@@ -45,10 +45,10 @@ pub fn declared_checksum(ctx: &Ctx) -> Option<String> {
             return Some(alg.to_string());
         }
     }
-    if let Some(trailer) = ctx.header("x-amz-trailer") {
-        if let Some(alg) = trailer.trim().strip_prefix("x-amz-checksum-") {
-            return Some(alg.to_ascii_lowercase());
-        }
+    if let Some(trailer) = ctx.header("x-amz-trailer")
+        && let Some(alg) = trailer.trim().strip_prefix("x-amz-checksum-")
+    {
+        return Some(alg.to_ascii_lowercase());
     }
     ctx.header("x-amz-sdk-checksum-algorithm")
         .map(|a| a.to_ascii_lowercase())
@@ -87,13 +87,13 @@ pub async fn receive_verified(
         let _ = std::fs::remove_file(&path);
         Err(e)
     };
-    if let Some(declared) = ctx.header("x-amz-decoded-content-length") {
-        if declared.parse::<u64>().ok() != Some(received.size) {
-            return fail(S3Error::incomplete_body(format!(
-                "x-amz-decoded-content-length {declared} but {} bytes arrived",
-                received.size
-            )));
-        }
+    if let Some(declared) = ctx.header("x-amz-decoded-content-length")
+        && declared.parse::<u64>().ok() != Some(received.size)
+    {
+        return fail(S3Error::incomplete_body(format!(
+            "x-amz-decoded-content-length {declared} but {} bytes arrived",
+            received.size
+        )));
     }
     if sha_signed
         && received.sha256_hex.as_deref() != Some(payload_hash.to_ascii_lowercase().as_str())
@@ -241,10 +241,9 @@ pub fn get_object(state: &Arc<State>, ctx: &Ctx) -> Answer {
     } else if let Some(since) = ctx
         .header("if-unmodified-since")
         .and_then(xml::parse_http_date)
+        && truncate_secs(object.last_modified) > since
     {
-        if truncate_secs(object.last_modified) > since {
-            return Err(S3Error::precondition_failed("If-Unmodified-Since"));
-        }
+        return Err(S3Error::precondition_failed("If-Unmodified-Since"));
     }
     if let Some(v) = ctx.header("if-none-match") {
         if etag_matches(v, &object.etag) {
@@ -253,10 +252,9 @@ pub fn get_object(state: &Arc<State>, ctx: &Ctx) -> Answer {
     } else if let Some(since) = ctx
         .header("if-modified-since")
         .and_then(xml::parse_http_date)
+        && truncate_secs(object.last_modified) <= since
     {
-        if truncate_secs(object.last_modified) <= since {
-            return Ok(not_modified());
-        }
+        return Ok(not_modified());
     }
     let range = match ctx.header("range") {
         Some(r) => parse_range(r, object.size)?,
@@ -298,16 +296,15 @@ pub fn get_object(state: &Arc<State>, ctx: &Ctx) -> Answer {
         && ctx
             .header("x-amz-checksum-mode")
             .is_some_and(|m| m.eq_ignore_ascii_case("ENABLED"))
+        && let Some((alg, value)) = &object.checksum
     {
-        if let Some((alg, value)) = &object.checksum {
-            let name = format!("x-amz-checksum-{alg}");
-            if let (Ok(n), Ok(v)) = (
-                http::HeaderName::try_from(name),
-                http::HeaderValue::from_str(value),
-            ) {
-                r.headers_mut().insert(n, v);
-                set_header(&mut r, "x-amz-checksum-type", "FULL_OBJECT");
-            }
+        let name = format!("x-amz-checksum-{alg}");
+        if let (Ok(n), Ok(v)) = (
+            http::HeaderName::try_from(name),
+            http::HeaderValue::from_str(value),
+        ) {
+            r.headers_mut().insert(n, v);
+            set_header(&mut r, "x-amz-checksum-type", "FULL_OBJECT");
         }
     }
     if state
@@ -330,13 +327,13 @@ fn truncate_secs(t: SystemTime) -> SystemTime {
 }
 
 fn checksum_header(r: &mut http::Response<ResponseBody>, checksum: &Option<(String, String)>) {
-    if let Some((alg, value)) = checksum {
-        if let (Ok(n), Ok(v)) = (
+    if let Some((alg, value)) = checksum
+        && let (Ok(n), Ok(v)) = (
             http::HeaderName::try_from(format!("x-amz-checksum-{alg}")),
             http::HeaderValue::from_str(value),
-        ) {
-            r.headers_mut().insert(n, v);
-        }
+        )
+    {
+        r.headers_mut().insert(n, v);
     }
 }
 
@@ -397,10 +394,10 @@ pub fn commit(state: &Arc<State>, ctx: &Ctx, object: Object) -> Result<(), S3Err
         }
         b.objects.insert(ctx.key.clone(), Arc::new(object))
     };
-    if let Some(old) = replaced {
-        if old.file != new_file {
-            let _ = std::fs::remove_file(&old.file);
-        }
+    if let Some(old) = replaced
+        && old.file != new_file
+    {
+        let _ = std::fs::remove_file(&old.file);
     }
     Ok(())
 }
@@ -526,10 +523,10 @@ pub async fn copy_object(state: &Arc<State>, ctx: &Ctx) -> Answer {
             .directory;
         (o, directory)
     };
-    if let Some(v) = ctx.header("x-amz-copy-source-if-match") {
-        if !etag_matches(v, &src.etag) {
-            return Err(S3Error::precondition_failed("x-amz-copy-source-if-match"));
-        }
+    if let Some(v) = ctx.header("x-amz-copy-source-if-match")
+        && !etag_matches(v, &src.etag)
+    {
+        return Err(S3Error::precondition_failed("x-amz-copy-source-if-match"));
     }
     let dest = state.store.new_file(&ctx.bucket, "obj")?;
     let (from, to) = (src.file.clone(), dest.clone());
@@ -578,17 +575,17 @@ pub fn rename_object(state: &Arc<State>, ctx: &Ctx) -> Answer {
             ));
         }
         let src = Arc::clone(b.objects.get(&source).ok_or_else(S3Error::no_such_key)?);
-        if let Some(v) = ctx.header("x-amz-rename-source-if-match") {
-            if !etag_matches(v, &src.etag) {
-                return Err(S3Error::precondition_failed("x-amz-rename-source-if-match"));
-            }
+        if let Some(v) = ctx.header("x-amz-rename-source-if-match")
+            && !etag_matches(v, &src.etag)
+        {
+            return Err(S3Error::precondition_failed("x-amz-rename-source-if-match"));
         }
-        if let Some(v) = ctx.header("x-amz-rename-source-if-none-match") {
-            if etag_matches(v, &src.etag) {
-                return Err(S3Error::precondition_failed(
-                    "x-amz-rename-source-if-none-match",
-                ));
-            }
+        if let Some(v) = ctx.header("x-amz-rename-source-if-none-match")
+            && etag_matches(v, &src.etag)
+        {
+            return Err(S3Error::precondition_failed(
+                "x-amz-rename-source-if-none-match",
+            ));
         }
         check_write_conditions(ctx, b.objects.get(&ctx.key).map(|o| o.as_ref()))?;
         if source == ctx.key {

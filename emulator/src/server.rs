@@ -161,14 +161,14 @@ fn locate(state: &State, headers: &HeaderMap, raw_path: &str) -> (String, String
             host
         }
     });
-    if let Some((first, _)) = host.split_once('.') {
-        if host.parse::<std::net::Ipv4Addr>().is_err() && state.store.buckets().contains_key(first)
-        {
-            return (
-                first.to_string(),
-                decode(raw_path.strip_prefix('/').unwrap_or(raw_path)),
-            );
-        }
+    if let Some((first, _)) = host.split_once('.')
+        && host.parse::<std::net::Ipv4Addr>().is_err()
+        && state.store.buckets().contains_key(first)
+    {
+        return (
+            first.to_string(),
+            decode(raw_path.strip_prefix('/').unwrap_or(raw_path)),
+        );
     }
     let path = raw_path.strip_prefix('/').unwrap_or(raw_path);
     match path.split_once('/') {

@@ -118,21 +118,21 @@ impl InodeTable {
     ) -> u64 {
         let slot = (parent, name.to_string());
         if let Some(&ino) = self.children.get(&slot) {
-            if let Some(node) = self.nodes.get_mut(&ino) {
-                if node.kind == kind {
-                    // Keep local sizes of files being written; the bucket does not know them yet.
-                    // A directory made by mkdir stays (locally) even when the bucket no longer has keys under it.
-                    // (A listing sent before our own upload finished would bring back the old size.)
-                    if node.writers == 0 && observed >= node.stat_at {
-                        node.stat = stat;
-                        node.stat_at = observed;
-                        if kind == Kind::File {
-                            node.local = false;
-                        }
+            if let Some(node) = self.nodes.get_mut(&ino)
+                && node.kind == kind
+            {
+                // Keep local sizes of files being written; the bucket does not know them yet.
+                // A directory made by mkdir stays (locally) even when the bucket no longer has keys under it.
+                // (A listing sent before our own upload finished would bring back the old size.)
+                if node.writers == 0 && observed >= node.stat_at {
+                    node.stat = stat;
+                    node.stat_at = observed;
+                    if kind == Kind::File {
+                        node.local = false;
                     }
-                    node.expires = expires;
-                    return ino;
                 }
+                node.expires = expires;
+                return ino;
             }
             self.detach(parent, name);
         }

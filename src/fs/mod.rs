@@ -138,6 +138,9 @@ enum Handle {
     },
 }
 
+/// A directory's entries and until when they may be served without listing again.
+type CachedListing = (Instant, Arc<Vec<DirEntry>>);
+
 pub struct S3Filesystem {
     client: Arc<dyn ObjectClient>,
     /// The bucket without cache layers, for O_DIRECT reads.
@@ -147,7 +150,7 @@ pub struct S3Filesystem {
     /// Names known not to exist, until the given instant.
     negative: Mutex<HashMap<(u64, String), Instant>>,
     /// Directory listings, trusted for the metadata TTL; dropped when we change the directory ourselves.
-    listings: Mutex<HashMap<u64, (Instant, Arc<Vec<DirEntry>>)>>,
+    listings: Mutex<HashMap<u64, CachedListing>>,
     handles: Mutex<HashMap<u64, Arc<Handle>>>,
     next_handle: AtomicU64,
     writers: AtomicU64,
@@ -277,13 +280,13 @@ impl S3Filesystem {
         let now = Instant::now();
         {
             let mut table = self.table();
-            if let Some(node) = table.child(parent, name) {
-                if node.is_fresh(now) {
-                    let ino = node.ino;
-                    let attr = self.attr_of(node);
-                    table.add_lookup(ino);
-                    return Ok(attr);
-                }
+            if let Some(node) = table.child(parent, name)
+                && node.is_fresh(now)
+            {
+                let ino = node.ino;
+                let attr = self.attr_of(node);
+                table.add_lookup(ino);
+                return Ok(attr);
             }
         }
         if self
@@ -685,10 +688,10 @@ impl S3Filesystem {
         }
         Self::check_name(name)?;
         let parent_node = self.dir_node(parent)?;
-        if let Some(existing) = self.table().child(parent, name).cloned() {
-            if existing.local || existing.writers > 0 {
-                return Err(FsError::Exists);
-            }
+        if let Some(existing) = self.table().child(parent, name).cloned()
+            && (existing.local || existing.writers > 0)
+        {
+            return Err(FsError::Exists);
         }
         let condition = match self.resolve(&parent_node, name).await? {
             Some((Kind::Directory, _)) => return Err(FsError::Exists),
@@ -816,14 +819,13 @@ impl S3Filesystem {
             opener: Some(opener),
             ..
         } = handle.as_ref()
+            && tgid_of(pid).is_some_and(|t| t != *opener)
         {
-            if tgid_of(pid).is_some_and(|t| t != *opener) {
-                debug!(
-                    fh,
-                    pid, "flush from another process: not a close of the writer"
-                );
-                return Ok(());
-            }
+            debug!(
+                fh,
+                pid, "flush from another process: not a close of the writer"
+            );
+            return Ok(());
         }
         self.fsync(fh).await
     }
@@ -919,10 +921,10 @@ impl S3Filesystem {
             Some(n) => n.key.clone(),
             None => names::dir_prefix(&parent_node.key, name),
         };
-        if let Some(n) = &node {
-            if self.table().local_children(n.ino).iter().any(|_| true) {
-                return Err(FsError::NotEmpty);
-            }
+        if let Some(n) = &node
+            && self.table().local_children(n.ino).iter().any(|_| true)
+        {
+            return Err(FsError::NotEmpty);
         }
         let page = self
             .client

@@ -138,17 +138,18 @@ impl Reader {
         }
         let end = (offset + len as u64).min(self.size);
         let front_start = self.chunks.front().map(|c| c.start);
-        if let Some(s) = front_start {
-            if offset < s && s - offset <= 2 * self.part_size {
-                // A request from just before what is held (the kernel's readahead requests arrive out of
-                // order): served on the side with exactly its bytes, the stream left as it is.
-                self.bytes_fetched += end - offset;
-                return self
-                    .client
-                    .get_object(&self.key, offset..end, Some(&self.etag))
-                    .await
-                    .map_err(|e| FsError::client(&self.key, e));
-            }
+        if let Some(s) = front_start
+            && offset < s
+            && s - offset <= 2 * self.part_size
+        {
+            // A request from just before what is held (the kernel's readahead requests arrive out of
+            // order): served on the side with exactly its bytes, the stream left as it is.
+            self.bytes_fetched += end - offset;
+            return self
+                .client
+                .get_object(&self.key, offset..end, Some(&self.etag))
+                .await
+                .map_err(|e| FsError::client(&self.key, e));
         }
         let continues = offset == self.last_end && self.last_end > 0 || offset == 0;
         let near_stream = self.streaming

@@ -571,13 +571,13 @@ fn list_page(
             ));
         }
     };
-    if let Some(count) = out.key_count() {
-        if count as usize != objects.len() + out.common_prefixes().len() {
-            return Err(ClientError::Malformed(format!(
-                "ListObjectsV2 KeyCount {count} but {} entries",
-                objects.len() + out.common_prefixes().len()
-            )));
-        }
+    if let Some(count) = out.key_count()
+        && count as usize != objects.len() + out.common_prefixes().len()
+    {
+        return Err(ClientError::Malformed(format!(
+            "ListObjectsV2 KeyCount {count} but {} entries",
+            objects.len() + out.common_prefixes().len()
+        )));
     }
     Ok(ListPage {
         objects,
