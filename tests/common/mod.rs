@@ -313,14 +313,22 @@ impl Mount {
 
     fn unmount_inner(&mut self) -> Option<ExitStatus> {
         let mut child = self.child.take()?;
-        let _ = nix::mount::umount2(self.dir.path(), nix::mount::MntFlags::empty());
+        let mut unmounted = nix::mount::umount2(self.dir.path(), nix::mount::MntFlags::empty());
         let deadline = Instant::now() + Duration::from_secs(20);
+        let mut tries = 0;
         while Instant::now() < deadline {
             if let Some(status) = child.try_wait().unwrap() {
                 return Some(status);
             }
+            // The kernel may call the mount busy for a moment (EBUSY) while a test's last access drains;
+            // ask again instead of waiting for a daemon that was never told to stop.
+            tries += 1;
+            if unmounted.is_err() && tries % 25 == 0 && is_mounted(self.dir.path()) {
+                unmounted = nix::mount::umount2(self.dir.path(), nix::mount::MntFlags::empty());
+            }
             std::thread::sleep(Duration::from_millis(20));
         }
+        eprintln!("umount of {}: {unmounted:?}", self.dir.path().display());
         let _ = nix::mount::umount2(self.dir.path(), nix::mount::MntFlags::MNT_DETACH);
         let _ = child.kill();
         let status = child.wait().ok();
