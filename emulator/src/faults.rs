@@ -96,10 +96,6 @@ impl Faults {
         })
     }
 
-    pub fn config(&self) -> &FaultConfig {
-        &self.config
-    }
-
     /// Whether this request gets a fault, and which.
     pub fn pick(&mut self, operation: &str) -> Option<Fault> {
         if self.config.rate <= 0.0 {

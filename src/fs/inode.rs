@@ -26,6 +26,15 @@ pub struct Stat {
 }
 
 impl Stat {
+    /// What a HEAD (or a listing entry) says about an object.
+    pub fn of(info: &crate::s3::ObjectInfo) -> Stat {
+        Stat {
+            size: info.size,
+            mtime: info.last_modified,
+            etag: Some(info.etag.clone()),
+        }
+    }
+
     pub fn directory() -> Stat {
         Stat {
             size: 0,
@@ -60,6 +69,29 @@ pub struct Node {
 impl Node {
     pub fn is_fresh(&self, now: Instant) -> bool {
         self.local || self.writers > 0 || self.expires > now
+    }
+
+    /// Takes `stat` from the bucket's answer to a request sent at `asked`, unless it is stale: the file is
+    /// being written here (the bucket does not know its size yet), or what we hold is newer than the request
+    /// (a listing or HEAD sent before our own upload finished would bring back the old size).
+    pub fn observe(&mut self, stat: Stat, asked: Instant) -> bool {
+        if self.writers > 0 || asked < self.stat_at {
+            return false;
+        }
+        self.stat = stat;
+        self.stat_at = asked;
+        true
+    }
+
+    /// Records an upload of ours that just completed.
+    pub fn record_upload(&mut self, size: u64, etag: String) {
+        self.stat = Stat {
+            size,
+            mtime: SystemTime::now(),
+            etag: Some(etag),
+        };
+        self.stat_at = Instant::now();
+        self.local = false;
     }
 }
 
@@ -121,15 +153,9 @@ impl InodeTable {
             if let Some(node) = self.nodes.get_mut(&ino)
                 && node.kind == kind
             {
-                // Keep local sizes of files being written; the bucket does not know them yet.
                 // A directory made by mkdir stays (locally) even when the bucket no longer has keys under it.
-                // (A listing sent before our own upload finished would bring back the old size.)
-                if node.writers == 0 && observed >= node.stat_at {
-                    node.stat = stat;
-                    node.stat_at = observed;
-                    if kind == Kind::File {
-                        node.local = false;
-                    }
+                if node.observe(stat, observed) && kind == Kind::File {
+                    node.local = false;
                 }
                 node.expires = expires;
                 return ino;
@@ -262,6 +288,20 @@ mod tests {
     use super::*;
     use std::time::Duration;
 
+    impl InodeTable {
+        /// A name the bucket just told us about (tests only).
+        fn add(&mut self, parent: u64, name: &str, kind: Kind, expires: Instant) -> u64 {
+            self.upsert(
+                parent,
+                name,
+                kind,
+                Stat::directory(),
+                expires,
+                Instant::now(),
+            )
+        }
+    }
+
     fn later() -> Instant {
         Instant::now() + Duration::from_secs(60)
     }
@@ -269,58 +309,20 @@ mod tests {
     #[test]
     fn same_name_same_kind_keeps_its_number() {
         let mut t = InodeTable::new("pre/");
-        let a = t.upsert(
-            ROOT_INO,
-            "a",
-            Kind::File,
-            Stat::directory(),
-            later(),
-            Instant::now(),
-        );
+        let a = t.add(ROOT_INO, "a", Kind::File, later());
         assert_eq!(t.get(a).unwrap().key, "pre/a");
-        assert_eq!(
-            t.upsert(
-                ROOT_INO,
-                "a",
-                Kind::File,
-                Stat::directory(),
-                later(),
-                Instant::now()
-            ),
-            a
-        );
-        let d = t.upsert(
-            ROOT_INO,
-            "a",
-            Kind::Directory,
-            Stat::directory(),
-            later(),
-            Instant::now(),
-        );
+        assert_eq!(t.add(ROOT_INO, "a", Kind::File, later()), a);
+        let d = t.add(ROOT_INO, "a", Kind::Directory, later());
         assert_ne!(d, a);
         assert_eq!(t.get(d).unwrap().key, "pre/a/");
-        let f = t.upsert(
-            d,
-            "x",
-            Kind::File,
-            Stat::directory(),
-            later(),
-            Instant::now(),
-        );
+        let f = t.add(d, "x", Kind::File, later());
         assert_eq!(t.get(f).unwrap().key, "pre/a/x");
     }
 
     #[test]
     fn forget_drops_unreferenced_expired_nodes() {
         let mut t = InodeTable::new("");
-        let a = t.upsert(
-            ROOT_INO,
-            "a",
-            Kind::File,
-            Stat::directory(),
-            Instant::now(),
-            Instant::now(),
-        );
+        let a = t.add(ROOT_INO, "a", Kind::File, Instant::now());
         t.add_lookup(a);
         t.add_lookup(a);
         t.forget(a, 1);
@@ -333,22 +335,8 @@ mod tests {
     #[test]
     fn rename_moves_names_and_keys() {
         let mut t = InodeTable::new("");
-        let d = t.upsert(
-            ROOT_INO,
-            "d",
-            Kind::Directory,
-            Stat::directory(),
-            later(),
-            Instant::now(),
-        );
-        let a = t.upsert(
-            ROOT_INO,
-            "a",
-            Kind::File,
-            Stat::directory(),
-            later(),
-            Instant::now(),
-        );
+        let d = t.add(ROOT_INO, "d", Kind::Directory, later());
+        let a = t.add(ROOT_INO, "a", Kind::File, later());
         t.rename(ROOT_INO, "a", d, "b");
         assert!(t.child(ROOT_INO, "a").is_none());
         assert_eq!(t.child(d, "b").unwrap().ino, a);

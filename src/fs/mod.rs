@@ -259,14 +259,7 @@ impl S3Filesystem {
             return Ok(Some((Kind::Directory, Stat::directory())));
         }
         match head {
-            Ok(info) => Ok(Some((
-                Kind::File,
-                Stat {
-                    size: info.size,
-                    mtime: info.last_modified,
-                    etag: Some(info.etag),
-                },
-            ))),
+            Ok(info) => Ok(Some((Kind::File, Stat::of(&info)))),
             Err(e) => match FsError::client(&key, e) {
                 FsError::NotFound => Ok(None),
                 other => Err(other),
@@ -352,14 +345,7 @@ impl S3Filesystem {
                 let mut table = self.table();
                 let expires = self.expiry();
                 let n = table.get_mut(ino).ok_or(FsError::NotFound)?;
-                if asked >= n.stat_at && n.writers == 0 {
-                    n.stat = Stat {
-                        size: info.size,
-                        mtime: info.last_modified,
-                        etag: Some(info.etag),
-                    };
-                    n.stat_at = asked;
-                }
+                n.observe(Stat::of(&info), asked);
                 n.expires = expires;
                 Ok(self.attr_of(n))
             }
@@ -583,14 +569,7 @@ impl S3Filesystem {
                 .map_err(|e| FsError::client(&node.key, e))?;
             let expires = self.expiry();
             if let Some(n) = self.table().get_mut(ino) {
-                if asked >= n.stat_at {
-                    n.stat = Stat {
-                        size: info.size,
-                        mtime: info.last_modified,
-                        etag: Some(info.etag.clone()),
-                    };
-                    n.stat_at = asked;
-                }
+                n.observe(Stat::of(&info), asked);
                 n.expires = expires;
             }
             (info.size, info.etag)
@@ -794,13 +773,7 @@ impl S3Filesystem {
         let expires = self.expiry();
         if let Some(node) = table.get_mut(*ino) {
             if let Some(put) = result {
-                node.local = false;
-                node.stat = Stat {
-                    size: w.size(),
-                    mtime: SystemTime::now(),
-                    etag: Some(put.etag),
-                };
-                node.stat_at = Instant::now();
+                node.record_upload(w.size(), put.etag);
                 node.expires = expires;
             }
             // Once everything written is uploaded, the file is no longer busy for readers, rename or unlink.
@@ -856,13 +829,7 @@ impl S3Filesystem {
                 node.writers = node.writers.saturating_sub(1);
             }
             if let Ok(Some(put)) = &result {
-                node.stat = Stat {
-                    size: w.size(),
-                    mtime: SystemTime::now(),
-                    etag: Some(put.etag.clone()),
-                };
-                node.stat_at = Instant::now();
-                node.local = false;
+                node.record_upload(w.size(), put.etag.clone());
             }
             let parent = node.parent;
             if node.local && node.writers == 0 {
@@ -1038,7 +1005,7 @@ impl S3Filesystem {
         if node.writers > 0 || node.local {
             return Err(FsError::Busy("the file is being written"));
         }
-        let destination = format!("{}{new_name}", to_dir.key);
+        let destination = names::file_key(&to_dir.key, new_name);
         let target = self.resolve(&to_dir, new_name).await?;
         let condition = match target {
             Some((Kind::Directory, _)) => return Err(FsError::IsADirectory),

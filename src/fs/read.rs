@@ -56,6 +56,8 @@ pub struct Reader {
     part_size: u64,
     max_window: u64,
     window: u64,
+    /// Where `window` starts again after a jump: [`INITIAL_WINDOW`], or one part if parts are smaller.
+    initial_window: u64,
     memory: Arc<MemoryBudget>,
     chunks: VecDeque<Chunk>,
     /// Where the next prefetch starts.
@@ -86,6 +88,7 @@ impl Reader {
             part_size,
             max_window: max_window.max(part_size),
             window: INITIAL_WINDOW.min(part_size),
+            initial_window: INITIAL_WINDOW.min(part_size),
             memory,
             chunks: VecDeque::new(),
             next_fetch: 0,
@@ -124,8 +127,10 @@ impl Reader {
             } else if let Some(m) = self.memory.try_reserve(bytes) {
                 m
             } else {
-                self.window = (self.next_fetch - needed.min(self.next_fetch))
-                    .max(INITIAL_WINDOW.min(self.part_size));
+                self.window = self
+                    .next_fetch
+                    .saturating_sub(needed)
+                    .max(self.initial_window);
                 return;
             };
             self.spawn_fetch(self.next_fetch, chunk_end, memory);
@@ -176,7 +181,7 @@ impl Reader {
         } else if !covered {
             self.chunks.clear();
             self.streaming = false;
-            self.window = INITIAL_WINDOW.min(self.part_size);
+            self.window = self.initial_window;
             self.next_fetch = offset;
             let fetch_end = end.max(offset + MIN_RANDOM_FETCH).min(self.size);
             let memory = self.memory.reserve(fetch_end - offset);
@@ -194,17 +199,16 @@ impl Reader {
                 continue;
             }
             if let ChunkData::Pending(task) = &mut chunk.data {
-                let result = match task.await {
-                    Ok(Ok(bytes)) => Ok(bytes),
-                    Ok(Err(e)) => Err(FsError::client(&self.key, e)),
-                    Err(e) => Err(FsError::Io(format!("{}: fetch task failed: {e}", self.key))),
-                };
-                match result {
-                    Ok(bytes) => chunk.data = ChunkData::Ready(bytes),
+                // On failure the loop stops and every chunk is dropped below: a finished task must not be
+                // awaited again, so the next read starts afresh.
+                match task.await {
+                    Ok(Ok(bytes)) => chunk.data = ChunkData::Ready(bytes),
+                    Ok(Err(e)) => {
+                        failed = Some(FsError::client(&self.key, e));
+                        break;
+                    }
                     Err(e) => {
-                        // A finished task must not be awaited again: the next read starts afresh.
-                        chunk.data = ChunkData::Ready(Bytes::new());
-                        failed = Some(e);
+                        failed = Some(FsError::Io(format!("{}: fetch task failed: {e}", self.key)));
                         break;
                     }
                 }
