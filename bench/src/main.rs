@@ -3,14 +3,6 @@
 //! (the limit: same bytes, best request pattern, no FUSE), then prints a table with ratios to the limit and
 //! draws them as a PNG bar chart. All traffic is on 127.0.0.1.
 
-mod chart;
-mod mounts;
-mod peers;
-mod report;
-mod s3;
-mod shards;
-mod workloads;
-
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -21,6 +13,7 @@ use bytes::Bytes;
 use clap::Parser;
 use expressfs_emulator::{Emulator, EmulatorConfig};
 
+use expressfs_bench::{chart, mounts, peers, report, s3, shards, workloads};
 use mounts::Mount;
 use peers::{Kind, Peer};
 use report::{Report, Spec};

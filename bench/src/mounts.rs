@@ -170,14 +170,34 @@ impl Mount {
 
     /// Peak resident memory of the server, MiB.
     pub fn peak_rss_mib(&self) -> f64 {
+        self.status_mib("VmHWM:")
+    }
+
+    /// Resident memory of the server now, MiB.
+    pub fn rss_mib(&self) -> f64 {
+        self.status_mib("VmRSS:")
+    }
+
+    /// A `kB` line of the server's /proc status, in MiB (0 once it is gone).
+    fn status_mib(&self, field: &str) -> f64 {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
             .unwrap_or_default();
         status
             .lines()
-            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .find_map(|l| l.strip_prefix(field))
             .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse::<f64>().ok())
             .unwrap_or(0.0)
             / 1024.0
+    }
+
+    /// Descriptors the server holds open.
+    pub fn open_fds(&self) -> usize {
+        std::fs::read_dir(format!("/proc/{}/fd", self.child.id())).map_or(0, |d| d.count())
+    }
+
+    /// Whether the server has exited (it should not, while mounted).
+    pub fn exited(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(Some(_)))
     }
 
     /// CPU time (user + system, all threads) of the server so far, seconds.

@@ -408,11 +408,9 @@ impl std::io::Write for MultipartWriter {
     }
 }
 
-/// GetObject requests the emulator has answered so far and the body bytes those answers declared
-/// (summed over buckets), from its `/_emulator/stats` counters. "Declared": a client that asks for a long
-/// range and hangs up early is counted for the whole range. Differences across a workload show how a
-/// client fetches. None if the counters cannot be read (the figures are informative only).
-pub fn emulator_gets(endpoint: &str) -> Option<(u64, u64)> {
+/// One request to the emulator's admin endpoints (`/_emulator/...`); the answer's body, or None if the
+/// emulator cannot be reached.
+pub fn emulator_admin(endpoint: &str, method: &str, path: &str, body: &str) -> Option<String> {
     use std::io::{Read, Write};
     let addr = endpoint.strip_prefix("http://")?;
     let mut conn = std::net::TcpStream::connect(addr).ok()?;
@@ -421,12 +419,21 @@ pub fn emulator_gets(endpoint: &str) -> Option<(u64, u64)> {
     // HTTP/1.0: the server closes after the answer, so reading to the end is the whole response.
     write!(
         conn,
-        "GET /_emulator/stats HTTP/1.0\r\nHost: {addr}\r\n\r\n"
+        "{method} {path} HTTP/1.0\r\nHost: {addr}\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
     )
     .ok()?;
     let mut answer = String::new();
     conn.read_to_string(&mut answer).ok()?;
-    let body = answer.split_once("\r\n\r\n")?.1;
+    Some(answer.split_once("\r\n\r\n")?.1.to_string())
+}
+
+/// GetObject requests the emulator has answered so far and the body bytes those answers declared
+/// (summed over buckets), from its `/_emulator/stats` counters. "Declared": a client that asks for a long
+/// range and hangs up early is counted for the whole range. Differences across a workload show how a
+/// client fetches. None if the counters cannot be read (the figures are informative only).
+pub fn emulator_gets(endpoint: &str) -> Option<(u64, u64)> {
+    let body = emulator_admin(endpoint, "GET", "/_emulator/stats", "")?;
     // Each bucket has a `"GetObject": {"requests": N, ..., "bytes_out": M}` object; no JSON parser needed
     // for our own flat format.
     let (mut gets, mut bytes) = (0, 0);

@@ -6,21 +6,18 @@
 //! `target/release/expressfs-soak --minutes 30 --fault-rate 0.05` (see docs/RELIABILITY.md).
 
 use std::collections::HashMap;
-use std::io::{Read, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use aws_sdk_s3::config::{Credentials, Region};
 use clap::Parser;
+use expressfs_bench::mounts::Mount;
+use expressfs_bench::s3::{KEY, SECRET, client, emulator_admin, pattern};
 use expressfs_emulator::{Emulator, EmulatorConfig};
 
-const KEY: &str = "AKIDEXPRESSFSTEST";
-const SECRET: &str = "expressfs-test-secret";
-const REGION: &str = "us-east-1";
 const BUCKET: &str = "soak--use1-az4--x-s3";
 const MIB: usize = 1024 * 1024;
 
@@ -43,20 +40,6 @@ struct Args {
     readers: usize,
     #[arg(long, default_value = "target/release/expressfs")]
     expressfs: PathBuf,
-}
-
-/// Deterministic bytes, different per seed.
-fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut out = Vec::with_capacity(len + 8);
-    while out.len() < len {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        out.extend_from_slice(&x.to_le_bytes());
-    }
-    out.truncate(len);
-    out
 }
 
 /// Small xorshift generator for choosing operations (no need for a crate).
@@ -90,59 +73,10 @@ impl Counters {
     }
 }
 
-/// One plain HTTP/1.1 request to the emulator's admin endpoints.
+/// One admin request to the emulator; an unreachable emulator is an error here (the soak needs its answers).
 fn admin(emu: &Emulator, method: &str, path: &str, body: &str) -> Result<String> {
-    let mut s = std::net::TcpStream::connect(emu.addr())?;
-    write!(
-        s,
-        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )?;
-    let mut answer = String::new();
-    s.read_to_string(&mut answer)?;
-    Ok(answer
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default())
-}
-
-fn proc_value(pid: u32, field: &str) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix(field))
-        .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse().ok())
-        .unwrap_or(0)
-}
-
-fn open_fds(pid: u32) -> usize {
-    std::fs::read_dir(format!("/proc/{pid}/fd"))
-        .map(|d| d.count())
-        .unwrap_or(0)
-}
-
-fn start_daemon(exe: &Path, emu: &Emulator, mnt: &Path) -> Result<Child> {
-    let child = Command::new(exe)
-        .env("AWS_EC2_METADATA_DISABLED", "true")
-        .env("AWS_ACCESS_KEY_ID", KEY)
-        .env("AWS_SECRET_ACCESS_KEY", SECRET)
-        .args(["--foreground", "--endpoint-url", &emu.endpoint_url()])
-        .args(["--region", REGION, "--allow-delete", "--allow-overwrite"])
-        .arg(BUCKET)
-        .arg(mnt)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .with_context(|| format!("starting {}", exe.display()))?;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !std::fs::read_to_string("/proc/self/mountinfo")?.contains(mnt.to_str().unwrap_or("")) {
-        if Instant::now() > deadline {
-            bail!("mount did not appear");
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    Ok(child)
+    emulator_admin(&emu.endpoint_url(), method, path, body)
+        .with_context(|| format!("{method} {path} on the emulator"))
 }
 
 /// Reads random prepared files and compares every byte.
@@ -306,15 +240,7 @@ fn main() -> Result<()> {
         ..Default::default()
     })?;
     let rt = tokio::runtime::Runtime::new()?;
-    let client = aws_sdk_s3::Client::from_conf(
-        aws_sdk_s3::config::Builder::new()
-            .behavior_version_latest()
-            .region(Region::new(REGION))
-            .credentials_provider(Credentials::new(KEY, SECRET, None, None, "soak"))
-            .endpoint_url(emu.endpoint_url())
-            .force_path_style(true)
-            .build(),
-    );
+    let client = client(&emu.endpoint_url());
 
     eprintln!("preparing data ...");
     let mut files: Vec<(String, Arc<Vec<u8>>)> = Vec::new();
@@ -340,10 +266,14 @@ fn main() -> Result<()> {
         anyhow::Ok(())
     })?;
 
-    let mnt = tempfile::Builder::new().prefix("soak-mnt-").tempdir()?;
-    let mut daemon = start_daemon(&args.expressfs, &emu, mnt.path())?;
-    let pid = daemon.id();
-    std::fs::create_dir_all(mnt.path().join("out"))?;
+    let (mut daemon, _) = Mount::expressfs(
+        &args.expressfs,
+        &emu.endpoint_url(),
+        BUCKET,
+        &["--allow-delete", "--allow-overwrite"],
+    )?;
+    let root = daemon.root().to_path_buf();
+    std::fs::create_dir_all(root.join("out"))?;
     let faults = format!(
         r#"{{"rate":{},"seed":{},"operations":[],"kinds":[]}}"#,
         args.fault_rate, args.seed
@@ -356,30 +286,15 @@ fn main() -> Result<()> {
     let files = Arc::new(files);
     let mut workers = Vec::new();
     for r in 0..args.readers {
-        let (m, f, s, c) = (
-            mnt.path().to_path_buf(),
-            files.clone(),
-            stop.clone(),
-            counters.clone(),
-        );
+        let (m, f, s, c) = (root.clone(), files.clone(), stop.clone(), counters.clone());
         let seed = args.seed * 97 + r as u64;
         workers.push(std::thread::spawn(move || reader(&m, &f, seed, &s, &c)));
     }
     {
-        let (m, s, c, a) = (
-            mnt.path().to_path_buf(),
-            stop.clone(),
-            counters.clone(),
-            acked.clone(),
-        );
+        let (m, s, c, a) = (root.clone(), stop.clone(), counters.clone(), acked.clone());
         let seed = args.seed;
         workers.push(std::thread::spawn(move || writer(&m, seed, &s, &c, &a)));
-        let (m, s, c, n) = (
-            mnt.path().to_path_buf(),
-            stop.clone(),
-            counters.clone(),
-            files.len(),
-        );
+        let (m, s, c, n) = (root.clone(), stop.clone(), counters.clone(), files.len());
         workers.push(std::thread::spawn(move || lister(&m, n, &s, &c)));
     }
 
@@ -392,14 +307,14 @@ fn main() -> Result<()> {
     );
     while started.elapsed() < total {
         std::thread::sleep(Duration::from_secs(args.sample_secs).min(total));
-        if daemon.try_wait()?.is_some() {
+        if daemon.exited() {
             counters.violation("the daemon exited during the soak".into());
             break;
         }
         let s = Sample {
             secs: started.elapsed().as_secs(),
-            rss_mib: proc_value(pid, "VmRSS:") as f64 / 1024.0,
-            fds: open_fds(pid),
+            rss_mib: daemon.rss_mib(),
+            fds: daemon.open_fds(),
         };
         let c = &counters;
         eprintln!(
@@ -446,8 +361,7 @@ fn main() -> Result<()> {
         &format!("/_emulator/uploads?bucket={BUCKET}"),
         "",
     )?;
-    let _ = Command::new("umount").arg(mnt.path()).status();
-    let _ = daemon.wait();
+    drop(daemon);
 
     report(&args, &counters, &samples, &injected, &uploads, acked.len())
 }
