@@ -10,7 +10,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use common::{Mount, fresh_bucket};
-use model_ops::{FILES, Op, op};
+use model_ops::{FILES, Op, expected_listing, op};
 use proptest::prelude::*;
 
 #[path = "../src/fs/model_ops.rs"]
@@ -71,18 +71,7 @@ fn run(root: &Path, ops: Vec<Op>) {
                 } else {
                     root.to_path_buf()
                 };
-                let mut want: Vec<String> = model
-                    .keys()
-                    .filter_map(|k| match (in_d, k.split_once('/')) {
-                        (true, Some((_, n))) => Some(n.to_string()),
-                        (false, None) => Some(k.to_string()),
-                        _ => None,
-                    })
-                    .collect();
-                if !in_d {
-                    want.push("d".into());
-                }
-                want.sort();
+                let want = expected_listing(&model, in_d);
                 assert_eq!(listing(&dir), want);
             }
         }

@@ -15,12 +15,29 @@ use expressfs_emulator::EmulatorConfig;
 
 const MIB: usize = 1024 * 1024;
 
-fn faults_json(rate: f64, seed: u64, kinds: &[&str]) -> String {
-    let kinds: Vec<String> = kinds.iter().map(|k| format!("{k:?}")).collect();
+/// The body of `POST /_emulator/faults` (empty `operations` or `kinds` mean all).
+fn faults_json(rate: f64, seed: u64, operations: &[&str], kinds: &[&str]) -> String {
+    let list = |v: &[&str]| {
+        v.iter()
+            .map(|s| format!("{s:?}"))
+            .collect::<Vec<_>>()
+            .join(",")
+    };
     format!(
-        r#"{{"rate":{rate},"seed":{seed},"operations":[],"kinds":[{}]}}"#,
-        kinds.join(",")
+        r#"{{"rate":{rate},"seed":{seed},"operations":[{}],"kinds":[{}]}}"#,
+        list(operations),
+        list(kinds)
     )
+}
+
+/// A bucket on an emulator of the test's own, so the faults it injects reach no other test.
+fn own_emulator(tag: &str) -> (String, expressfs_emulator::Emulator) {
+    let bucket = fresh_bucket(true, tag);
+    let emu = start_emulator(EmulatorConfig {
+        buckets: vec![bucket.clone()],
+        ..Default::default()
+    });
+    (bucket, emu)
 }
 
 /// Total errors the emulator answered (injected faults show up here).
@@ -56,11 +73,7 @@ fn fault_test_plan() -> (usize, usize, usize, Vec<u64>) {
 
 #[test]
 fn faults_never_produce_wrong_bytes() {
-    let bucket = fresh_bucket(true, "faults");
-    let emu = start_emulator(EmulatorConfig {
-        buckets: vec![bucket.clone()],
-        ..Default::default()
-    });
+    let (bucket, emu) = own_emulator("faults");
     let (big_len, small_count, write_len, seeds) = fault_test_plan();
     let big = pattern(1, big_len);
     let small: Vec<(String, Vec<u8>)> = (0..small_count as u64)
@@ -81,8 +94,11 @@ fn faults_never_produce_wrong_bytes() {
     let mut loud_failures = 0;
     for seed in seeds {
         let mount = Mount::on(&emu, &bucket, &["--metadata-ttl", "minimal"]);
-        let (status, answer) =
-            admin_post(&emu, "/_emulator/faults", &faults_json(0.1, seed, &kinds));
+        let (status, answer) = admin_post(
+            &emu,
+            "/_emulator/faults",
+            &faults_json(0.1, seed, &[], &kinds),
+        );
         assert_eq!(status, 200, "{answer}");
 
         match std::fs::read(mount.path().join("big.bin")) {
@@ -116,7 +132,7 @@ fn faults_never_produce_wrong_bytes() {
             }
             f.sync_all()
         })();
-        admin_post(&emu, "/_emulator/faults", &faults_json(0.0, 0, &[]));
+        admin_post(&emu, "/_emulator/faults", &faults_json(0.0, 0, &[], &[]));
         let stored = get(&emu, &bucket, &format!("out-{seed}.bin"));
         match result {
             Ok(()) => {
@@ -255,17 +271,7 @@ fn cache_and_staging_files_are_private() {
 }
 
 fn fault_only(emu: &expressfs_emulator::Emulator, ops: &[&str], kinds: &[&str]) {
-    let q = |v: &[&str]| {
-        v.iter()
-            .map(|s| format!("{s:?}"))
-            .collect::<Vec<_>>()
-            .join(",")
-    };
-    let body = format!(
-        r#"{{"rate":1.0,"seed":3,"operations":[{}],"kinds":[{}]}}"#,
-        q(ops),
-        q(kinds)
-    );
+    let body = faults_json(1.0, 3, ops, kinds);
     let (status, answer) = admin_post(emu, "/_emulator/faults", &body);
     assert_eq!(status, 200, "{answer}");
 }
@@ -275,11 +281,7 @@ fn fault_only(emu: &expressfs_emulator::Emulator, ops: &[&str], kinds: &[&str]) 
 /// again once the server behaves.
 #[test]
 fn malformed_answers_and_odd_statuses_fail_loudly_and_lose_nothing() {
-    let bucket = fresh_bucket(true, "malformed");
-    let emu = start_emulator(EmulatorConfig {
-        buckets: vec![bucket.clone()],
-        ..Default::default()
-    });
+    let (bucket, emu) = own_emulator("malformed");
     let data = pattern(5, 3 * MIB + 1);
     put(&emu, &bucket, "dir/f.bin", data.clone());
     let mount = Mount::on(
@@ -313,7 +315,7 @@ fn malformed_answers_and_odd_statuses_fail_loudly_and_lose_nothing() {
         "a completion that failed inside a 200"
     );
 
-    admin_post(&emu, "/_emulator/faults", &faults_json(0.0, 0, &[]));
+    admin_post(&emu, "/_emulator/faults", &faults_json(0.0, 0, &[], &[]));
     assert!(
         get(&emu, &bucket, "dir/new.bin").is_none(),
         "nothing partial under the key"
@@ -337,11 +339,7 @@ fn malformed_answers_and_odd_statuses_fail_loudly_and_lose_nothing() {
 /// data, and the mount works normally afterwards.
 #[test]
 fn a_paused_server_delays_but_does_not_corrupt() {
-    let bucket = fresh_bucket(true, "pause");
-    let emu = start_emulator(EmulatorConfig {
-        buckets: vec![bucket.clone()],
-        ..Default::default()
-    });
+    let (bucket, emu) = own_emulator("pause");
     let data = pattern(8, 20 * MIB + 3);
     put(&emu, &bucket, "f.bin", data.clone());
     let mount = Mount::on(&emu, &bucket, &["--metadata-ttl", "minimal"]);

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use proptest::prelude::*;
 
-use super::model_ops::{FILES, Op, op};
+use super::model_ops::{FILES, Op, expected_listing, op};
 use super::{FsConfig, FsError, OpenMode, ROOT_INO, S3Filesystem};
 use crate::s3::ObjectClient;
 use crate::s3::fake::FakeClient;
@@ -123,18 +123,7 @@ async fn run(ops: Vec<Op>) {
                     .filter(|n| n != "." && n != "..")
                     .collect();
                 names.sort();
-                let mut want: Vec<String> = model
-                    .keys()
-                    .filter_map(|k| match (in_d, k.split_once('/')) {
-                        (true, Some((_, n))) => Some(n.to_string()),
-                        (false, None) => Some(k.to_string()),
-                        _ => None,
-                    })
-                    .collect();
-                if !in_d {
-                    want.push("d".into());
-                }
-                want.sort();
+                let want = expected_listing(&model, in_d);
                 assert_eq!(names, want, "listing of {}", if in_d { "d" } else { "/" });
             }
         }

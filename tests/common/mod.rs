@@ -19,12 +19,35 @@ pub const ACCESS_KEY: &str = "AKIDEXPRESSFSTEST";
 pub const SECRET_KEY: &str = "expressfs-test-secret";
 pub const REGION: &str = "us-east-1";
 
+/// Emulator data of this test process. Statics are never dropped, so the directory outlives the process;
+/// it carries the pid, and each new process removes the directories of processes that are gone (otherwise
+/// repeated local runs fill the disk, and the block cache's 5%-free rule then evicts everything).
 static DATA_DIR: LazyLock<tempfile::TempDir> = LazyLock::new(|| {
+    remove_dead_data_dirs();
     tempfile::Builder::new()
-        .prefix("expressfs-emu-")
+        .prefix(&format!("expressfs-emu-{}-", std::process::id()))
         .tempdir()
         .unwrap()
 });
+
+fn remove_dead_data_dirs() {
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name
+            .strip_prefix("expressfs-emu-")
+            .and_then(|rest| rest.split('-').next())
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if !Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+}
 
 static EMULATOR: LazyLock<Emulator> = LazyLock::new(|| start_emulator(EmulatorConfig::default()));
 
