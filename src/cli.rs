@@ -102,6 +102,10 @@ pub struct Args {
     /// Most bytes fetched ahead for one sequential reader
     #[arg(long, default_value = "64M", value_parser = parse_size, help_heading = "Performance and caching")]
     pub max_prefetch: u64,
+    /// Bytes a lookup reads from the start of a file along with its metadata (one GET instead of a HEAD), so
+    /// that opening and reading a small file right after needs no request of its own. 0: lookups are HEADs
+    #[arg(long, default_value = "256K", value_parser = parse_size, help_heading = "Performance and caching")]
+    pub lookup_prefetch: u64,
     /// Memory for read-ahead and upload buffers across all files: MiB as in Mountpoint (`2048`) or a size
     /// (`2G`). Under pressure read-ahead windows shrink and uploads send one part at a time. Default: a quarter
     /// of the RAM or cgroup limit, at least 256 MiB

@@ -448,6 +448,7 @@ fn serve(args: Args, name: bucket::BucketName, region: String, mut reporter: Rep
     config.read_part_size = args.read_part_size();
     config.write_part_size = args.write_part_size();
     config.max_prefetch = args.max_prefetch;
+    config.lookup_prefetch = args.lookup_prefetch;
     config.max_writers = args.max_open_writers;
     let memory_target = args
         .memory_target

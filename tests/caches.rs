@@ -7,36 +7,11 @@ mod common;
 use std::path::Path;
 use std::time::Duration;
 
-use common::{Mount, emulator, fresh_bucket, pattern, put, put_many, sha256_hex};
+use common::{Mount, emulator, fresh_bucket, op_count, pattern, put, put_many, sha256_hex};
 
 /// GetObject requests the emulator served for `bucket`.
 fn gets(bucket: &str) -> u64 {
     op_count(bucket, "GetObject")
-}
-
-/// Requests of one operation the emulator served for `bucket`.
-fn op_count(bucket: &str, op: &str) -> u64 {
-    let (status, body) = common::admin_get(emulator(), "/_emulator/stats");
-    assert_eq!(status, 200);
-    // {"bucket": {"GetObject": {"requests": N, ...}, ...}, ...}: find this bucket's GetObject counter.
-    let Some(at) = body.find(&format!("\"{bucket}\"")) else {
-        return 0;
-    };
-    let rest = &body[at..];
-    let end = rest[1..].find("\n  \"").map_or(rest.len(), |e| e + 1);
-    let section = &rest[..end];
-    let Some(g) = section.find(&format!("\"{op}\"")) else {
-        return 0;
-    };
-    let after = &section[g..];
-    let r = after.find("\"requests\":").expect("requests counter") + "\"requests\":".len();
-    after[r..]
-        .trim_start()
-        .split(|c: char| !c.is_ascii_digit())
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap()
 }
 
 fn read_all(root: &Path, names: &[String]) -> Vec<String> {

@@ -332,3 +332,51 @@ fn memory_target_bounds_parallel_readers() {
     // readers are waiting for.
     assert!(peak < 200, "peak RSS {peak} MiB under a 64 MiB target");
 }
+
+#[test]
+fn a_lookup_brings_the_first_bytes_so_small_files_cost_one_get() {
+    let bucket = fresh_bucket(true, "firstbytes");
+    let emu = emulator();
+    let files: Vec<(String, Vec<u8>)> = (0..40u64)
+        .map(|i| (format!("img/{i:03}.jpg"), pattern(i, 100_000 + i as usize)))
+        .collect();
+    put_many(emu, &bucket, files.clone());
+    // Bigger than what a lookup fetches (256 KiB): the rest streams after the first bytes.
+    let big = pattern(99, (3 << 20) + 5);
+    put(emu, &bucket, "img/big.bin", big.clone());
+    let counts = || {
+        (
+            op_count(&bucket, "GetObject"),
+            op_count(&bucket, "HeadObject"),
+        )
+    };
+
+    let mount = Mount::new(&bucket, &[]);
+    fs::metadata(mount.path().join("img")).unwrap();
+    let (gets0, heads0) = counts();
+    for (key, data) in &files {
+        assert_eq!(&fs::read(mount.path().join(key)).unwrap(), data, "{key}");
+    }
+    let (gets, heads) = (counts().0 - gets0, counts().1 - heads0);
+    assert_eq!(heads, 0, "lookups should GET, not HEAD");
+    assert!(
+        gets <= files.len() as u64 + 2,
+        "{gets} GETs for {} small files: the open and read should need none of their own",
+        files.len()
+    );
+    assert_eq!(
+        sha256_hex(&fs::read(mount.path().join("img/big.bin")).unwrap()),
+        sha256_hex(&big)
+    );
+    drop(mount);
+
+    // --lookup-prefetch 0: lookups are HEADs again, and a GET follows for each file.
+    let mount = Mount::new(&bucket, &["--lookup-prefetch", "0"]);
+    fs::metadata(mount.path().join("img")).unwrap();
+    let (gets0, heads0) = counts();
+    for (key, data) in files.iter().take(10) {
+        assert_eq!(&fs::read(mount.path().join(key)).unwrap(), data, "{key}");
+    }
+    let (gets, heads) = (counts().0 - gets0, counts().1 - heads0);
+    assert!(heads >= 10 && gets >= 10, "{heads} HEADs, {gets} GETs");
+}

@@ -2,6 +2,7 @@
 //! adapter calls these async methods and turns [`FsError`] into errno.
 
 pub mod error;
+mod first_bytes;
 pub mod inode;
 pub mod names;
 pub mod read;
@@ -23,6 +24,7 @@ use tokio::sync::Mutex as AsyncMutex;
 use tracing::debug;
 
 pub use error::{FsError, FsResult};
+use first_bytes::FirstBytes;
 pub use inode::ROOT_INO;
 use inode::{InodeTable, Kind, Stat};
 use read::Reader;
@@ -47,6 +49,8 @@ pub struct FsConfig {
     pub read_part_size: u64,
     /// Most bytes one read handle fetches ahead.
     pub max_prefetch: u64,
+    /// Bytes a lookup fetches from the start of a file along with its metadata (0: a plain HEAD).
+    pub lookup_prefetch: u64,
     pub write_part_size: u64,
     /// Files open for writing at once (each holds up to a few parts in memory).
     pub max_writers: usize,
@@ -74,6 +78,7 @@ impl FsConfig {
             incremental_upload: false,
             read_part_size: 8 * 1024 * 1024,
             max_prefetch: 64 * 1024 * 1024,
+            lookup_prefetch: 256 * 1024,
             write_part_size: 8 * 1024 * 1024,
             max_writers: 64,
             staging_dir: Some(std::env::temp_dir()),
@@ -152,12 +157,15 @@ pub struct S3Filesystem {
     /// Directory listings, trusted for the metadata TTL; dropped when we change the directory ourselves.
     listings: Mutex<HashMap<u64, CachedListing>>,
     handles: Mutex<HashMap<u64, Arc<Handle>>>,
+    /// Starts of files fetched by lookups, waiting for their open.
+    first_bytes: FirstBytes,
     next_handle: AtomicU64,
     writers: AtomicU64,
 }
 
 impl S3Filesystem {
     pub fn new(client: Arc<dyn ObjectClient>, config: FsConfig) -> S3Filesystem {
+        let first_bytes = FirstBytes::new(config.metadata_ttl);
         S3Filesystem {
             inodes: Mutex::new(InodeTable::new(&config.prefix)),
             direct_client: Arc::clone(&client),
@@ -166,6 +174,7 @@ impl S3Filesystem {
             negative: Mutex::new(HashMap::new()),
             listings: Mutex::new(HashMap::new()),
             handles: Mutex::new(HashMap::new()),
+            first_bytes,
             next_handle: AtomicU64::new(1),
             writers: AtomicU64::new(0),
         }
@@ -246,20 +255,35 @@ impl S3Filesystem {
     }
 
     /// Asks the bucket what `parent/name` is: the object `key` and the prefix `key/` are checked at once;
-    /// when both exist the directory wins.
+    /// when both exist the directory wins. The object is asked for with its first bytes (see
+    /// [`FirstBytes`]) unless `lookup_prefetch` is 0.
     async fn resolve(&self, parent: &inode::Node, name: &str) -> FsResult<Option<(Kind, Stat)>> {
         let key = names::file_key(&parent.key, name);
         let dir_prefix = format!("{key}/");
-        let (head, list) = tokio::join!(
-            self.client.head_object(&key),
+        let object = async {
+            match self.config.lookup_prefetch {
+                0 => self
+                    .client
+                    .head_object(&key)
+                    .await
+                    .map(|i| (i, Bytes::new())),
+                n => self.client.head_with_first_bytes(&key, n).await,
+            }
+        };
+        let (object, list) = tokio::join!(
+            object,
             self.client.list_objects(&dir_prefix, Some("/"), None, 1)
         );
         let list = list.map_err(|e| FsError::client(&dir_prefix, e))?;
         if !list.objects.is_empty() || !list.common_prefixes.is_empty() {
             return Ok(Some((Kind::Directory, Stat::directory())));
         }
-        match head {
-            Ok(info) => Ok(Some((Kind::File, Stat::of(&info)))),
+        match object {
+            Ok((info, first)) => {
+                self.first_bytes
+                    .keep(&key, &info.etag, first, &self.config.memory);
+                Ok(Some((Kind::File, Stat::of(&info))))
+            }
             Err(e) => match FsError::client(&key, e) {
                 FsError::NotFound => Ok(None),
                 other => Err(other),
@@ -574,6 +598,9 @@ impl S3Filesystem {
             }
             (info.size, info.etag)
         };
+        let first = (!mode.direct)
+            .then(|| self.first_bytes.take(&node.key, &etag))
+            .flatten();
         let reader = Reader::new(
             if mode.direct {
                 Arc::clone(&self.direct_client)
@@ -586,7 +613,8 @@ impl S3Filesystem {
             self.config.read_part_size,
             self.config.max_prefetch,
             Arc::clone(&self.config.memory),
-        );
+        )
+        .with_first_bytes(first);
         Ok(self.add_handle(Handle::Read(AsyncMutex::new(reader))))
     }
 
@@ -1090,6 +1118,24 @@ mod tests {
 
     fn config() -> FsConfig {
         FsConfig::new(1000, 1000)
+    }
+
+    #[tokio::test]
+    async fn open_and_read_after_a_lookup_need_no_request() {
+        let (fake, fs) = fs_with(&[("img.jpg", &[7u8; 5000])], config(), true).await;
+        let attr = fs.lookup(ROOT_INO, "img.jpg").await.unwrap();
+        let read_mode = OpenMode {
+            read: true,
+            ..Default::default()
+        };
+        let before = fake.requests.load(Ordering::SeqCst);
+        let fh = fs.open(attr.ino, read_mode, 1).await.unwrap();
+        assert_eq!(&fs.read(fh, 0, 8192).await.unwrap()[..], &[7u8; 5000][..]);
+        assert_eq!(fake.requests.load(Ordering::SeqCst), before);
+        // The bytes were handed over once: a second open reads from the bucket.
+        let fh = fs.open(attr.ino, read_mode, 1).await.unwrap();
+        assert_eq!(&fs.read(fh, 0, 8192).await.unwrap()[..], &[7u8; 5000][..]);
+        assert!(fake.requests.load(Ordering::SeqCst) > before);
     }
 
     #[tokio::test]

@@ -98,6 +98,24 @@ impl Reader {
         }
     }
 
+    /// Starts from the first bytes of the object, fetched by the lookup: the first read continues from them.
+    pub fn with_first_bytes(mut self, first: Option<(Bytes, Reservation)>) -> Reader {
+        if let Some((bytes, memory)) = first.filter(|(b, _)| !b.is_empty())
+            && self.chunks.is_empty()
+        {
+            let end = (bytes.len() as u64).min(self.size);
+            self.bytes_fetched += end;
+            self.next_fetch = end;
+            self.chunks.push_back(Chunk {
+                start: 0,
+                end,
+                data: ChunkData::Ready(bytes.slice(..end as usize)),
+                _memory: memory,
+            });
+        }
+        self
+    }
+
     /// Starts a GET of `start..end`; `memory` is what it holds against the budget.
     fn spawn_fetch(&mut self, start: u64, end: u64, memory: Reservation) {
         let client = Arc::clone(&self.client);
@@ -425,6 +443,60 @@ mod tests {
             let got = r.read(off as u64, mib as u32).await.unwrap();
             assert_eq!(&got[..], &data[off..off + mib], "at {off}");
         }
+    }
+
+    #[tokio::test]
+    async fn first_bytes_from_the_lookup_serve_small_files_and_start_big_ones() {
+        use std::sync::atomic::Ordering;
+        let budget = MemoryBudget::new(64 << 20);
+        let small = pattern(100_000);
+        let (fake, _) = reader(small.clone(), 1 << 20, 4 << 20, Arc::clone(&budget)).await;
+        let etag = fake.head_object("k").await.unwrap().etag;
+        let first = Some((Bytes::from(small.clone()), budget.reserve(100_000)));
+        let mut r = Reader::new(
+            fake.clone(),
+            "k".into(),
+            etag,
+            100_000,
+            1 << 20,
+            4 << 20,
+            Arc::clone(&budget),
+        )
+        .with_first_bytes(first);
+        let before = fake.requests.load(Ordering::SeqCst);
+        assert_eq!(&r.read(0, 131_072).await.unwrap()[..], &small[..]);
+        assert_eq!(
+            fake.requests.load(Ordering::SeqCst),
+            before,
+            "no GET needed"
+        );
+        drop(r);
+
+        let big = pattern((3 << 20) + 17);
+        let (fake, _) = reader(big.clone(), 1 << 20, 4 << 20, Arc::clone(&budget)).await;
+        let etag = fake.head_object("k").await.unwrap().etag;
+        let first = Some((
+            Bytes::copy_from_slice(&big[..256 << 10]),
+            budget.reserve(256 << 10),
+        ));
+        let mut r = Reader::new(
+            fake,
+            "k".into(),
+            etag,
+            big.len() as u64,
+            1 << 20,
+            4 << 20,
+            Arc::clone(&budget),
+        )
+        .with_first_bytes(first);
+        let mut pos = 0;
+        while pos < big.len() {
+            let got = r.read(pos as u64, 200_000).await.unwrap();
+            assert_eq!(&got[..], &big[pos..pos + got.len()], "at {pos}");
+            pos += got.len();
+        }
+        drop(r);
+        assert_eq!(budget.used(), 0, "the first bytes' reservation is released");
     }
 
     #[tokio::test]

@@ -90,6 +90,25 @@ pub trait ObjectClient: Send + Sync + 'static {
 
     async fn head_object(&self, key: &str) -> Result<ObjectInfo, ClientError>;
 
+    /// The object's metadata and its first `len` bytes (fewer if the object is smaller). Lookups use it: a
+    /// ranged GET answers with the size, ETag and date a HEAD gives, so opening and reading a small file
+    /// afterwards needs no request of its own. This default asks twice (HEAD, then a GET pinned to the ETag),
+    /// which keeps cache layers in front of the GET; the SDK client asks once.
+    async fn head_with_first_bytes(
+        &self,
+        key: &str,
+        len: u64,
+    ) -> Result<(ObjectInfo, Bytes), ClientError> {
+        let info = self.head_object(key).await?;
+        let end = len.min(info.size);
+        let bytes = if end == 0 {
+            Bytes::new()
+        } else {
+            self.get_object(key, 0..end, Some(&info.etag)).await?
+        };
+        Ok((info, bytes))
+    }
+
     /// One ListObjectsV2 page. `delimiter` is `Some("/")` or `None`; on directory buckets `prefix` must be empty
     /// or end in `/`.
     async fn list_objects(

@@ -469,3 +469,28 @@ pub fn admin_get(emu: &Emulator, path: &str) -> (u16, String) {
 pub fn admin_post(emu: &Emulator, path: &str, body: &str) -> (u16, String) {
     admin(emu, "POST", path, body)
 }
+
+/// Requests of one operation (`GetObject`, `HeadObject`, ...) the shared emulator served for `bucket`.
+pub fn op_count(bucket: &str, op: &str) -> u64 {
+    let (status, body) = admin_get(emulator(), "/_emulator/stats");
+    assert_eq!(status, 200);
+    // {"bucket": {"GetObject": {"requests": N, ...}, ...}, ...}: find this bucket's section, then the op.
+    let Some(at) = body.find(&format!("\"{bucket}\"")) else {
+        return 0;
+    };
+    let rest = &body[at..];
+    let end = rest[1..].find("\n  \"").map_or(rest.len(), |e| e + 1);
+    let section = &rest[..end];
+    let Some(g) = section.find(&format!("\"{op}\"")) else {
+        return 0;
+    };
+    let after = &section[g..];
+    let r = after.find("\"requests\":").expect("requests counter") + "\"requests\":".len();
+    after[r..]
+        .trim_start()
+        .split(|c: char| !c.is_ascii_digit())
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap()
+}

@@ -17,7 +17,7 @@ use tracing::{debug, warn};
 
 use super::errors::map_sdk_error;
 use super::{SdkClient, backoff_delay};
-use crate::s3::ClientError;
+use crate::s3::{ClientError, ObjectInfo};
 
 impl SdkClient {
     pub(super) async fn get_range(
@@ -127,6 +127,68 @@ impl SdkClient {
                 tokio::time::sleep(backoff_delay(strikes)).await;
             }
         }
+    }
+
+    /// One ranged GET from byte 0 that also yields what a HEAD would (size from Content-Range, ETag, date).
+    /// When that cannot work (an empty object answering 416, an archived object refusing GET, a missing
+    /// header, a broken body), HEAD and a GET pinned to its ETag give the answer instead; a missing object or
+    /// bucket, an exhausted retry budget or missing credentials are answers already.
+    pub(super) async fn head_and_first_bytes(
+        &self,
+        key: &str,
+        len: u64,
+    ) -> Result<(ObjectInfo, Bytes), ClientError> {
+        match self.first_bytes_in_one_get(key, len).await {
+            Err(
+                e @ (ClientError::NotFound { .. }
+                | ClientError::NoSuchBucket { .. }
+                | ClientError::Transient { .. }
+                | ClientError::NoCredentials(_)),
+            ) => Err(e),
+            Err(e) => {
+                debug!(key, error = %e, "first bytes not in one GET; asking with HEAD");
+                let info = self.head(key).await?;
+                let end = len.min(info.size);
+                let bytes = self.get_range(key, 0..end, Some(&info.etag)).await?;
+                Ok((info, bytes))
+            }
+            found => found,
+        }
+    }
+
+    async fn first_bytes_in_one_get(
+        &self,
+        key: &str,
+        len: u64,
+    ) -> Result<(ObjectInfo, Bytes), ClientError> {
+        let response = self.send_get(key, 0..len.max(1), None).await?;
+        let window = answer_window(key, &response)?;
+        let malformed = |what: &str| ClientError::Malformed(format!("GET {key}: {what}"));
+        let size = window
+            .object_size
+            .ok_or_else(|| malformed("no object size in the answer"))?;
+        if window.start != 0 {
+            return Err(malformed("answer does not start at byte 0"));
+        }
+        let etag = response
+            .e_tag()
+            .ok_or_else(|| malformed("no ETag"))?
+            .to_string();
+        let info = ObjectInfo {
+            key: key.to_string(),
+            size,
+            etag,
+            last_modified: super::to_system_time(response.last_modified()),
+        };
+        let want = window.len.min(len);
+        let mut buf = BytesMut::with_capacity(want as usize);
+        let drain = want >= window.len;
+        let bytes = match read_body(response.body, &mut buf, 0, want, drain).await {
+            Ok(()) if buf.len() as u64 == want => buf.freeze(),
+            // The body broke or failed its checksum: the resuming GET, pinned to this version, finishes it.
+            _ => self.get_range(key, 0..want, Some(&info.etag)).await?,
+        };
+        Ok((info, bytes))
     }
 
     async fn send_get(
