@@ -79,6 +79,13 @@ struct Args {
     /// TrueType font for the chart's text [default: $EXPRESSFS_BENCH_FONT, common paths, fc-match]
     #[arg(long)]
     chart_font: Option<PathBuf>,
+    /// Extra flag for the expressfs mounts, repeatable (e.g. `--expressfs-arg=--max-prefetch=16M`); the
+    /// report lists them
+    #[arg(long, allow_hyphen_values = true)]
+    expressfs_arg: Vec<String>,
+    /// Run only these workloads (comma-separated numbers, e.g. `2,6`) [default: all]
+    #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u8).range(1..=8))]
+    only: Vec<u8>,
     /// Print the table as markdown with machine, date and command, for docs/BENCHMARKS.md
     #[arg(long)]
     markdown: bool,
@@ -181,6 +188,11 @@ fn prepare(rt: &tokio::runtime::Runtime, c: &aws_sdk_s3::Client, args: &Args) ->
         list_entries: args.list_entries as usize,
         random_reads: RANDOM_READS,
         shards,
+        selected: if args.only.is_empty() {
+            (1..=8).collect()
+        } else {
+            args.only.iter().copied().collect()
+        },
     })
 }
 
@@ -196,33 +208,50 @@ fn measure_limits(
     checkpoint_mib: u64,
 ) -> Result<BTreeMap<u8, f64>> {
     eprintln!("raw client (the limit) ...");
+    let run = |id: u8| d.selected.contains(&id);
+    let settled = |id: u8| {
+        workloads::settle();
+        run(id)
+    };
     rt.block_on(async {
         let mut l = BTreeMap::new();
-        l.insert(1, s3::raw_read(c, DIR_BUCKET, "big/seq.bin", d.big).await?);
-        l.insert(2, s3::limit_parallel(c, DIR_BUCKET, d.quarter).await?);
-        l.insert(
-            3,
-            s3::limit_random(c, DIR_BUCKET, d.big, d.random_reads).await?,
-        );
-        l.insert(4, s3::limit_small(c, DIR_BUCKET, d.small_files).await?);
-        let (listed, rate) = s3::limit_list(c, DIR_BUCKET).await?;
-        ensure!(
-            listed == d.list_entries,
-            "listed {listed}, expected {}",
-            d.list_entries
-        );
-        l.insert(5, rate);
-        let started = Instant::now();
-        let samples = shards::raw_samples(c, DIR_BUCKET, &d.shards).await?;
-        ensure!(
-            samples == d.shards.samples,
-            "counted {samples} samples, expected {}",
-            d.shards.samples
-        );
-        l.insert(6, per_sec(samples as f64, started));
-        let started = Instant::now();
-        s3::put_big(c, DIR_BUCKET, "raw-ckpt.bin", checkpoint_mib).await?;
-        l.insert(7, per_sec(checkpoint_mib as f64, started));
+        if settled(1) {
+            l.insert(1, s3::raw_read(c, DIR_BUCKET, "big/seq.bin", d.big).await?);
+        }
+        if settled(2) {
+            l.insert(2, s3::limit_parallel(c, DIR_BUCKET, d.quarter).await?);
+        }
+        if settled(3) {
+            let rate = s3::limit_random(c, DIR_BUCKET, d.big, d.random_reads).await?;
+            l.insert(3, rate);
+        }
+        if settled(4) {
+            l.insert(4, s3::limit_small(c, DIR_BUCKET, d.small_files).await?);
+        }
+        if settled(5) {
+            let (listed, rate) = s3::limit_list(c, DIR_BUCKET).await?;
+            ensure!(
+                listed == d.list_entries,
+                "listed {listed}, expected {}",
+                d.list_entries
+            );
+            l.insert(5, rate);
+        }
+        if settled(6) {
+            let started = Instant::now();
+            let samples = shards::raw_samples(c, DIR_BUCKET, &d.shards).await?;
+            ensure!(
+                samples == d.shards.samples,
+                "counted {samples} samples, expected {}",
+                d.shards.samples
+            );
+            l.insert(6, per_sec(samples as f64, started));
+        }
+        if settled(7) {
+            let started = Instant::now();
+            s3::put_big(c, DIR_BUCKET, "raw-ckpt.bin", checkpoint_mib).await?;
+            l.insert(7, per_sec(checkpoint_mib as f64, started));
+        }
         Ok(l)
     })
 }
@@ -234,12 +263,21 @@ fn run_expressfs(
     data: &Arc<Dataset>,
     timeout: Duration,
 ) -> Result<Results> {
-    let (mut m, took) = Mount::expressfs(&args.expressfs, endpoint, DIR_BUCKET, &["--read-only"])?;
+    workloads::settle();
+    let extra: Vec<&str> = args.expressfs_arg.iter().map(String::as_str).collect();
+    let read_only: Vec<&str> = std::iter::once("--read-only")
+        .chain(extra.iter().copied())
+        .collect();
+    let (mut m, took) = Mount::expressfs(&args.expressfs, endpoint, DIR_BUCKET, &read_only)?;
     let first = workloads::first_byte(&mut m, took, timeout);
     let mut results = workloads::run_reads(&mut m, data, endpoint, timeout);
     results.insert(8, first);
     drop(m);
-    let (mut m, _) = Mount::expressfs(&args.expressfs, endpoint, DIR_BUCKET, &[])?;
+    if !data.selected.contains(&7) {
+        results.insert(7, Cell::missing("not run"));
+        return Ok(results);
+    }
+    let (mut m, _) = Mount::expressfs(&args.expressfs, endpoint, DIR_BUCKET, &extra)?;
     results.insert(
         7,
         workloads::run_checkpoint(&mut m, args.checkpoint_mib, timeout),
@@ -262,6 +300,7 @@ fn run_peer(peer: &Peer, endpoint: &str, data: &Arc<Dataset>, timeout: Duration)
     let Some(exe) = &peer.exe else {
         return all("not installed");
     };
+    workloads::settle();
     let mounted = match peer.kind {
         Kind::S3fs => Mount::s3fs(exe, endpoint, GP_BUCKET),
         Kind::Rclone => Mount::rclone(exe, endpoint, DIR_BUCKET),
@@ -352,6 +391,12 @@ fn preamble(args: &Args, peers: &[Peer]) -> Vec<String> {
          drops a long range early is counted for all of it)."
             .into(),
     );
+    if !args.expressfs_arg.is_empty() {
+        lines.push(format!(
+            "expressfs mounted with `{}`.",
+            args.expressfs_arg.join(" ")
+        ));
+    }
     if args.no_peers {
         lines.push("Peers: skipped (--no-peers).".into());
     }
