@@ -2,7 +2,8 @@
 //!
 //! A reader that continues where it stopped gets chunks fetched ahead: the window starts at
 //! [`INITIAL_WINDOW`] (a small file or the first bytes of a big one come back fast) and doubles with every
-//! sequential read up to `max_window`, in GETs of at most `part_size`. A read that jumps elsewhere drops the
+//! sequential read that had to wait for its bytes, up to `max_window`, in GETs of at most `part_size`: it
+//! settles where the bytes arrive just in time, which on a fast link is far below the maximum. A read that jumps elsewhere drops the
 //! window and fetches just what it asks for (at least [`MIN_RANDOM_FETCH`]): random access wastes no
 //! read-ahead. Prefetched chunks are held against the global [`MemoryBudget`]; when it is spent the window
 //! stops growing. Every GET carries If-Match, so a replaced object yields an error, never a mix of bytes.
@@ -209,6 +210,7 @@ impl Reader {
         let mut out: Option<BytesMut> = None;
         let mut single: Option<Bytes> = None;
         let mut failed = None;
+        let mut waited = false;
         for chunk in self.chunks.iter_mut() {
             if chunk.start >= end {
                 break;
@@ -217,6 +219,7 @@ impl Reader {
                 continue;
             }
             if let ChunkData::Pending(task) = &mut chunk.data {
+                waited |= !task.is_finished();
                 // On failure the loop stops and every chunk is dropped below: a finished task must not be
                 // awaited again, so the next read starts afresh.
                 match task.await {
@@ -272,7 +275,10 @@ impl Reader {
                 data.len()
             )));
         }
-        if sequential {
+        // The window grows only when the reader had to wait: once the bytes are there before they are asked
+        // for, a larger window would only hold more memory, and bytes fetched long before they are copied out
+        // have gone cold in the CPU caches (on a fast link that costs more than it saves).
+        if sequential && waited {
             self.window = (self.window * 2).min(self.max_window);
         }
         self.last_end = end;
