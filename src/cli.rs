@@ -106,6 +106,11 @@ pub struct Args {
     /// that opening and reading a small file right after needs no request of its own. 0: lookups are HEADs
     #[arg(long, default_value = "256K", value_parser = parse_size, help_heading = "Performance and caching")]
     pub lookup_prefetch: u64,
+    /// Files at least this big are read around the kernel's page cache (direct I/O: one copy less, and a
+    /// shard streamed once per epoch does not evict what is worth keeping); smaller ones use the page cache,
+    /// kept across opens while the object is unchanged. A size, or "never"
+    #[arg(long, default_value = "32M", value_parser = parse_threshold, help_heading = "Performance and caching")]
+    pub direct_io_threshold: u64,
     /// Memory for read-ahead and upload buffers across all files: MiB as in Mountpoint (`2048`) or a size
     /// (`2G`). Under pressure read-ahead windows shrink and uploads send one part at a time. Default: a quarter
     /// of the RAM or cgroup limit, at least 256 MiB
@@ -251,6 +256,15 @@ pub fn parse_memory_target(s: &str) -> Result<u64, String> {
     Ok(bytes)
 }
 
+/// A size, or "never" (u64::MAX).
+fn parse_threshold(s: &str) -> Result<u64, String> {
+    if s.trim().eq_ignore_ascii_case("never") {
+        Ok(u64::MAX)
+    } else {
+        parse_size(s)
+    }
+}
+
 pub fn parse_size(s: &str) -> Result<u64, String> {
     let t = s.trim();
     let (digits, mult) = match t.char_indices().last() {
@@ -349,6 +363,8 @@ mod tests {
         assert_eq!(parse_size("8M").unwrap(), 8 << 20);
         assert_eq!(parse_size("4096").unwrap(), 4096);
         assert!(parse_size("8X").is_err());
+        assert_eq!(parse_threshold("never").unwrap(), u64::MAX);
+        assert_eq!(parse_threshold("32M").unwrap(), 32 << 20);
         assert_eq!(parse_mode("0640").unwrap(), 0o640);
         assert!(parse_mode("999").is_err());
         assert_eq!(parse_ttl("minimal").unwrap(), Duration::ZERO);

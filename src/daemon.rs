@@ -449,6 +449,7 @@ fn serve(args: Args, name: bucket::BucketName, region: String, mut reporter: Rep
     config.write_part_size = args.write_part_size();
     config.max_prefetch = args.max_prefetch;
     config.lookup_prefetch = args.lookup_prefetch;
+    config.direct_io_threshold = args.direct_io_threshold;
     config.max_writers = args.max_open_writers;
     let memory_target = args
         .memory_target

@@ -12,7 +12,7 @@ use fuser::{
     ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen,
     ReplyStatfs, ReplyWrite, Request, SessionACL, TimeOrNow, WriteFlags,
 };
-use tracing::{Instrument, debug_span, warn};
+use tracing::{Instrument, debug_span, info, warn};
 
 use crate::fs::{Attr, FileKind, FsError, OpenMode, S3Filesystem};
 use crate::s3::ClientError;
@@ -63,6 +63,8 @@ struct Adapter {
     runtime: tokio::runtime::Handle,
     ttl: Duration,
     block_size: u32,
+    /// The kernel granted FUSE_DIRECT_IO_ALLOW_MMAP (set at init).
+    direct_io_mmap: bool,
 }
 
 fn file_attr(a: &Attr, block_size: u32) -> FileAttr {
@@ -117,12 +119,23 @@ impl Filesystem for Adapter {
         // O_TRUNC arrives with open (not as a separate truncate); directory operations may run in parallel;
         // readdirplus hands the kernel every entry's attributes with the listing, so `ls -l`, `os.walk` and
         // `find` need no lookup per entry.
+        // Reads around the page cache: a big read() is sent as parallel requests (async DIO), and such
+        // files can still be mmap'ed (np.load(mmap_mode="r")) where the kernel allows it.
         for flag in [
             InitFlags::FUSE_ATOMIC_O_TRUNC,
             InitFlags::FUSE_PARALLEL_DIROPS,
             InitFlags::FUSE_DO_READDIRPLUS,
+            InitFlags::FUSE_ASYNC_DIO,
         ] {
             let _ = config.add_capabilities(flag);
+        }
+        self.direct_io_mmap = config
+            .add_capabilities(InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP)
+            .is_ok();
+        if !self.direct_io_mmap {
+            info!(
+                "the kernel cannot mmap direct-I/O files (before Linux 6.6): big files use the page cache"
+            );
         }
         let _ = config.set_max_write(1024 * 1024);
         let _ = config.set_max_readahead(1024 * 1024);
@@ -303,14 +316,22 @@ impl Filesystem for Adapter {
             append: raw & libc::O_APPEND != 0,
         };
         let fs = Arc::clone(&self.fs);
+        let direct_io_mmap = self.direct_io_mmap;
         self.spawn(
             async move {
                 match fs.open(ino.0, mode, pid).await {
-                    // O_DIRECT readers bypass the kernel page cache too.
-                    Ok(fh) if mode.direct => {
-                        reply.opened(FileHandle(fh), FopenFlags::FOPEN_DIRECT_IO)
+                    Ok(opened) => {
+                        let mut flags = FopenFlags::empty();
+                        if opened.keep_cache {
+                            flags |= FopenFlags::FOPEN_KEEP_CACHE;
+                        }
+                        // Only where the kernel still lets such files be mmap'ed (Linux 6.6+), unless
+                        // the reader asked for O_DIRECT itself.
+                        if opened.bypass_page_cache && (mode.direct || direct_io_mmap) {
+                            flags |= FopenFlags::FOPEN_DIRECT_IO;
+                        }
+                        reply.opened(FileHandle(opened.fh), flags)
                     }
-                    Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
                     Err(e) => reply.error(report("open", &e)),
                 }
             }
@@ -619,6 +640,7 @@ pub fn mount(
         runtime,
         ttl,
         block_size: 128 * 1024,
+        direct_io_mmap: false,
     };
     let mut mount_options = vec![
         MountOption::FSName(options.fs_name.clone()),

@@ -103,7 +103,22 @@ fn changed_objects_and_corrupt_blocks_are_never_served() {
     }
     assert!(corrupted > 0, "nothing was cached");
     let before = gets(&bucket);
-    assert_eq!(std::fs::read(&p).unwrap(), pattern(2, 300_000));
+    // The kernel still holds this unchanged file's bytes in its page cache: drop them, so the read reaches
+    // the daemon and its disk cache.
+    let file = std::fs::File::open(&p).unwrap();
+    // SAFETY: advice on a descriptor we own; no memory is involved.
+    let rc = unsafe {
+        libc::posix_fadvise(
+            std::os::fd::AsRawFd::as_raw_fd(&file),
+            0,
+            0,
+            libc::POSIX_FADV_DONTNEED,
+        )
+    };
+    assert_eq!(rc, 0);
+    let mut again = Vec::new();
+    std::io::Read::read_to_end(&mut &file, &mut again).unwrap();
+    assert_eq!(again, pattern(2, 300_000));
     assert!(gets(&bucket) > before, "corrupt blocks were not refetched");
     assert!(
         mount.log().contains("discarding corrupt cache block"),

@@ -380,3 +380,77 @@ fn a_lookup_brings_the_first_bytes_so_small_files_cost_one_get() {
     let (gets, heads) = (counts().0 - gets0, counts().1 - heads0);
     assert!(heads >= 10 && gets >= 10, "{heads} HEADs, {gets} GETs");
 }
+
+#[test]
+fn unchanged_small_files_stay_in_the_page_cache_and_changed_ones_do_not() {
+    let bucket = fresh_bucket(true, "keepcache");
+    let emu = emulator();
+    let first = pattern(5, 300_000);
+    put(emu, &bucket, "a.jpg", first.clone());
+    let mount = Mount::new(&bucket, &[]);
+    let path = mount.path().join("a.jpg");
+    assert_eq!(fs::read(&path).unwrap(), first);
+    let gets = op_count(&bucket, "GetObject");
+    // Past the 1 s metadata TTL: the name is checked again, the bytes come from the page cache.
+    std::thread::sleep(std::time::Duration::from_millis(1300));
+    assert_eq!(fs::read(&path).unwrap(), first);
+    assert_eq!(
+        op_count(&bucket, "GetObject"),
+        gets,
+        "the second epoch should read no byte from the bucket"
+    );
+    // Replaced in the bucket (same size): the cached bytes of the old version must not be served.
+    let second = pattern(6, 300_000);
+    put(emu, &bucket, "a.jpg", second.clone());
+    std::thread::sleep(std::time::Duration::from_millis(1300));
+    assert_eq!(
+        fs::read(&path).unwrap(),
+        second,
+        "stale bytes from the page cache"
+    );
+}
+
+#[test]
+fn big_files_bypass_the_page_cache_and_still_mmap() {
+    use std::os::fd::AsRawFd;
+    let bucket = fresh_bucket(true, "bigdirect");
+    let emu = emulator();
+    // Above the default --direct-io-threshold (32 MiB).
+    let data = pattern(8, (40 << 20) + 123);
+    put(emu, &bucket, "arr.npy", data.clone());
+    let mount = Mount::new(&bucket, &[]);
+    let path = mount.path().join("arr.npy");
+    assert_eq!(sha256_hex(&fs::read(&path).unwrap()), sha256_hex(&data));
+    // Unaligned positional reads through direct I/O.
+    let file = fs::File::open(&path).unwrap();
+    for off in [1u64, 4095, 17 << 20, (40 << 20) + 100] {
+        let mut buf = vec![0u8; 5000];
+        let n = std::os::unix::fs::FileExt::read_at(&file, &mut buf, off).unwrap();
+        let want = &data[off as usize..(off as usize + 5000).min(data.len())];
+        assert_eq!(&buf[..n], want, "at {off}");
+    }
+    // np.load(mmap_mode="r") maps the file shared and read-only.
+    let len = data.len();
+    // SAFETY: a read-only shared mapping of a file we keep open, unmapped before the file is closed.
+    let mapped = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ,
+            libc::MAP_SHARED,
+            file.as_raw_fd(),
+            0,
+        )
+    };
+    assert_ne!(
+        mapped,
+        libc::MAP_FAILED,
+        "{}",
+        std::io::Error::last_os_error()
+    );
+    // SAFETY: the mapping is `len` readable bytes until munmap below.
+    let view = unsafe { std::slice::from_raw_parts(mapped as *const u8, len) };
+    assert_eq!(sha256_hex(view), sha256_hex(&data));
+    // SAFETY: unmapping what was mapped above, once.
+    unsafe { libc::munmap(mapped, len) };
+}

@@ -64,6 +64,9 @@ pub struct Node {
     pub local: bool,
     /// Open write handles.
     pub writers: u32,
+    /// The version (ETag) whose bytes the kernel's page cache may hold for this inode: a read open of the
+    /// same version keeps them, any other version has them dropped.
+    pub cached_etag: Option<String>,
 }
 
 impl Node {
@@ -115,6 +118,7 @@ impl InodeTable {
             lookups: 1,
             local: false,
             writers: 0,
+            cached_etag: None,
         };
         InodeTable {
             nodes: HashMap::from([(ROOT_INO, root)]),
@@ -187,6 +191,7 @@ impl InodeTable {
                 lookups: 0,
                 local: false,
                 writers: 0,
+                cached_etag: None,
             },
         );
         self.children.insert(slot, ino);

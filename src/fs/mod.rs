@@ -51,6 +51,8 @@ pub struct FsConfig {
     pub max_prefetch: u64,
     /// Bytes a lookup fetches from the start of a file along with its metadata (0: a plain HEAD).
     pub lookup_prefetch: u64,
+    /// Files at least this big are read around the kernel's page cache (u64::MAX: never).
+    pub direct_io_threshold: u64,
     pub write_part_size: u64,
     /// Files open for writing at once (each holds up to a few parts in memory).
     pub max_writers: usize,
@@ -79,6 +81,7 @@ impl FsConfig {
             read_part_size: 8 * 1024 * 1024,
             max_prefetch: 64 * 1024 * 1024,
             lookup_prefetch: 256 * 1024,
+            direct_io_threshold: 32 * 1024 * 1024,
             write_part_size: 8 * 1024 * 1024,
             max_writers: 64,
             staging_dir: Some(std::env::temp_dir()),
@@ -113,6 +116,18 @@ pub struct DirEntry {
     pub ino: u64,
     pub kind: FileKind,
     pub name: String,
+}
+
+/// An open file handle and how the kernel should cache its bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Opened {
+    pub fh: u64,
+    /// The page cache holds bytes of the very version opened: keep them (FOPEN_KEEP_CACHE), so a second
+    /// epoch over files that fit in memory is served by the kernel.
+    pub keep_cache: bool,
+    /// Read around the page cache (FOPEN_DIRECT_IO): big files are streamed once per epoch, and copying
+    /// them into the page cache costs a copy and evicts what is worth keeping.
+    pub bypass_page_cache: bool,
 }
 
 /// How a file is opened.
@@ -255,19 +270,24 @@ impl S3Filesystem {
     }
 
     /// Asks the bucket what `parent/name` is: the object `key` and the prefix `key/` are checked at once;
-    /// when both exist the directory wins. The object is asked for with its first bytes (see
-    /// [`FirstBytes`]) unless `lookup_prefetch` is 0.
-    async fn resolve(&self, parent: &inode::Node, name: &str) -> FsResult<Option<(Kind, Stat)>> {
+    /// when both exist the directory wins. With `first_bytes` the object is asked for with its first bytes
+    /// (see [`FirstBytes`]), unless `lookup_prefetch` is 0.
+    async fn resolve(
+        &self,
+        parent: &inode::Node,
+        name: &str,
+        first_bytes: bool,
+    ) -> FsResult<Option<(Kind, Stat)>> {
         let key = names::file_key(&parent.key, name);
         let dir_prefix = format!("{key}/");
         let object = async {
             match self.config.lookup_prefetch {
-                0 => self
+                n if n > 0 && first_bytes => self.client.head_with_first_bytes(&key, n).await,
+                _ => self
                     .client
                     .head_object(&key)
                     .await
                     .map(|i| (i, Bytes::new())),
-                n => self.client.head_with_first_bytes(&key, n).await,
             }
         };
         let (object, list) = tokio::join!(
@@ -313,8 +333,14 @@ impl S3Filesystem {
         {
             return Err(FsError::NotFound);
         }
+        // A file whose bytes the page cache already holds is asked about with a HEAD: if it is unchanged,
+        // its next open keeps those bytes.
+        let cached = self
+            .table()
+            .child(parent, name)
+            .is_some_and(|n| n.cached_etag.is_some());
         let asked = Instant::now();
-        match self.resolve(&parent_node, name).await? {
+        match self.resolve(&parent_node, name, !cached).await? {
             Some((kind, stat)) => {
                 let mut table = self.table();
                 let ino = table.upsert(parent, name, kind, stat, self.expiry(), asked);
@@ -561,7 +587,7 @@ impl S3Filesystem {
             .remove(&fh)
     }
 
-    pub async fn open(&self, ino: u64, mode: OpenMode, pid: u32) -> FsResult<u64> {
+    pub async fn open(&self, ino: u64, mode: OpenMode, pid: u32) -> FsResult<Opened> {
         let node = self.table().get(ino).cloned().ok_or(FsError::NotFound)?;
         if node.kind == Kind::Directory {
             return Err(FsError::IsADirectory);
@@ -578,7 +604,15 @@ impl S3Filesystem {
             if node.local {
                 return Err(FsError::Busy("the file is being written"));
             }
-            return self.open_existing_for_write(&node, mode, pid).await;
+            let fh = self.open_existing_for_write(&node, mode, pid).await?;
+            if let Some(n) = self.table().get_mut(ino) {
+                n.cached_etag = None;
+            }
+            return Ok(Opened {
+                fh,
+                keep_cache: false,
+                bypass_page_cache: false,
+            });
         }
         // Refresh the ETag if our view is stale, so reads are pinned to what exists now.
         let attr_fresh = !mode.direct && node.is_fresh(Instant::now()) && node.stat.etag.is_some();
@@ -608,14 +642,32 @@ impl S3Filesystem {
                 Arc::clone(&self.client)
             },
             node.key.clone(),
-            etag,
+            etag.clone(),
             size,
             self.config.read_part_size,
             self.config.max_prefetch,
             Arc::clone(&self.config.memory),
         )
         .with_first_bytes(first);
-        Ok(self.add_handle(Handle::Read(AsyncMutex::new(reader))))
+        let bypass_page_cache = mode.direct || size >= self.config.direct_io_threshold;
+        let keep_cache = {
+            let mut table = self.table();
+            let node = table.get_mut(ino);
+            let same = node
+                .as_ref()
+                .is_some_and(|n| n.cached_etag.as_deref() == Some(etag.as_str()));
+            if let Some(n) = node {
+                // What the kernel will hold after this open: this version's bytes, or nothing.
+                n.cached_etag = (!bypass_page_cache).then(|| etag.clone());
+            }
+            same && !bypass_page_cache
+        };
+        let fh = self.add_handle(Handle::Read(AsyncMutex::new(reader)));
+        Ok(Opened {
+            fh,
+            keep_cache,
+            bypass_page_cache,
+        })
     }
 
     fn writer_options(&self, condition: WriteCondition) -> WriterOptions {
@@ -700,7 +752,7 @@ impl S3Filesystem {
         {
             return Err(FsError::Exists);
         }
-        let condition = match self.resolve(&parent_node, name).await? {
+        let condition = match self.resolve(&parent_node, name, false).await? {
             Some((Kind::Directory, _)) => return Err(FsError::Exists),
             Some((Kind::File, _)) if !self.config.allow_overwrite => return Err(FsError::Exists),
             Some((Kind::File, _)) => WriteCondition::None,
@@ -882,7 +934,7 @@ impl S3Filesystem {
             .table()
             .child(parent, name)
             .is_some_and(|n| n.local || n.writers > 0)
-            || self.resolve(&parent_node, name).await?.is_some()
+            || self.resolve(&parent_node, name, false).await?.is_some()
         {
             return Err(FsError::Exists);
         }
@@ -1003,7 +1055,7 @@ impl S3Filesystem {
         let existing = self.table().child(parent, name).cloned();
         let node = match existing {
             Some(n) => n,
-            None => match self.resolve(&from_dir, name).await? {
+            None => match self.resolve(&from_dir, name, false).await? {
                 Some((Kind::File, _)) => inode::Node {
                     ino: 0,
                     parent,
@@ -1016,6 +1068,7 @@ impl S3Filesystem {
                     lookups: 0,
                     local: false,
                     writers: 0,
+                    cached_etag: None,
                 },
                 Some((Kind::Directory, _)) => {
                     return Err(FsError::CrossDevice(
@@ -1034,7 +1087,7 @@ impl S3Filesystem {
             return Err(FsError::Busy("the file is being written"));
         }
         let destination = names::file_key(&to_dir.key, new_name);
-        let target = self.resolve(&to_dir, new_name).await?;
+        let target = self.resolve(&to_dir, new_name, false).await?;
         let condition = match target {
             Some((Kind::Directory, _)) => return Err(FsError::IsADirectory),
             Some((Kind::File, _)) if no_replace => return Err(FsError::Exists),
@@ -1129,13 +1182,45 @@ mod tests {
             ..Default::default()
         };
         let before = fake.requests.load(Ordering::SeqCst);
-        let fh = fs.open(attr.ino, read_mode, 1).await.unwrap();
-        assert_eq!(&fs.read(fh, 0, 8192).await.unwrap()[..], &[7u8; 5000][..]);
+        let opened = fs.open(attr.ino, read_mode, 1).await.unwrap();
+        assert!(!opened.keep_cache, "nothing cached yet");
+        assert_eq!(
+            &fs.read(opened.fh, 0, 8192).await.unwrap()[..],
+            &[7u8; 5000][..]
+        );
         assert_eq!(fake.requests.load(Ordering::SeqCst), before);
         // The bytes were handed over once: a second open reads from the bucket.
-        let fh = fs.open(attr.ino, read_mode, 1).await.unwrap();
-        assert_eq!(&fs.read(fh, 0, 8192).await.unwrap()[..], &[7u8; 5000][..]);
+        let opened = fs.open(attr.ino, read_mode, 1).await.unwrap();
+        assert!(opened.keep_cache, "same version: the page cache is kept");
+        assert_eq!(
+            &fs.read(opened.fh, 0, 8192).await.unwrap()[..],
+            &[7u8; 5000][..]
+        );
         assert!(fake.requests.load(Ordering::SeqCst) > before);
+    }
+
+    #[tokio::test]
+    async fn big_files_bypass_the_page_cache() {
+        let mut config = config();
+        config.direct_io_threshold = 4096;
+        let (_, fs) = fs_with(
+            &[("small", &[1u8; 100]), ("big", &[2u8; 4096])],
+            config,
+            true,
+        )
+        .await;
+        let read_mode = OpenMode {
+            read: true,
+            ..Default::default()
+        };
+        for (name, bypass) in [("small", false), ("big", true)] {
+            let attr = fs.lookup(ROOT_INO, name).await.unwrap();
+            let first = fs.open(attr.ino, read_mode, 1).await.unwrap();
+            let again = fs.open(attr.ino, read_mode, 1).await.unwrap();
+            assert_eq!(first.bypass_page_cache, bypass, "{name}");
+            // Nothing of a bypassed file is in the page cache to keep.
+            assert_eq!(again.keep_cache, !bypass, "{name}");
+        }
     }
 
     #[tokio::test]
@@ -1202,7 +1287,8 @@ mod tests {
                 0,
             )
             .await
-            .unwrap();
+            .unwrap()
+            .fh;
         assert_eq!(&fs.read(rh, 0, 100).await.unwrap()[..], b"hello world");
     }
 
@@ -1233,7 +1319,7 @@ mod tests {
         c.allow_delete = true;
         let (fake, fs) = fs_with(&[("k", b"v")], c, true).await;
         let a = fs.lookup(ROOT_INO, "k").await.unwrap();
-        let fh = fs.open(a.ino, trunc, 0).await.unwrap();
+        let fh = fs.open(a.ino, trunc, 0).await.unwrap().fh;
         fs.write(fh, 0, b"new").await.unwrap();
         fs.release(fh).await.unwrap();
         assert_eq!(&fake.object("k").unwrap()[..], b"new");

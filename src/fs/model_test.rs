@@ -38,8 +38,8 @@ async fn run(ops: Vec<Op>) {
             Op::Write { file, data, chunk } => {
                 let (parent, name) = parent_of(&fs, FILES[file]).await;
                 let fh = match fs.lookup(parent, &name).await {
-                    Ok(a) => fs
-                        .open(
+                    Ok(a) => {
+                        fs.open(
                             a.ino,
                             OpenMode {
                                 write: true,
@@ -49,7 +49,9 @@ async fn run(ops: Vec<Op>) {
                             0,
                         )
                         .await
-                        .unwrap(),
+                        .unwrap()
+                        .fh
+                    }
                     Err(FsError::NotFound) => fs.create(parent, &name, 0).await.unwrap().1,
                     Err(e) => panic!("lookup before write: {e}"),
                 };
@@ -77,7 +79,8 @@ async fn run(ops: Vec<Op>) {
                                 0,
                             )
                             .await
-                            .unwrap();
+                            .unwrap()
+                            .fh;
                         let got = fs.read(fh, 0, 10_000).await.unwrap();
                         fs.release(fh).await.unwrap();
                         assert_eq!(&got[..], &want[..], "bytes of {}", FILES[file]);
