@@ -347,11 +347,11 @@ fn tar_shards(root: &Path, d: &Dataset) -> Result<Measured> {
     Ok((samples as f64 / started.elapsed().as_secs_f64()).into())
 }
 
-/// 7. A checkpoint: `mib` MiB written in 1 MiB `write(2)`s, then fsync. MB/s.
-pub fn checkpoint(root: PathBuf, mib: u64) -> Result<f64> {
+/// 7. A checkpoint: `mib` MiB written to `name` in 1 MiB `write(2)`s, then fsync. MB/s.
+pub fn checkpoint(root: PathBuf, name: &str, mib: u64) -> Result<f64> {
     let chunk = pattern(5, MIB as usize);
     let started = Instant::now();
-    let mut f = std::fs::File::create(root.join("ckpt.bin"))?;
+    let mut f = std::fs::File::create(root.join(name))?;
     for _ in 0..mib {
         f.write_all(&chunk)?;
     }
@@ -360,11 +360,12 @@ pub fn checkpoint(root: PathBuf, mib: u64) -> Result<f64> {
 }
 
 /// Runs workload 7 through `mount` (a writable expressfs mount).
-pub fn run_checkpoint(mount: &mut Mount, mib: u64, timeout: Duration) -> Cell {
+pub fn run_checkpoint(mount: &mut Mount, name: &str, mib: u64, timeout: Duration) -> Cell {
     eprintln!("{}: workload 7 ...", mount.name);
     settle();
     let root = mount.root().to_path_buf();
-    match with_timeout(timeout, move || checkpoint(root, mib)) {
+    let name = name.to_string();
+    match with_timeout(timeout, move || checkpoint(root, &name, mib)) {
         Ok(v) => Cell::value(v, Some(format!("peak RSS {:.0} MiB", mount.peak_rss_mib()))),
         Err(e) => {
             if matches!(e, StepError::Timeout) {
@@ -372,5 +373,43 @@ pub fn run_checkpoint(mount: &mut Mount, mib: u64, timeout: Duration) -> Cell {
             }
             failed_cell(mount.name, 7, e, timeout)
         }
+    }
+}
+
+/// The median of one client's cells for one workload over several rounds (the lower one of the middle two
+/// for an even count). A round that failed or timed out makes the whole cell that failure.
+pub fn median(cells: Vec<Cell>) -> Cell {
+    if let Some(missing) = cells
+        .iter()
+        .find(|c| matches!(c.outcome, Outcome::Missing(_)))
+    {
+        return missing.clone();
+    }
+    let mut cells = cells;
+    cells.sort_by(|a, b| match (&a.outcome, &b.outcome) {
+        (Outcome::Value(x), Outcome::Value(y)) => x.total_cmp(y),
+        _ => std::cmp::Ordering::Equal,
+    });
+    let middle = (cells.len().max(1) - 1) / 2;
+    cells
+        .into_iter()
+        .nth(middle)
+        .unwrap_or_else(|| Cell::missing("not run"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn median_takes_the_middle_and_keeps_its_note() {
+        let cell = |v: f64| Cell::value(v, Some(format!("note {v}")));
+        let m = median(vec![cell(3.0), cell(1.0), cell(2.0)]);
+        assert!(matches!(m.outcome, Outcome::Value(v) if v == 2.0));
+        assert_eq!(m.note.as_deref(), Some("note 2"));
+        let m = median(vec![cell(4.0), cell(1.0)]);
+        assert!(matches!(m.outcome, Outcome::Value(v) if v == 1.0));
+        let m = median(vec![cell(4.0), Cell::missing("timeout"), cell(1.0)]);
+        assert!(matches!(m.outcome, Outcome::Missing(ref why) if why == "timeout"));
     }
 }
