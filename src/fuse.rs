@@ -119,13 +119,13 @@ impl Filesystem for Adapter {
         // O_TRUNC arrives with open (not as a separate truncate); directory operations may run in parallel;
         // readdirplus hands the kernel every entry's attributes with the listing, so `ls -l`, `os.walk` and
         // `find` need no lookup per entry.
-        // Reads around the page cache: a big read() is sent as parallel requests (async DIO), and such
-        // files can still be mmap'ed (np.load(mmap_mode="r")) where the kernel allows it.
+        // Files read around the page cache can still be mmap'ed (np.load(mmap_mode="r")) where the kernel
+        // allows it. Not FUSE_ASYNC_DIO: it would split an O_DIRECT write into concurrent requests, which a
+        // streaming upload cannot take out of order.
         for flag in [
             InitFlags::FUSE_ATOMIC_O_TRUNC,
             InitFlags::FUSE_PARALLEL_DIROPS,
             InitFlags::FUSE_DO_READDIRPLUS,
-            InitFlags::FUSE_ASYNC_DIO,
         ] {
             let _ = config.add_capabilities(flag);
         }

@@ -421,6 +421,13 @@ fn big_files_bypass_the_page_cache_and_still_mmap() {
     let mount = Mount::new(&bucket, &[]);
     let path = mount.path().join("arr.npy");
     assert_eq!(sha256_hex(&fs::read(&path).unwrap()), sha256_hex(&data));
+    // No page cache: reading it again goes to the bucket again (a small file would be served by the kernel).
+    let gets = op_count(&bucket, "GetObject");
+    assert_eq!(sha256_hex(&fs::read(&path).unwrap()), sha256_hex(&data));
+    assert!(
+        op_count(&bucket, "GetObject") > gets,
+        "served from the page cache"
+    );
     // Unaligned positional reads through direct I/O.
     let file = fs::File::open(&path).unwrap();
     for off in [1u64, 4095, 17 << 20, (40 << 20) + 100] {

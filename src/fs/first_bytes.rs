@@ -20,14 +20,36 @@ const CAPACITY: usize = 1024;
 /// Longest time an entry waits for its open.
 const MAX_HOLD: Duration = Duration::from_secs(5);
 
+/// Most bytes kept at once, so that a scan of many names never takes the read-ahead's share of the budget.
+const MAX_BYTES: u64 = 64 * 1024 * 1024;
+
 struct Held {
     bytes: Bytes,
     until: Instant,
     memory: Reservation,
 }
 
+struct Entries {
+    lru: LruCache<(String, String), Held>,
+    bytes: u64,
+}
+
+impl Entries {
+    /// Drops what waited too long, then the oldest entries while `incoming` more bytes or one more entry
+    /// would not fit.
+    fn trim(&mut self, now: Instant, incoming: u64) {
+        while self.lru.peek_lru().is_some_and(|(_, held)| {
+            held.until <= now || self.bytes + incoming > MAX_BYTES || self.lru.len() >= CAPACITY
+        }) {
+            if let Some((_, held)) = self.lru.pop_lru() {
+                self.bytes -= held.bytes.len() as u64;
+            }
+        }
+    }
+}
+
 pub struct FirstBytes {
-    entries: Mutex<LruCache<(String, String), Held>>,
+    entries: Mutex<Entries>,
     hold: Duration,
 }
 
@@ -36,31 +58,33 @@ impl FirstBytes {
     /// clamped to one to five seconds.
     pub fn new(hold: Duration) -> FirstBytes {
         FirstBytes {
-            entries: Mutex::new(LruCache::new(
-                std::num::NonZeroUsize::new(CAPACITY).expect("non-zero"),
-            )),
+            entries: Mutex::new(Entries {
+                lru: LruCache::unbounded(),
+                bytes: 0,
+            }),
             hold: hold.clamp(Duration::from_secs(1), MAX_HOLD),
         }
     }
 
     /// Keeps `bytes` (the start of `key` at `etag`) if the memory budget allows.
     pub fn keep(&self, key: &str, etag: &str, bytes: Bytes, memory: &Arc<MemoryBudget>) {
-        if bytes.is_empty() {
+        let size = bytes.len() as u64;
+        if size == 0 || size > MAX_BYTES {
             return;
         }
-        let Some(reservation) = memory.try_reserve(bytes.len() as u64) else {
+        let Some(reservation) = memory.try_reserve(size) else {
             return;
         };
         let now = Instant::now();
         let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
-        while entries
-            .peek_lru()
-            .is_some_and(|(_, held)| held.until <= now)
-        {
-            entries.pop_lru();
+        let slot = (key.to_string(), etag.to_string());
+        if let Some(old) = entries.lru.pop(&slot) {
+            entries.bytes -= old.bytes.len() as u64;
         }
-        entries.put(
-            (key.to_string(), etag.to_string()),
+        entries.trim(now, size);
+        entries.bytes += size;
+        entries.lru.put(
+            slot,
             Held {
                 bytes,
                 until: now + self.hold,
@@ -71,14 +95,21 @@ impl FirstBytes {
 
     /// Takes the bytes kept for `key` at `etag`, with what they hold of the budget.
     pub fn take(&self, key: &str, etag: &str) -> Option<(Bytes, Reservation)> {
+        let now = Instant::now();
         let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
-        let held = entries.pop(&(key.to_string(), etag.to_string()))?;
-        (held.until > Instant::now()).then_some((held.bytes, held.memory))
+        entries.trim(now, 0);
+        let held = entries.lru.pop(&(key.to_string(), etag.to_string()))?;
+        entries.bytes -= held.bytes.len() as u64;
+        Some((held.bytes, held.memory))
     }
 
     #[cfg(test)]
     pub fn len(&self) -> usize {
-        self.entries.lock().unwrap_or_else(|e| e.into_inner()).len()
+        self.entries
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .lru
+            .len()
     }
 }
 
@@ -116,5 +147,15 @@ mod tests {
         assert_eq!(store.len(), CAPACITY);
         assert!(store.take("0", "e").is_none(), "oldest evicted");
         assert!(store.take(&(CAPACITY + 9).to_string(), "e").is_some());
+
+        // A byte bound too: 256 KiB entries stop at MAX_BYTES, the oldest going first.
+        let store = FirstBytes::new(Duration::from_secs(1));
+        let big = Bytes::from(vec![0u8; 256 << 10]);
+        let count = (MAX_BYTES / (256 << 10)) as usize + 5;
+        for i in 0..count {
+            store.keep(&i.to_string(), "e", big.clone(), &budget);
+        }
+        assert_eq!(store.len(), count - 5);
+        assert!(store.take("0", "e").is_none());
     }
 }

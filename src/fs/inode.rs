@@ -67,6 +67,9 @@ pub struct Node {
     /// The version (ETag) whose bytes the kernel's page cache may hold for this inode: a read open of the
     /// same version keeps them, any other version has them dropped.
     pub cached_etag: Option<String>,
+    /// Versions (ETags) of the read handles open on this inode, one entry per handle: a handle pinned to an
+    /// older version can still put that version's bytes into the shared page cache.
+    pub open_versions: Vec<String>,
 }
 
 impl Node {
@@ -119,6 +122,7 @@ impl InodeTable {
             local: false,
             writers: 0,
             cached_etag: None,
+            open_versions: Vec::new(),
         };
         InodeTable {
             nodes: HashMap::from([(ROOT_INO, root)]),
@@ -192,6 +196,7 @@ impl InodeTable {
                 local: false,
                 writers: 0,
                 cached_etag: None,
+                open_versions: Vec::new(),
             },
         );
         self.children.insert(slot, ino);

@@ -142,7 +142,12 @@ pub struct OpenMode {
 }
 
 enum Handle {
-    Read(AsyncMutex<Reader>),
+    Read {
+        ino: u64,
+        /// The version the reader is pinned to.
+        etag: String,
+        reader: AsyncMutex<Reader>,
+    },
     Write {
         ino: u64,
         writer: AsyncMutex<Writer>,
@@ -653,16 +658,24 @@ impl S3Filesystem {
         let keep_cache = {
             let mut table = self.table();
             let node = table.get_mut(ino);
-            let same = node
-                .as_ref()
-                .is_some_and(|n| n.cached_etag.as_deref() == Some(etag.as_str()));
+            // Kept only if the cache holds this version and no open handle pinned to another one can
+            // still be adding its bytes.
+            let same = node.as_ref().is_some_and(|n| {
+                n.cached_etag.as_deref() == Some(etag.as_str())
+                    && n.open_versions.iter().all(|v| *v == etag)
+            });
             if let Some(n) = node {
                 // What the kernel will hold after this open: this version's bytes, or nothing.
                 n.cached_etag = (!bypass_page_cache).then(|| etag.clone());
+                n.open_versions.push(etag.clone());
             }
             same && !bypass_page_cache
         };
-        let fh = self.add_handle(Handle::Read(AsyncMutex::new(reader)));
+        let fh = self.add_handle(Handle::Read {
+            ino,
+            etag,
+            reader: AsyncMutex::new(reader),
+        });
         Ok(Opened {
             fh,
             keep_cache,
@@ -802,7 +815,7 @@ impl S3Filesystem {
     pub async fn read(&self, fh: u64, offset: u64, size: u32) -> FsResult<Bytes> {
         let handle = self.handle(fh)?;
         match handle.as_ref() {
-            Handle::Read(reader) => reader.lock().await.read(offset, size).await,
+            Handle::Read { reader, .. } => reader.lock().await.read(offset, size).await,
             Handle::Write { .. } => Err(FsError::Busy(
                 "reading a file while writing it is not supported",
             )),
@@ -887,6 +900,18 @@ impl S3Filesystem {
         let Some(handle) = self.release_handle(fh) else {
             return Ok(());
         };
+        if let Handle::Read { ino, etag, .. } = handle.as_ref() {
+            if let Some(node) = self.table().get_mut(*ino) {
+                if let Some(at) = node.open_versions.iter().position(|v| v == etag) {
+                    node.open_versions.swap_remove(at);
+                }
+                // This handle may have put its (older) version into the page cache.
+                if node.cached_etag.as_deref() != Some(etag.as_str()) {
+                    node.cached_etag = None;
+                }
+            }
+            return Ok(());
+        }
         let Handle::Write {
             ino,
             writer,
@@ -1069,6 +1094,7 @@ impl S3Filesystem {
                     local: false,
                     writers: 0,
                     cached_etag: None,
+                    open_versions: Vec::new(),
                 },
                 Some((Kind::Directory, _)) => {
                     return Err(FsError::CrossDevice(
@@ -1221,6 +1247,33 @@ mod tests {
             // Nothing of a bypassed file is in the page cache to keep.
             assert_eq!(again.keep_cache, !bypass, "{name}");
         }
+    }
+
+    #[tokio::test]
+    async fn a_handle_on_an_older_version_stops_the_page_cache_from_being_kept() {
+        let mut config = config();
+        config.metadata_ttl = Duration::ZERO;
+        let (fake, fs) = fs_with(&[("f", b"one")], config, true).await;
+        let ino = fs.lookup(ROOT_INO, "f").await.unwrap().ino;
+        let read_mode = OpenMode {
+            read: true,
+            ..Default::default()
+        };
+        let old = fs.open(ino, read_mode, 1).await.unwrap();
+        fake.put_object("f", Bytes::from_static(b"two"), WriteCondition::None)
+            .await
+            .unwrap();
+        let new = fs.open(ino, read_mode, 1).await.unwrap();
+        assert!(!new.keep_cache, "another version");
+        // Same version, but the handle on the old one may still be filling the page cache.
+        assert!(!fs.open(ino, read_mode, 1).await.unwrap().keep_cache);
+        fs.release(old.fh).await.unwrap();
+        assert!(
+            !fs.open(ino, read_mode, 1).await.unwrap().keep_cache,
+            "what the old handle read may still be cached"
+        );
+        assert!(fs.open(ino, read_mode, 1).await.unwrap().keep_cache);
+        assert_eq!(&fs.read(new.fh, 0, 10).await.unwrap()[..], b"two");
     }
 
     #[tokio::test]

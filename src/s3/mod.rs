@@ -101,10 +101,14 @@ pub trait ObjectClient: Send + Sync + 'static {
     ) -> Result<(ObjectInfo, Bytes), ClientError> {
         let info = self.head_object(key).await?;
         let end = len.min(info.size);
+        // The bytes are optional: a GET that fails (the object replaced meanwhile, say) leaves the lookup
+        // with what the HEAD said, and the open will fetch.
         let bytes = if end == 0 {
             Bytes::new()
         } else {
-            self.get_object(key, 0..end, Some(&info.etag)).await?
+            self.get_object(key, 0..end, Some(&info.etag))
+                .await
+                .unwrap_or_default()
         };
         Ok((info, bytes))
     }

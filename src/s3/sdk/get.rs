@@ -149,7 +149,11 @@ impl SdkClient {
                 debug!(key, error = %e, "first bytes not in one GET; asking with HEAD");
                 let info = self.head(key).await?;
                 let end = len.min(info.size);
-                let bytes = self.get_range(key, 0..end, Some(&info.etag)).await?;
+                // Optional bytes: if this GET fails too, the lookup still has its answer.
+                let bytes = self
+                    .get_range(key, 0..end, Some(&info.etag))
+                    .await
+                    .unwrap_or_default();
                 Ok((info, bytes))
             }
             found => found,
