@@ -390,14 +390,22 @@ fn unchanged_small_files_stay_in_the_page_cache_and_changed_ones_do_not() {
     let mount = Mount::new(&bucket, &[]);
     let path = mount.path().join("a.jpg");
     assert_eq!(fs::read(&path).unwrap(), first);
-    let gets = op_count(&bucket, "GetObject");
-    // Past the 1 s metadata TTL: the name is checked again, the bytes come from the page cache.
-    std::thread::sleep(std::time::Duration::from_millis(1300));
-    assert_eq!(fs::read(&path).unwrap(), first);
+    // Past the 1 s metadata TTL: the name is checked again, the bytes come from the page cache. The kernel may
+    // still drop cached pages (or the inode) under load at any time, so one of three epochs must make no GET:
+    // without FOPEN_KEEP_CACHE every epoch would make one.
+    let mut cached_epochs = 0;
+    for _ in 0..3 {
+        let gets = op_count(&bucket, "GetObject");
+        std::thread::sleep(std::time::Duration::from_millis(1300));
+        assert_eq!(fs::read(&path).unwrap(), first);
+        if op_count(&bucket, "GetObject") == gets {
+            cached_epochs += 1;
+            break;
+        }
+    }
     assert_eq!(
-        op_count(&bucket, "GetObject"),
-        gets,
-        "the second epoch should read no byte from the bucket"
+        cached_epochs, 1,
+        "every later epoch read the file from the bucket again"
     );
     // Replaced in the bucket (same size): the cached bytes of the old version must not be served.
     let second = pattern(6, 300_000);
