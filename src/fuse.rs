@@ -63,8 +63,6 @@ struct Adapter {
     runtime: tokio::runtime::Handle,
     ttl: Duration,
     block_size: u32,
-    /// The kernel granted FUSE_DIRECT_IO_ALLOW_MMAP (set at init).
-    direct_io_mmap: bool,
 }
 
 fn file_attr(a: &Attr, block_size: u32) -> FileAttr {
@@ -129,10 +127,11 @@ impl Filesystem for Adapter {
         ] {
             let _ = config.add_capabilities(flag);
         }
-        self.direct_io_mmap = config
+        if config
             .add_capabilities(InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP)
-            .is_ok();
-        if !self.direct_io_mmap {
+            .is_err()
+        {
+            self.fs.keep_big_files_in_page_cache();
             info!(
                 "the kernel cannot mmap direct-I/O files (before Linux 6.6): big files use the page cache"
             );
@@ -316,7 +315,6 @@ impl Filesystem for Adapter {
             append: raw & libc::O_APPEND != 0,
         };
         let fs = Arc::clone(&self.fs);
-        let direct_io_mmap = self.direct_io_mmap;
         self.spawn(
             async move {
                 match fs.open(ino.0, mode, pid).await {
@@ -325,9 +323,7 @@ impl Filesystem for Adapter {
                         if opened.keep_cache {
                             flags |= FopenFlags::FOPEN_KEEP_CACHE;
                         }
-                        // Only where the kernel still lets such files be mmap'ed (Linux 6.6+), unless
-                        // the reader asked for O_DIRECT itself.
-                        if opened.bypass_page_cache && (mode.direct || direct_io_mmap) {
+                        if opened.bypass_page_cache {
                             flags |= FopenFlags::FOPEN_DIRECT_IO;
                         }
                         reply.opened(FileHandle(opened.fh), flags)
@@ -640,7 +636,6 @@ pub fn mount(
         runtime,
         ttl,
         block_size: 128 * 1024,
-        direct_io_mmap: false,
     };
     let mut mount_options = vec![
         MountOption::FSName(options.fs_name.clone()),

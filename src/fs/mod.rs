@@ -15,7 +15,7 @@ mod model_test;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -155,7 +155,7 @@ enum Handle {
         /// this descriptor (a fork+exec elsewhere closes inherited copies) and must not end the upload.
         opener: Option<u32>,
         /// Whether this handle still counts as a writer of its node (until its upload is done).
-        counted: std::sync::atomic::AtomicBool,
+        counted: AtomicBool,
     },
     Dir {
         entries: Mutex<Option<Arc<Vec<DirEntry>>>>,
@@ -179,6 +179,8 @@ pub struct S3Filesystem {
     handles: Mutex<HashMap<u64, Arc<Handle>>>,
     /// Starts of files fetched by lookups, waiting for their open.
     first_bytes: FirstBytes,
+    /// Whether big files may be read with direct I/O: not where the kernel could then not mmap them.
+    direct_io_for_big_files: AtomicBool,
     next_handle: AtomicU64,
     writers: AtomicU64,
 }
@@ -195,6 +197,7 @@ impl S3Filesystem {
             listings: Mutex::new(HashMap::new()),
             handles: Mutex::new(HashMap::new()),
             first_bytes,
+            direct_io_for_big_files: AtomicBool::new(true),
             next_handle: AtomicU64::new(1),
             writers: AtomicU64::new(0),
         }
@@ -204,6 +207,12 @@ impl S3Filesystem {
     pub fn with_direct_client(mut self, client: Arc<dyn ObjectClient>) -> S3Filesystem {
         self.direct_client = client;
         self
+    }
+
+    /// The kernel cannot mmap files opened with direct I/O (before Linux 6.6): big files then use the page
+    /// cache like small ones, and only O_DIRECT opens bypass it.
+    pub fn keep_big_files_in_page_cache(&self) {
+        self.direct_io_for_big_files.store(false, Ordering::Relaxed);
     }
 
     pub fn config(&self) -> &FsConfig {
@@ -320,9 +329,12 @@ impl S3Filesystem {
         Self::check_name(name)?;
         let parent_node = self.dir_node(parent)?;
         let now = Instant::now();
-        {
+        // A file whose bytes the page cache already holds is asked about with a HEAD: if it is unchanged,
+        // its next open keeps those bytes.
+        let cached = {
             let mut table = self.table();
-            if let Some(node) = table.child(parent, name)
+            let node = table.child(parent, name);
+            if let Some(node) = node
                 && node.is_fresh(now)
             {
                 let ino = node.ino;
@@ -330,7 +342,8 @@ impl S3Filesystem {
                 table.add_lookup(ino);
                 return Ok(attr);
             }
-        }
+            node.is_some_and(|n| n.cached_etag.is_some())
+        };
         if self
             .negative()
             .get(&(parent, name.to_string()))
@@ -338,12 +351,6 @@ impl S3Filesystem {
         {
             return Err(FsError::NotFound);
         }
-        // A file whose bytes the page cache already holds is asked about with a HEAD: if it is unchanged,
-        // its next open keeps those bytes.
-        let cached = self
-            .table()
-            .child(parent, name)
-            .is_some_and(|n| n.cached_etag.is_some());
         let asked = Instant::now();
         match self.resolve(&parent_node, name, !cached).await? {
             Some((kind, stat)) => {
@@ -654,7 +661,9 @@ impl S3Filesystem {
             Arc::clone(&self.config.memory),
         )
         .with_first_bytes(first);
-        let bypass_page_cache = mode.direct || size >= self.config.direct_io_threshold;
+        let bypass_page_cache = mode.direct
+            || (size >= self.config.direct_io_threshold
+                && self.direct_io_for_big_files.load(Ordering::Relaxed));
         let keep_cache = {
             let mut table = self.table();
             let node = table.get_mut(ino);
@@ -1247,6 +1256,15 @@ mod tests {
             // Nothing of a bypassed file is in the page cache to keep.
             assert_eq!(again.keep_cache, !bypass, "{name}");
         }
+        // A kernel that cannot mmap direct-I/O files: big files use the page cache, O_DIRECT still not.
+        fs.keep_big_files_in_page_cache();
+        let big = fs.lookup(ROOT_INO, "big").await.unwrap().ino;
+        assert!(!fs.open(big, read_mode, 1).await.unwrap().bypass_page_cache);
+        let direct = OpenMode {
+            direct: true,
+            ..read_mode
+        };
+        assert!(fs.open(big, direct, 1).await.unwrap().bypass_page_cache);
     }
 
     #[tokio::test]

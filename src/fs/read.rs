@@ -3,9 +3,9 @@
 //! A reader that continues where it stopped gets chunks fetched ahead: the window starts at
 //! [`INITIAL_WINDOW`] (a small file or the first bytes of a big one come back fast) and doubles with every
 //! sequential read that had to wait for its bytes, up to `max_window`, in GETs of at most `part_size`: it
-//! settles where the bytes arrive just in time, which on a fast link is far below the maximum. A read that jumps elsewhere drops the
-//! window and fetches just what it asks for (at least [`MIN_RANDOM_FETCH`]): random access wastes no
-//! read-ahead. Prefetched chunks are held against the global [`MemoryBudget`]; when it is spent the window
+//! settles where the bytes arrive just in time, which on a fast link is far below the maximum. A read that
+//! jumps elsewhere drops the window and fetches just what it asks for (at least [`MIN_RANDOM_FETCH`]):
+//! random access wastes no read-ahead. Prefetched chunks are held against the global [`MemoryBudget`]; when it is spent the window
 //! stops growing. Every GET carries If-Match, so a replaced object yields an error, never a mix of bytes.
 
 use std::collections::VecDeque;

@@ -73,6 +73,26 @@ pub struct UploadedPart {
     pub checksum: Option<String>,
 }
 
+/// HEAD, then a GET of the first `len` bytes pinned to its ETag. The bytes are optional: a GET that fails
+/// (the object replaced in between, say) leaves the answer of the HEAD, and the open will fetch.
+pub async fn head_then_first_bytes<C: ObjectClient + ?Sized>(
+    client: &C,
+    key: &str,
+    len: u64,
+) -> Result<(ObjectInfo, Bytes), ClientError> {
+    let info = client.head_object(key).await?;
+    let end = len.min(info.size);
+    let bytes = if end == 0 {
+        Bytes::new()
+    } else {
+        client
+            .get_object(key, 0..end, Some(&info.etag))
+            .await
+            .unwrap_or_default()
+    };
+    Ok((info, bytes))
+}
+
 /// The object-storage operations the file system needs, for one bucket.
 ///
 /// Implementations must never return a short or partial body: `get_object` either returns exactly
@@ -99,18 +119,7 @@ pub trait ObjectClient: Send + Sync + 'static {
         key: &str,
         len: u64,
     ) -> Result<(ObjectInfo, Bytes), ClientError> {
-        let info = self.head_object(key).await?;
-        let end = len.min(info.size);
-        // The bytes are optional: a GET that fails (the object replaced meanwhile, say) leaves the lookup
-        // with what the HEAD said, and the open will fetch.
-        let bytes = if end == 0 {
-            Bytes::new()
-        } else {
-            self.get_object(key, 0..end, Some(&info.etag))
-                .await
-                .unwrap_or_default()
-        };
-        Ok((info, bytes))
+        head_then_first_bytes(self, key, len).await
     }
 
     /// One ListObjectsV2 page. `delimiter` is `Some("/")` or `None`; on directory buckets `prefix` must be empty

@@ -147,14 +147,7 @@ impl SdkClient {
             ) => Err(e),
             Err(e) => {
                 debug!(key, error = %e, "first bytes not in one GET; asking with HEAD");
-                let info = self.head(key).await?;
-                let end = len.min(info.size);
-                // Optional bytes: if this GET fails too, the lookup still has its answer.
-                let bytes = self
-                    .get_range(key, 0..end, Some(&info.etag))
-                    .await
-                    .unwrap_or_default();
-                Ok((info, bytes))
+                crate::s3::head_then_first_bytes(self, key, len).await
             }
             found => found,
         }

@@ -256,29 +256,6 @@ impl SdkClient {
         }
     }
 
-    /// HeadObject without the tracing wrapper (also the fallback of a first-bytes GET).
-    async fn head(&self, key: &str) -> Result<ObjectInfo, ClientError> {
-        self.run(|client| {
-            let request = client.head_object().bucket(&self.config.bucket).key(key);
-            async move {
-                let out = request.send().await.map_err(self.map_err(key))?;
-                let size = non_negative(out.content_length()).ok_or_else(|| {
-                    ClientError::Malformed(format!("HEAD {key}: no Content-Length"))
-                })?;
-                let etag = out
-                    .e_tag()
-                    .ok_or_else(|| ClientError::Malformed(format!("HEAD {key}: no ETag")))?;
-                Ok(ObjectInfo {
-                    key: key.to_string(),
-                    size,
-                    etag: etag.to_string(),
-                    last_modified: to_system_time(out.last_modified()),
-                })
-            }
-        })
-        .await
-    }
-
     /// Counters of the recovery work this client did (for tests, logs and metrics).
     pub fn counters(&self) -> SdkClientCounters {
         SdkClientCounters {
@@ -413,7 +390,25 @@ impl ObjectClient for SdkClient {
     }
 
     async fn head_object(&self, key: &str) -> Result<ObjectInfo, ClientError> {
-        self.traced("HeadObject", key, self.head(key)).await
+        let call = self.run(|client| {
+            let request = client.head_object().bucket(&self.config.bucket).key(key);
+            async move {
+                let out = request.send().await.map_err(self.map_err(key))?;
+                let size = non_negative(out.content_length()).ok_or_else(|| {
+                    ClientError::Malformed(format!("HEAD {key}: no Content-Length"))
+                })?;
+                let etag = out
+                    .e_tag()
+                    .ok_or_else(|| ClientError::Malformed(format!("HEAD {key}: no ETag")))?;
+                Ok(ObjectInfo {
+                    key: key.to_string(),
+                    size,
+                    etag: etag.to_string(),
+                    last_modified: to_system_time(out.last_modified()),
+                })
+            }
+        });
+        self.traced("HeadObject", key, call).await
     }
 
     async fn head_with_first_bytes(
