@@ -122,9 +122,9 @@ fn main() -> Result<()> {
     let data = Arc::new(prepare(&rt, &c, &args)?);
     if peers
         .iter()
-        .any(|p| on_gp_bucket(p.kind) && p.exe.is_some())
+        .any(|p| p.kind == Kind::S3fs && p.exe.is_some())
     {
-        eprintln!("copying the objects into {GP_BUCKET} for the peers that read it ...");
+        eprintln!("copying the objects into {GP_BUCKET} for s3fs ...");
         let n = rt.block_on(s3::mirror(&c, DIR_BUCKET, GP_BUCKET))?;
         eprintln!("copied {n} objects");
     }
@@ -224,10 +224,13 @@ fn measure_limits(
     checkpoint_mib: u64,
 ) -> Result<BTreeMap<u8, f64>> {
     eprintln!("raw client (the limit) ...");
-    let run = |id: u8| d.selected.contains(&id);
+    // Selected, and then with nothing dirty left to write back during the measurement.
     let settled = |id: u8| {
-        workloads::settle();
-        run(id)
+        let selected = d.selected.contains(&id);
+        if selected {
+            workloads::settle();
+        }
+        selected
     };
     rt.block_on(async {
         let mut l = BTreeMap::new();
@@ -317,9 +320,9 @@ fn median_limits(rounds: &[BTreeMap<u8, f64>]) -> BTreeMap<u8, f64> {
     }
     by_id
         .into_iter()
-        .map(|(id, mut v)| {
-            v.sort_by(f64::total_cmp);
-            (id, v[(v.len() - 1) / 2])
+        .filter_map(|(id, v)| {
+            let median = workloads::lower_median(v.into_iter().map(|x| (x, x)).collect())?;
+            Some((id, median))
         })
         .collect()
 }
@@ -348,11 +351,6 @@ fn median_clients(rounds: Vec<Vec<(&str, Results)>>) -> Vec<(&str, Results)> {
             (*name, merged)
         })
         .collect()
-}
-
-/// Whether a peer reads the general-purpose twin rather than the directory bucket.
-fn on_gp_bucket(kind: Kind) -> bool {
-    kind == Kind::S3fs
 }
 
 /// Every workload marked with the same reason.

@@ -379,22 +379,21 @@ pub fn run_checkpoint(mount: &mut Mount, name: &str, mib: u64, timeout: Duration
 /// The median of one client's cells for one workload over several rounds (the lower one of the middle two
 /// for an even count). A round that failed or timed out makes the whole cell that failure.
 pub fn median(cells: Vec<Cell>) -> Cell {
-    if let Some(missing) = cells
-        .iter()
-        .find(|c| matches!(c.outcome, Outcome::Missing(_)))
-    {
-        return missing.clone();
+    let mut values = Vec::with_capacity(cells.len());
+    for cell in cells {
+        match cell.outcome {
+            Outcome::Value(v) => values.push((v, cell)),
+            Outcome::Missing(_) => return cell,
+        }
     }
-    let mut cells = cells;
-    cells.sort_by(|a, b| match (&a.outcome, &b.outcome) {
-        (Outcome::Value(x), Outcome::Value(y)) => x.total_cmp(y),
-        _ => std::cmp::Ordering::Equal,
-    });
-    let middle = (cells.len().max(1) - 1) / 2;
-    cells
-        .into_iter()
-        .nth(middle)
-        .unwrap_or_else(|| Cell::missing("not run"))
+    lower_median(values).unwrap_or_else(|| Cell::missing("not run"))
+}
+
+/// The item with the lower-middle value (the middle one for an odd count).
+pub fn lower_median<T>(mut items: Vec<(f64, T)>) -> Option<T> {
+    items.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let middle = items.len().checked_sub(1)? / 2;
+    items.into_iter().nth(middle).map(|(_, item)| item)
 }
 
 #[cfg(test)]
