@@ -40,8 +40,34 @@ fn checkpoint_streams_and_reads_back_on_both_bucket_kinds() {
         let stored = get(common::emulator(), &bucket, "ckpt.pt").expect("object exists");
         assert_eq!(sha256_hex(&stored), expected, "{bucket}: stored bytes");
         assert_eq!(fs::metadata(&path).unwrap().len(), 40 * MIB as u64 + 123);
+        // Each part carries a CRC32C, so its body is not hashed again for the signature.
+        let parts = common::op_count(&bucket, "UploadPart");
+        assert!(parts >= 6, "{bucket}: {parts} parts");
+        assert_eq!(
+            common::op_stat(&bucket, "UploadPart", "unsigned_payload"),
+            parts,
+            "{bucket}: every checksummed part is sent with UNSIGNED-PAYLOAD"
+        );
         assert!(mount.unmount().success());
     }
+}
+
+#[test]
+fn without_upload_checksums_the_payload_stays_signed() {
+    let bucket = fresh_bucket(true, "signed");
+    let mount = Mount::new(&bucket, &["--upload-checksums", "off"]);
+    let path = mount.path().join("ckpt.pt");
+    let expected = write_checkpoint(&path, 2, 20 * MIB);
+    let stored = get(common::emulator(), &bucket, "ckpt.pt").expect("object exists");
+    assert_eq!(sha256_hex(&stored), expected);
+    let parts = common::op_count(&bucket, "UploadPart");
+    assert!(parts >= 2, "{parts} parts");
+    // With no checksum, the SHA-256 in the signature is the only hash that covers the bytes.
+    assert_eq!(
+        common::op_stat(&bucket, "UploadPart", "unsigned_payload"),
+        0
+    );
+    assert!(mount.unmount().success());
 }
 
 #[test]

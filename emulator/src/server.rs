@@ -13,7 +13,7 @@ use percent_encoding::percent_decode_str;
 use crate::body::{BodyFault, ResponseBody};
 use crate::error::S3Error;
 use crate::faults::{Fault, Faults};
-use crate::store::Store;
+use crate::store::{Recorded, Store};
 use crate::{EmulatorConfig, sigv4};
 
 pub struct State {
@@ -316,7 +316,11 @@ pub async fn handle(
     let mut response = match outcome {
         Ok(r) => r,
         Err(Outcome::Drop) => {
-            state.store.record(&bucket, op, true, 0, 0);
+            let outcome = Recorded {
+                error: true,
+                ..Recorded::default()
+            };
+            state.store.record(&bucket, op, outcome);
             return Err(std::io::Error::other("injected connection reset"));
         }
         Err(Outcome::Answer(r)) => r,
@@ -346,9 +350,17 @@ pub async fn handle(
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse().ok())
         .unwrap_or(0);
-    state
-        .store
-        .record(&bucket, op, status >= 400, bytes_in, bytes_out);
+    let unsigned_payload = headers
+        .get("x-amz-content-sha256")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.contains("UNSIGNED-PAYLOAD"));
+    let outcome = Recorded {
+        error: status >= 400,
+        bytes_in,
+        bytes_out,
+        unsigned_payload,
+    };
+    state.store.record(&bucket, op, outcome);
     set_header(&mut response, "x-amz-request-id", &request_id);
     set_header(&mut response, "x-amz-id-2", &request_id);
     set_header(&mut response, "server", "expressfs-emulator");

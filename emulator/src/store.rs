@@ -118,6 +118,18 @@ pub struct OpStats {
     pub errors: u64,
     pub bytes_in: u64,
     pub bytes_out: u64,
+    /// Requests whose body was not hashed for the signature (`x-amz-content-sha256: UNSIGNED-PAYLOAD` or its
+    /// streaming form), so a test can see which uploads a client signs.
+    pub unsigned_payload: u64,
+}
+
+/// What one request adds to its operation's [`OpStats`].
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Recorded {
+    pub error: bool,
+    pub bytes_in: u64,
+    pub bytes_out: u64,
+    pub unsigned_payload: bool,
 }
 
 pub struct Store {
@@ -210,7 +222,7 @@ impl Store {
         Ok(b.dir.join(format!("{kind}-{}", self.unique())))
     }
 
-    pub fn record(&self, bucket: &str, op: &str, error: bool, bytes_in: u64, bytes_out: u64) {
+    pub fn record(&self, bucket: &str, op: &str, outcome: Recorded) {
         let mut stats = self.stats.lock().unwrap_or_else(|e| e.into_inner());
         let s = stats
             .entry(bucket.to_string())
@@ -218,9 +230,10 @@ impl Store {
             .entry(op.to_string())
             .or_default();
         s.requests += 1;
-        s.errors += u64::from(error);
-        s.bytes_in += bytes_in;
-        s.bytes_out += bytes_out;
+        s.errors += u64::from(outcome.error);
+        s.bytes_in += outcome.bytes_in;
+        s.bytes_out += outcome.bytes_out;
+        s.unsigned_payload += u64::from(outcome.unsigned_payload);
     }
 
     pub fn stats_json(&self) -> String {

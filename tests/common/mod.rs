@@ -472,6 +472,12 @@ pub fn admin_post(emu: &Emulator, path: &str, body: &str) -> (u16, String) {
 
 /// Requests of one operation (`GetObject`, `HeadObject`, ...) the shared emulator served for `bucket`.
 pub fn op_count(bucket: &str, op: &str) -> u64 {
+    op_stat(bucket, op, "requests")
+}
+
+/// One counter (`requests`, `errors`, `unsigned_payload`, ...) of one operation the shared emulator served
+/// for `bucket`.
+pub fn op_stat(bucket: &str, op: &str, counter: &str) -> u64 {
     let (status, body) = admin_get(emulator(), "/_emulator/stats");
     assert_eq!(status, 200);
     // {"bucket": {"GetObject": {"requests": N, ...}, ...}, ...}: find this bucket's section, then the op.
@@ -485,7 +491,8 @@ pub fn op_count(bucket: &str, op: &str) -> u64 {
         return 0;
     };
     let after = &section[g..];
-    let r = after.find("\"requests\":").expect("requests counter") + "\"requests\":".len();
+    let name = format!("\"{counter}\":");
+    let r = after.find(&name).expect("known counter") + name.len();
     after[r..]
         .trim_start()
         .split(|c: char| !c.is_ascii_digit())

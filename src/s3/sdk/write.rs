@@ -3,6 +3,10 @@
 //! Checksums are computed here, over the bytes we hold, and sent as `x-amz-checksum-*` headers: the service
 //! (and the emulator) verifies them, the SDK sends exactly what we computed on every retry, and the part
 //! checksums needed by CompleteMultipartUpload are known without relying on the server echoing them.
+//!
+//! A body that carries such a checksum is sent with `UNSIGNED-PAYLOAD`: the checksum already guards the bytes,
+//! and a SHA-256 of every part for the signature would cost both ends a second pass over the data (Mountpoint
+//! uploads the same way). With `--upload-checksums off` the payload stays signed, so some hash always covers it.
 
 use aws_sdk_s3::primitives::ByteStream;
 use aws_sdk_s3::types::{ChecksumAlgorithm, ChecksumType, CompletedMultipartUpload, CompletedPart};
@@ -70,6 +74,19 @@ macro_rules! with_checksum {
     }};
 }
 
+/// Adds the upload timeouts and, when the body carries a checksum, skips the payload hash in the signature.
+/// For `put_object` and `upload_part` builders (the operations that have `disable_payload_signing`).
+macro_rules! customize_upload {
+    ($request:expr, $checksum:expr, $timeouts:expr) => {{
+        let request = $request.customize().config_override($timeouts);
+        if $checksum.is_some() {
+            request.disable_payload_signing()
+        } else {
+            request
+        }
+    }};
+}
+
 /// Sets If-Match / If-None-Match on a request builder with `if_match` and `if_none_match` setters.
 macro_rules! with_condition {
     ($request:expr, $condition:expr) => {{
@@ -98,7 +115,7 @@ impl SdkClient {
                 .key(key)
                 .body(ByteStream::from(body.clone()));
             let request = with_condition!(with_checksum!(request, &checksum), &condition);
-            let request = request.customize().config_override(self.upload_timeouts());
+            let request = customize_upload!(request, checksum, self.upload_timeouts());
             async move {
                 let out = request.send().await.map_err(self.map_err(key))?;
                 Ok(PutResult {
@@ -136,7 +153,7 @@ impl SdkClient {
                 .write_offset_bytes(offset_header)
                 .body(ByteStream::from(body.clone()));
             let request = with_condition!(with_checksum!(request, &checksum), &condition);
-            let request = request.customize().config_override(self.upload_timeouts());
+            let request = customize_upload!(request, checksum, self.upload_timeouts());
             async move {
                 let out = request.send().await.map_err(self.map_err(key))?;
                 let size = non_negative(out.size()).unwrap_or(expected_size);
@@ -191,7 +208,7 @@ impl SdkClient {
                 .part_number(part_number)
                 .body(ByteStream::from(body.clone()));
             let request = with_checksum!(request, &checksum);
-            let request = request.customize().config_override(self.upload_timeouts());
+            let request = customize_upload!(request, checksum, self.upload_timeouts());
             let sent_checksum = checksum.as_ref().map(|c| c.value.clone());
             async move {
                 let out = request.send().await.map_err(self.map_err(key))?;
