@@ -382,6 +382,47 @@ fn a_lookup_brings_the_first_bytes_so_small_files_cost_one_get() {
 }
 
 #[test]
+fn a_storm_of_lookups_in_one_directory_lists_it_once() {
+    let bucket = fresh_bucket(true, "storm");
+    let emu = emulator();
+    let files: Vec<(String, Vec<u8>)> = (0..300u64)
+        .map(|i| (format!("shard/{i:04}.jpg"), pattern(i, 1000 + i as usize)))
+        .collect();
+    put_many(emu, &bucket, files.clone());
+    // A directory of the same name as a file: the directory must still win after the listing.
+    put(emu, &bucket, "shard/0150.jpg/inner", b"x".to_vec());
+
+    let mount = Mount::new(&bucket, &[]);
+    fs::metadata(mount.path().join("shard")).unwrap();
+    let lists0 = op_count(&bucket, "ListObjectsV2");
+    for (key, data) in &files {
+        if key == "shard/0150.jpg" {
+            continue;
+        }
+        assert_eq!(&fs::read(mount.path().join(key)).unwrap(), data, "{key}");
+    }
+    let lists = op_count(&bucket, "ListObjectsV2") - lists0;
+    // Without the storm listing every lookup sends its own one-key LIST (299 here).
+    assert!(
+        lists < 100,
+        "{lists} LISTs for 299 lookups in one directory"
+    );
+    assert!(
+        fs::metadata(mount.path().join("shard/0150.jpg"))
+            .unwrap()
+            .is_dir()
+    );
+    assert_eq!(
+        fs::read(mount.path().join("shard/0150.jpg/inner")).unwrap(),
+        b"x"
+    );
+    assert_eq!(
+        errno_of(fs::metadata(mount.path().join("shard/missing.jpg"))),
+        libc::ENOENT
+    );
+}
+
+#[test]
 fn unchanged_small_files_stay_in_the_page_cache_and_changed_ones_do_not() {
     let bucket = fresh_bucket(true, "keepcache");
     let emu = emulator();

@@ -4,6 +4,7 @@
 pub mod error;
 mod first_bytes;
 pub mod inode;
+mod listing;
 pub mod names;
 pub mod read;
 pub mod write;
@@ -27,6 +28,7 @@ pub use error::{FsError, FsResult};
 use first_bytes::FirstBytes;
 pub use inode::ROOT_INO;
 use inode::{InodeTable, Kind, Stat};
+use listing::Storms;
 use read::Reader;
 use write::{Writer, WriterOptions};
 
@@ -171,12 +173,15 @@ pub struct S3Filesystem {
     /// The bucket without cache layers, for O_DIRECT reads.
     direct_client: Arc<dyn ObjectClient>,
     config: FsConfig,
-    inodes: Mutex<InodeTable>,
+    /// Shared with background listings (see [`listing`]).
+    inodes: Arc<Mutex<InodeTable>>,
     /// Names known not to exist, until the given instant.
     negative: Mutex<HashMap<(u64, String), Instant>>,
     /// Directory listings, trusted for the metadata TTL; dropped when we change the directory ourselves.
     listings: Mutex<HashMap<u64, CachedListing>>,
     handles: Mutex<HashMap<u64, Arc<Handle>>>,
+    /// Lookups per directory, to list a directory whole when they come in a storm.
+    storms: Arc<Storms>,
     /// Starts of files fetched by lookups, waiting for their open.
     first_bytes: FirstBytes,
     /// Whether big files may be read with direct I/O: not where the kernel could then not mmap them.
@@ -189,7 +194,8 @@ impl S3Filesystem {
     pub fn new(client: Arc<dyn ObjectClient>, config: FsConfig) -> S3Filesystem {
         let first_bytes = FirstBytes::new(config.metadata_ttl);
         S3Filesystem {
-            inodes: Mutex::new(InodeTable::new(&config.prefix)),
+            inodes: Arc::new(Mutex::new(InodeTable::new(&config.prefix))),
+            storms: Arc::new(Storms::new(config.metadata_ttl)),
             direct_client: Arc::clone(&client),
             client,
             config,
@@ -351,6 +357,9 @@ impl S3Filesystem {
         {
             return Err(FsError::NotFound);
         }
+        if self.storms.note_miss(parent, now) {
+            self.list_in_background(parent_node.clone());
+        }
         let asked = Instant::now();
         match self.resolve(&parent_node, name, !cached).await? {
             Some((kind, stat)) => {
@@ -468,36 +477,10 @@ impl S3Filesystem {
     /// Lists the whole directory (all pages) once per handle; entries are merged without assuming any order,
     /// duplicates dropped, a directory shadowing a file of the same name, invalid names hidden.
     async fn list_dir(&self, dir: &inode::Node) -> FsResult<Vec<DirEntry>> {
-        let mut found: HashMap<String, (Kind, Stat)> = HashMap::new();
-        let mut token: Option<String> = None;
         let asked = Instant::now();
-        loop {
-            let page = self
-                .client
-                .list_objects(&dir.key, Some("/"), token.as_deref(), 1000)
-                .await
-                .map_err(|e| FsError::client(&dir.key, e))?;
-            for prefix in &page.common_prefixes {
-                if let Some(name) = names::name_of_common_prefix(&dir.key, prefix) {
-                    found.insert(name.to_string(), (Kind::Directory, Stat::directory()));
-                }
-            }
-            for object in page.objects {
-                let Some(name) = names::name_of_object(&dir.key, &object.key) else {
-                    continue;
-                };
-                let stat = Stat {
-                    size: object.size,
-                    mtime: object.last_modified,
-                    etag: Some(object.etag),
-                };
-                found.entry(name.to_string()).or_insert((Kind::File, stat));
-            }
-            match page.next_continuation_token {
-                Some(t) if !t.is_empty() => token = Some(t),
-                _ => break,
-            }
-        }
+        let found = listing::list_all(self.client.as_ref(), &dir.key, None)
+            .await?
+            .unwrap_or_default();
         let expires = self.expiry();
         let mut table = self.table();
         let mut entries = Vec::with_capacity(found.len() + 2);
@@ -533,6 +516,40 @@ impl S3Filesystem {
             }
         }
         Ok(entries)
+    }
+
+    /// Lists `dir` whole while its lookups go on, so that the next ones find their entries in the table.
+    fn list_in_background(&self, dir: inode::Node) {
+        let client = Arc::clone(&self.client);
+        let inodes = Arc::clone(&self.inodes);
+        let storms = Arc::clone(&self.storms);
+        let ttl = self.config.metadata_ttl;
+        tokio::spawn(async move {
+            let asked = Instant::now();
+            let listed =
+                listing::list_all(client.as_ref(), &dir.key, Some(listing::STORM_MAX_PAGES)).await;
+            let too_big = matches!(listed, Ok(None));
+            match listed {
+                Ok(Some(found)) => {
+                    let mut table = inodes.lock().unwrap_or_else(|e| e.into_inner());
+                    // Still the same directory, and none of our changes there since the request.
+                    if table.get(dir.ino).is_some_and(|d| d.key == dir.key)
+                        && storms.unchanged_since(dir.ino, asked)
+                    {
+                        let expires = Instant::now() + ttl;
+                        for (name, (kind, stat)) in found {
+                            table.upsert(dir.ino, &name, kind, stat, expires, asked);
+                        }
+                        debug!(key = dir.key, "listed after a storm of lookups");
+                    }
+                }
+                Ok(None) => debug!(key = dir.key, "too big to list for a storm of lookups"),
+                Err(e) => {
+                    debug!(key = dir.key, error = %e, "listing for a storm of lookups failed")
+                }
+            }
+            storms.listing_done(dir.ino, too_big);
+        });
     }
 
     /// Entries from index `offset` on (offsets are positions in this handle's snapshot).
@@ -582,6 +599,13 @@ impl S3Filesystem {
             .iter()
             .all(|e| table.get(e.ino).is_some())
             .then_some(cached)
+    }
+
+    /// We are changing `dir` (mkdir, unlink, rmdir, rename): its cached listing is no longer true, and a
+    /// background listing sent before the change ends must not be applied.
+    fn changing(&self, dir: u64) -> listing::DirChange<'_> {
+        self.invalidate_listing(dir);
+        self.storms.changing(dir)
     }
 
     /// We changed `dir` (create, mkdir, unlink, rmdir, rename): its cached listing is no longer true.
@@ -958,7 +982,7 @@ impl S3Filesystem {
     }
 
     pub async fn mkdir(&self, parent: u64, name: &str) -> FsResult<Attr> {
-        self.invalidate_listing(parent);
+        let _changing = self.changing(parent);
         if self.config.read_only {
             return Err(FsError::ReadOnly);
         }
@@ -991,7 +1015,7 @@ impl S3Filesystem {
     }
 
     pub async fn rmdir(&self, parent: u64, name: &str) -> FsResult<()> {
-        self.invalidate_listing(parent);
+        let _changing = self.changing(parent);
         if self.config.read_only {
             return Err(FsError::ReadOnly);
         }
@@ -1023,7 +1047,7 @@ impl S3Filesystem {
     }
 
     pub async fn unlink(&self, parent: u64, name: &str) -> FsResult<()> {
-        self.invalidate_listing(parent);
+        let _changing = self.changing(parent);
         if self.config.read_only {
             return Err(FsError::ReadOnly);
         }
@@ -1073,8 +1097,8 @@ impl S3Filesystem {
         new_name: &str,
         no_replace: bool,
     ) -> FsResult<()> {
-        self.invalidate_listing(parent);
-        self.invalidate_listing(new_parent);
+        let _changing_from = self.changing(parent);
+        let _changing_to = self.changing(new_parent);
         if self.config.read_only {
             return Err(FsError::ReadOnly);
         }

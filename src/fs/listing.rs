@@ -1,0 +1,237 @@
+//! Whole-directory listings, and the lookup storms that call for one.
+//!
+//! A cold lookup costs two requests: the object (with its first bytes) and a one-key LIST of `name/`, because a
+//! directory of the same name must win and listings come back in no order. A data loader that opens thousands
+//! of files of one directory, without listing it first, pays that pair per file. Once a directory has seen
+//! [`STORM_THRESHOLD`] such lookups within one metadata TTL, one listing of the whole directory (in the
+//! background, at most [`STORM_MAX_PAGES`] pages) puts every entry in the inode table, fresh for the TTL: the
+//! next lookups there need no request, and a file costs only the GET of its bytes. It is the same knowledge,
+//! with the same TTL, that `ls` would have given.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use super::inode::{Kind, Stat};
+use super::names;
+use super::{FsError, FsResult};
+use crate::s3::ObjectClient;
+
+/// Lookups that must ask the bucket, in one directory within one window, before it is listed whole.
+pub const STORM_THRESHOLD: u32 = 16;
+/// Largest directory (in pages of 1,000 keys) a storm lists; a bigger one keeps per-name lookups.
+pub const STORM_MAX_PAGES: usize = 100;
+/// How long a directory too big to list is left alone before a storm may try again.
+const TOO_BIG_BACKOFF: Duration = Duration::from_secs(60);
+/// Directories tracked at once; older quiet ones are dropped beyond this.
+const TRACKED_DIRS: usize = 4096;
+
+/// What one listing found: name → kind and attributes. A directory shadows a file of the same name.
+pub type Found = HashMap<String, (Kind, Stat)>;
+
+/// Lists every page under `dir_key` (a prefix ending in `/`, or empty for the root), merging entries
+/// without assuming any order. With `max_pages`, gives up (None) on a directory with more pages.
+pub async fn list_all(
+    client: &dyn ObjectClient,
+    dir_key: &str,
+    max_pages: Option<usize>,
+) -> FsResult<Option<Found>> {
+    let mut found = Found::new();
+    let mut token: Option<String> = None;
+    let mut pages = 0;
+    loop {
+        if max_pages.is_some_and(|max| pages >= max) {
+            return Ok(None);
+        }
+        let page = client
+            .list_objects(dir_key, Some("/"), token.as_deref(), 1000)
+            .await
+            .map_err(|e| FsError::client(dir_key, e))?;
+        pages += 1;
+        for prefix in &page.common_prefixes {
+            if let Some(name) = names::name_of_common_prefix(dir_key, prefix) {
+                found.insert(name.to_string(), (Kind::Directory, Stat::directory()));
+            }
+        }
+        for object in page.objects {
+            let Some(name) = names::name_of_object(dir_key, &object.key) else {
+                continue;
+            };
+            let stat = Stat {
+                size: object.size,
+                mtime: object.last_modified,
+                etag: Some(object.etag),
+            };
+            found.entry(name.to_string()).or_insert((Kind::File, stat));
+        }
+        match page.next_continuation_token {
+            Some(t) if !t.is_empty() => token = Some(t),
+            _ => return Ok(Some(found)),
+        }
+    }
+}
+
+#[derive(Debug)]
+struct DirState {
+    window_start: Instant,
+    misses: u32,
+    listing: bool,
+    /// No storm listing before this instant (one was just made, or the directory is too big).
+    quiet_until: Instant,
+    /// Our own changes (unlink, rename, ...) under way in this directory, and when the last one ended.
+    changing: u32,
+    last_change: Option<Instant>,
+}
+
+/// Per-directory counts of lookups that asked the bucket, and our own changes that a background listing must
+/// not undo (a listing sent before an unlink finished would bring the file back).
+#[derive(Debug)]
+pub struct Storms {
+    window: Duration,
+    dirs: Mutex<HashMap<u64, DirState>>,
+}
+
+impl Storms {
+    /// `window` is the metadata TTL: the span over which lookups are counted, and how long a listing is
+    /// trusted. Zero turns storms off (nothing may be trusted without asking).
+    pub fn new(window: Duration) -> Storms {
+        Storms {
+            window,
+            dirs: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn dirs(&self) -> std::sync::MutexGuard<'_, HashMap<u64, DirState>> {
+        self.dirs.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn state(dirs: &mut HashMap<u64, DirState>, dir: u64, now: Instant) -> &mut DirState {
+        if dirs.len() >= TRACKED_DIRS && !dirs.contains_key(&dir) {
+            dirs.retain(|_, s| s.listing || s.changing > 0 || s.quiet_until > now);
+        }
+        dirs.entry(dir).or_insert(DirState {
+            window_start: now,
+            misses: 0,
+            listing: false,
+            quiet_until: now,
+            changing: 0,
+            last_change: None,
+        })
+    }
+
+    /// Counts a lookup in `dir` that must ask the bucket. True when this one should start the listing.
+    pub fn note_miss(&self, dir: u64, now: Instant) -> bool {
+        if self.window.is_zero() {
+            return false;
+        }
+        let mut dirs = self.dirs();
+        let s = Self::state(&mut dirs, dir, now);
+        if now.duration_since(s.window_start) > self.window {
+            s.window_start = now;
+            s.misses = 0;
+        }
+        s.misses += 1;
+        if s.misses < STORM_THRESHOLD || s.listing || s.quiet_until > now {
+            return false;
+        }
+        s.listing = true;
+        true
+    }
+
+    /// The listing of `dir` ended; `too_big` when it had more than [`STORM_MAX_PAGES`] pages.
+    pub fn listing_done(&self, dir: u64, too_big: bool) {
+        let now = Instant::now();
+        let mut dirs = self.dirs();
+        let s = Self::state(&mut dirs, dir, now);
+        s.listing = false;
+        s.misses = 0;
+        s.window_start = now;
+        // Entries stay fresh for one window: no need to list again before they expire.
+        s.quiet_until = now
+            + if too_big {
+                TOO_BIG_BACKOFF
+            } else {
+                self.window
+            };
+    }
+
+    /// Whether a listing of `dir` sent at `asked` may be applied: none of our changes there is under way or
+    /// ended after it was sent. Call with the inode table locked, so no change lands in between.
+    pub fn unchanged_since(&self, dir: u64, asked: Instant) -> bool {
+        self.dirs()
+            .get(&dir)
+            .is_none_or(|s| s.changing == 0 && s.last_change.is_none_or(|t| t < asked))
+    }
+
+    /// Marks a change of `dir` under way until the returned guard is dropped.
+    pub fn changing(&self, dir: u64) -> DirChange<'_> {
+        Self::state(&mut self.dirs(), dir, Instant::now()).changing += 1;
+        DirChange { storms: self, dir }
+    }
+}
+
+/// One of our changes to a directory, under way while this lives.
+pub struct DirChange<'a> {
+    storms: &'a Storms,
+    dir: u64,
+}
+
+impl Drop for DirChange<'_> {
+    fn drop(&mut self) {
+        let now = Instant::now();
+        let mut dirs = self.storms.dirs();
+        let s = Storms::state(&mut dirs, self.dir, now);
+        s.changing = s.changing.saturating_sub(1);
+        s.last_change = Some(now);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_storm_starts_one_listing_per_window() {
+        let storms = Storms::new(Duration::from_secs(1));
+        let now = Instant::now();
+        let started: Vec<bool> = (0..STORM_THRESHOLD * 3)
+            .map(|_| storms.note_miss(7, now))
+            .collect();
+        assert_eq!(started.iter().filter(|s| **s).count(), 1);
+        assert!(started[STORM_THRESHOLD as usize - 1]);
+        // Another directory counts on its own.
+        assert!(!storms.note_miss(8, now));
+        storms.listing_done(7, false);
+        // Entries just listed are fresh for the window: no second listing yet.
+        let later = Instant::now();
+        assert!((0..STORM_THRESHOLD * 2).all(|_| !storms.note_miss(7, later)));
+        // After the window, a storm lists again.
+        let next = later + Duration::from_millis(1500);
+        let again = (0..STORM_THRESHOLD)
+            .filter(|_| storms.note_miss(7, next))
+            .count();
+        assert_eq!(again, 1);
+    }
+
+    #[test]
+    fn no_storms_without_a_ttl() {
+        let storms = Storms::new(Duration::ZERO);
+        let now = Instant::now();
+        assert!((0..100).all(|_| !storms.note_miss(1, now)));
+    }
+
+    #[test]
+    fn a_change_under_way_or_after_the_request_voids_the_listing() {
+        let storms = Storms::new(Duration::from_secs(1));
+        let asked = Instant::now();
+        assert!(storms.unchanged_since(3, asked));
+        let change = storms.changing(3);
+        assert!(!storms.unchanged_since(3, asked));
+        drop(change);
+        // Ended after the listing was sent: the listing may hold what the change removed.
+        assert!(!storms.unchanged_since(3, asked));
+        // A listing sent after the change ended sees its result.
+        std::thread::sleep(Duration::from_millis(2));
+        assert!(storms.unchanged_since(3, Instant::now()));
+    }
+}
