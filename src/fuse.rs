@@ -104,11 +104,21 @@ fn report(op: &'static str, e: &FsError) -> Errno {
 }
 
 impl Adapter {
+    /// Runs the work of one request. It is polled once here, on the FUSE thread, with a waker that does
+    /// nothing: when the answer is already at hand (fresh attributes, bytes a lookup fetched, a read handle's
+    /// flush or release) the reply goes out at once, without waking a runtime thread. That hand-off was the
+    /// largest cost of small files (one context switch per request). Anything that has to wait (the network, a
+    /// lock) goes to the runtime, which polls it again with a real waker, so this thread never blocks on it.
     fn spawn<F>(&self, future: F)
     where
         F: std::future::Future<Output = ()> + Send + 'static,
     {
-        self.runtime.spawn(future);
+        let mut future = Box::pin(future);
+        let _in_runtime = self.runtime.enter();
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        if future.as_mut().poll(&mut cx).is_pending() {
+            self.runtime.spawn(future);
+        }
     }
 }
 
