@@ -333,13 +333,23 @@ fn memory_target_bounds_parallel_readers() {
     assert!(peak < 200, "peak RSS {peak} MiB under a 64 MiB target");
 }
 
+/// `count` objects `dir/NNNN.jpg` of distinct content, the i-th `base_len + i` bytes long.
+fn numbered_jpegs(dir: &str, count: u64, base_len: usize) -> Vec<(String, Vec<u8>)> {
+    (0..count)
+        .map(|i| {
+            (
+                format!("{dir}/{i:04}.jpg"),
+                pattern(i, base_len + i as usize),
+            )
+        })
+        .collect()
+}
+
 #[test]
 fn a_lookup_brings_the_first_bytes_so_small_files_cost_one_get() {
     let bucket = fresh_bucket(true, "firstbytes");
     let emu = emulator();
-    let files: Vec<(String, Vec<u8>)> = (0..40u64)
-        .map(|i| (format!("img/{i:03}.jpg"), pattern(i, 100_000 + i as usize)))
-        .collect();
+    let files = numbered_jpegs("img", 40, 100_000);
     put_many(emu, &bucket, files.clone());
     // Bigger than what a lookup fetches (256 KiB): the rest streams after the first bytes.
     let big = pattern(99, (3 << 20) + 5);
@@ -385,9 +395,7 @@ fn a_lookup_brings_the_first_bytes_so_small_files_cost_one_get() {
 fn a_storm_of_lookups_in_one_directory_lists_it_once() {
     let bucket = fresh_bucket(true, "storm");
     let emu = emulator();
-    let files: Vec<(String, Vec<u8>)> = (0..300u64)
-        .map(|i| (format!("shard/{i:04}.jpg"), pattern(i, 1000 + i as usize)))
-        .collect();
+    let files = numbered_jpegs("shard", 300, 1000);
     put_many(emu, &bucket, files.clone());
     // A directory of the same name as a file: the directory must still win after the listing.
     put(emu, &bucket, "shard/0150.jpg/inner", b"x".to_vec());

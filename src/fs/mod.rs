@@ -528,8 +528,7 @@ impl S3Filesystem {
             let asked = Instant::now();
             let listed =
                 listing::list_all(client.as_ref(), &dir.key, Some(listing::STORM_MAX_PAGES)).await;
-            let too_big = matches!(listed, Ok(None));
-            match listed {
+            let too_big = match listed {
                 Ok(Some(found)) => {
                     let mut table = inodes.lock().unwrap_or_else(|e| e.into_inner());
                     // Still the same directory, and none of our changes there since the request.
@@ -542,12 +541,17 @@ impl S3Filesystem {
                         }
                         debug!(key = dir.key, "listed after a storm of lookups");
                     }
+                    false
                 }
-                Ok(None) => debug!(key = dir.key, "too big to list for a storm of lookups"),
+                Ok(None) => {
+                    debug!(key = dir.key, "too big to list for a storm of lookups");
+                    true
+                }
                 Err(e) => {
-                    debug!(key = dir.key, error = %e, "listing for a storm of lookups failed")
+                    debug!(key = dir.key, error = %e, "listing for a storm of lookups failed");
+                    false
                 }
-            }
+            };
             storms.listing_done(dir.ino, too_big);
         });
     }
