@@ -16,6 +16,7 @@ use sha2::{Digest, Sha256};
 use tokio::sync::mpsc;
 
 use crate::error::S3Error;
+use crate::store::Piece;
 
 /// Chunk size for reads from disk: large enough that loopback throughput is not syscall-bound.
 const READ_CHUNK: usize = 1024 * 1024;
@@ -48,8 +49,10 @@ impl ResponseBody {
         ResponseBody::Full((!data.is_empty()).then_some(data))
     }
 
-    /// Streams `len` bytes of `file` from `offset`, reading on a blocking thread a chunk ahead of the socket.
-    pub fn file_range(file: File, offset: u64, len: u64, fault: BodyFault) -> Self {
+    /// Streams the pieces (a range of an object, possibly across several blobs), reading on a blocking
+    /// thread a chunk ahead of the socket. The pieces hold their blobs until the last byte is read.
+    pub fn pieces(pieces: Vec<Piece>, fault: BodyFault) -> Self {
+        let len: u64 = pieces.iter().map(|p| p.2).sum();
         let (tx, rx) = mpsc::channel(4);
         let stop_at = match fault {
             BodyFault::None => len,
@@ -57,17 +60,30 @@ impl ResponseBody {
         };
         tokio::task::spawn_blocking(move || {
             let mut sent = 0u64;
-            while sent < stop_at {
-                let n = (stop_at - sent).min(READ_CHUNK as u64) as usize;
-                let mut buf = vec![0u8; n];
-                let result = file
-                    .read_exact_at(&mut buf, offset + sent)
-                    .map(|_| Bytes::from(buf));
-                let failed = result.is_err();
-                if tx.blocking_send(result).is_err() || failed {
-                    return;
+            for (blob, offset, piece_len) in pieces {
+                let file = match File::open(&blob.path) {
+                    Ok(f) => f,
+                    Err(e) => {
+                        let _ = tx.blocking_send(Err(e));
+                        return;
+                    }
+                };
+                let mut done = 0u64;
+                while done < piece_len && sent < stop_at {
+                    let n = (piece_len - done)
+                        .min(stop_at - sent)
+                        .min(READ_CHUNK as u64) as usize;
+                    let mut buf = vec![0u8; n];
+                    let result = file
+                        .read_exact_at(&mut buf, offset + done)
+                        .map(|_| Bytes::from(buf));
+                    let failed = result.is_err();
+                    if tx.blocking_send(result).is_err() || failed {
+                        return;
+                    }
+                    done += n as u64;
+                    sent += n as u64;
                 }
-                sent += n as u64;
             }
             if fault == BodyFault::ResetMidBody {
                 let _ = tx.blocking_send(Err(std::io::Error::other("injected connection reset")));

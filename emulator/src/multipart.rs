@@ -2,7 +2,6 @@
 //! Rules checked as the service does: part numbers 1..=10,000, parts of at least 5 MiB but the last,
 //! ascending order in Complete, matching ETags and checksums; directory buckets also need consecutive parts.
 
-use std::io::Write;
 use std::sync::Arc;
 use std::time::SystemTime;
 
@@ -13,7 +12,7 @@ use crate::body::ResponseBody;
 use crate::error::S3Error;
 use crate::objects::{check_write_conditions, commit, new_etag, receive_verified, validate_key};
 use crate::server::{Answer, Ctx, State, respond, set_header, small_body, xml_response};
-use crate::store::{Object, Part, Upload};
+use crate::store::{Blob, Object, Part, Upload};
 use crate::xml::{self, HEADER, NS, el};
 
 pub const MIN_PART_SIZE: u64 = 5 * 1024 * 1024;
@@ -91,30 +90,22 @@ pub async fn upload_part(state: &Arc<State>, ctx: &Ctx, body: Incoming) -> Answe
     let directory = check_upload(state, ctx, &id)?;
     let (path, received, checksum) = receive_verified(state, ctx, body, "part", directory).await?;
     let part = Part {
-        file: path.clone(),
+        blob: Blob::new(path, received.size),
         size: received.size,
         etag: new_etag(directory, received.md5),
         md5: received.md5,
         checksums: checksum.clone().into_iter().collect(),
     };
     let etag = part.etag.clone();
-    let replaced = {
+    // A part uploaded again replaces the old one, whose blob goes with it (outside the lock).
+    let _replaced = {
         let mut buckets = state.store.buckets();
         let upload = buckets
             .get_mut(&ctx.bucket)
-            .and_then(|b| b.uploads.get_mut(&id));
-        match upload {
-            Some(u) => u.parts.insert(number, part),
-            None => {
-                drop(buckets);
-                let _ = std::fs::remove_file(&path);
-                return Err(S3Error::no_such_upload());
-            }
-        }
+            .and_then(|b| b.uploads.get_mut(&id))
+            .ok_or_else(S3Error::no_such_upload)?;
+        upload.parts.insert(number, part)
     };
-    if let Some(old) = replaced {
-        let _ = std::fs::remove_file(old.file);
-    }
     let mut r = respond(200, ResponseBody::empty());
     set_header(&mut r, "etag", &etag);
     if let Some((alg, value)) = checksum
@@ -185,21 +176,6 @@ pub async fn complete(state: &Arc<State>, ctx: &Ctx, body: Incoming) -> Answer {
         (b.directory, parts)
     };
 
-    let dest = state.store.new_file(&ctx.bucket, "obj")?;
-    let files: Vec<_> = parts.iter().map(|p| p.file.clone()).collect();
-    let dest_clone = dest.clone();
-    tokio::task::spawn_blocking(move || -> std::io::Result<()> {
-        let mut out =
-            std::io::BufWriter::with_capacity(1 << 20, std::fs::File::create(&dest_clone)?);
-        for f in files {
-            std::io::copy(&mut std::fs::File::open(f)?, &mut out)?;
-        }
-        out.flush()
-    })
-    .await
-    .map_err(|e| S3Error::internal(std::io::Error::other(e)))?
-    .map_err(S3Error::internal)?;
-
     let size = parts.iter().map(|p| p.size).sum();
     let etag = if directory {
         new_etag(true, None)
@@ -210,8 +186,9 @@ pub async fn complete(state: &Arc<State>, ctx: &Ctx, body: Incoming) -> Answer {
         }
         format!("\"{}-{}\"", hex::encode(h.finalize()), parts.len())
     };
+    // The object is made of the part blobs themselves: completing copies no bytes (as in the service).
     let object = Object {
-        file: dest,
+        data: parts.iter().map(|p| Arc::clone(&p.blob)).collect(),
         size,
         etag: etag.clone(),
         last_modified: SystemTime::now(),
@@ -252,11 +229,9 @@ fn remove_upload(state: &Arc<State>, bucket: &str, id: &str) -> bool {
         .get_mut(bucket)
         .and_then(|b| b.uploads.remove(id));
     match removed {
+        // Part blobs not taken by a completed object are deleted as the upload drops.
         Some(u) => {
             let _ = std::fs::remove_dir_all(u.dir);
-            for p in u.parts.values() {
-                let _ = std::fs::remove_file(&p.file);
-            }
             true
         }
         None => false,

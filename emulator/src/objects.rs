@@ -11,7 +11,7 @@ use percent_encoding::percent_decode_str;
 use crate::body::{BodyFault, DigestPlan, Received, ResponseBody, receive_to_file};
 use crate::error::S3Error;
 use crate::server::{Answer, Ctx, State, respond, set_header, small_body, xml_response};
-use crate::store::Object;
+use crate::store::{Blob, Object};
 use crate::xml::{self, HEADER, NS, el};
 
 pub const MAX_PUT_SIZE: u64 = 5 * 1024 * 1024 * 1024;
@@ -214,15 +214,14 @@ pub fn get_object(state: &Arc<State>, ctx: &Ctx) -> Answer {
     if ctx.has("partNumber") {
         return Err(S3Error::not_implemented("GetObject with partNumber"));
     }
-    let (object, file) = {
+    // The object (and so its blobs) is held until the body is sent: a concurrent overwrite cannot delete
+    // the bytes under this read.
+    let object = {
         let buckets = state.store.buckets();
         let b = buckets
             .get(&ctx.bucket)
             .ok_or_else(S3Error::no_such_bucket)?;
-        let o = Arc::clone(b.objects.get(&ctx.key).ok_or_else(S3Error::no_such_key)?);
-        // Opened under the lock: a concurrent overwrite then deletes a file we already hold open.
-        let file = std::fs::File::open(&o.file).map_err(S3Error::internal)?;
-        (o, file)
+        Arc::clone(b.objects.get(&ctx.key).ok_or_else(S3Error::no_such_key)?)
     };
     let not_modified = || {
         let mut r = respond(304, ResponseBody::empty());
@@ -273,7 +272,7 @@ pub fn get_object(state: &Arc<State>, ctx: &Ctx) -> Answer {
     let body = if head || len == 0 {
         ResponseBody::empty()
     } else {
-        ResponseBody::file_range(file, start, len, fault)
+        ResponseBody::pieces(object.pieces(start, len), fault)
     };
     let mut r = respond(status, body);
     set_header(&mut r, "content-length", &len.to_string());
@@ -359,7 +358,7 @@ pub async fn put_object(state: &Arc<State>, ctx: &Ctx, body: Incoming) -> Answer
     }
     let (path, received, checksum) = receive_verified(state, ctx, body, "obj", directory).await?;
     let object = Object {
-        file: path.clone(),
+        data: vec![Blob::new(path, received.size)],
         size: received.size,
         etag: new_etag(directory, received.md5),
         last_modified: SystemTime::now(),
@@ -378,49 +377,41 @@ pub async fn put_object(state: &Arc<State>, ctx: &Ctx, body: Incoming) -> Answer
     Ok(r)
 }
 
-/// Swaps a new object in if the write conditions still hold; deletes the file it replaced.
+/// Swaps a new object in if the write conditions still hold. The replaced object's blobs (and, on failure,
+/// the new one's) are deleted once nothing holds them, outside the lock.
 pub fn commit(state: &Arc<State>, ctx: &Ctx, object: Object) -> Result<(), S3Error> {
-    let new_file = object.file.clone();
-    let replaced = {
+    let _replaced = {
         let mut buckets = state.store.buckets();
-        let Some(b) = buckets.get_mut(&ctx.bucket) else {
-            let _ = std::fs::remove_file(&new_file);
-            return Err(S3Error::no_such_bucket());
-        };
-        if let Err(e) = check_write_conditions(ctx, b.objects.get(&ctx.key).map(|o| o.as_ref())) {
-            drop(buckets);
-            let _ = std::fs::remove_file(&new_file);
-            return Err(e);
-        }
+        let b = buckets
+            .get_mut(&ctx.bucket)
+            .ok_or_else(S3Error::no_such_bucket)?;
+        check_write_conditions(ctx, b.objects.get(&ctx.key).map(|o| o.as_ref()))?;
         b.objects.insert(ctx.key.clone(), Arc::new(object))
     };
-    if let Some(old) = replaced
-        && old.file != new_file
-    {
-        let _ = std::fs::remove_file(&old.file);
-    }
     Ok(())
 }
 
 async fn append(state: &Arc<State>, ctx: &Ctx, body: Incoming, offset: u64) -> Answer {
     let (tmp, received, _) = receive_verified(state, ctx, body, "append", true).await?;
-    let result = (|| {
+    let blob = Blob::new(tmp, received.size);
+    let (etag, size, _replaced) = {
         let mut buckets = state.store.buckets();
         let b = buckets
             .get_mut(&ctx.bucket)
             .ok_or_else(S3Error::no_such_bucket)?;
         let current = b.objects.get(&ctx.key).cloned();
         check_write_conditions(ctx, current.as_deref())?;
-        let Some(current) = current else {
-            if offset != 0 {
-                return Err(S3Error::new(
-                    400,
-                    "InvalidWriteOffset",
-                    "The write offset value that you specified does not match the current object size.",
-                ));
-            }
-            let object = Object {
-                file: tmp.clone(),
+        let wrong_offset = || {
+            S3Error::new(
+                400,
+                "InvalidWriteOffset",
+                "The write offset value that you specified does not match the current object size.",
+            )
+        };
+        let object = match &current {
+            None if offset != 0 => return Err(wrong_offset()),
+            None => Object {
+                data: vec![blob],
                 size: received.size,
                 etag: new_etag(true, None),
                 last_modified: SystemTime::now(),
@@ -430,61 +421,38 @@ async fn append(state: &Arc<State>, ctx: &Ctx, body: Incoming, offset: u64) -> A
                     .to_string(),
                 checksum: None,
                 parts: 1,
-            };
-            let etag = object.etag.clone();
-            b.objects.insert(ctx.key.clone(), Arc::new(object));
-            return Ok((etag, received.size, false));
-        };
-        if offset != current.size {
-            return Err(S3Error::new(
-                400,
-                "InvalidWriteOffset",
-                "The write offset value that you specified does not match the current object size.",
-            ));
-        }
-        if current.parts >= MAX_APPENDS {
-            return Err(S3Error::new(
-                400,
-                "TooManyParts",
-                "The object has reached the maximum number of appends (10,000).",
-            ));
-        }
-        // Appending under the lock keeps appends to one object ordered; bodies are already on local disk.
-        let mut dest = std::fs::OpenOptions::new()
-            .append(true)
-            .open(&current.file)
-            .map_err(S3Error::internal)?;
-        let mut src = std::fs::File::open(&tmp).map_err(S3Error::internal)?;
-        std::io::copy(&mut src, &mut dest).map_err(S3Error::internal)?;
-        let object = Object {
-            file: current.file.clone(),
-            size: current.size + received.size,
-            etag: new_etag(true, None),
-            last_modified: SystemTime::now(),
-            content_type: current.content_type.clone(),
-            checksum: None,
-            parts: current.parts + 1,
-        };
-        let etag = object.etag.clone();
-        let size = object.size;
-        b.objects.insert(ctx.key.clone(), Arc::new(object));
-        Ok((etag, size, true))
-    })();
-    match result {
-        Ok((etag, size, appended)) => {
-            if appended {
-                let _ = std::fs::remove_file(&tmp);
+            },
+            Some(current) if offset != current.size => return Err(wrong_offset()),
+            Some(current) if current.parts >= MAX_APPENDS => {
+                return Err(S3Error::new(
+                    400,
+                    "TooManyParts",
+                    "The object has reached the maximum number of appends (10,000).",
+                ));
             }
-            let mut r = respond(200, ResponseBody::empty());
-            set_header(&mut r, "etag", &etag);
-            set_header(&mut r, "x-amz-object-size", &size.to_string());
-            Ok(r)
-        }
-        Err(e) => {
-            let _ = std::fs::remove_file(&tmp);
-            Err(e)
-        }
-    }
+            // The appended bytes become one more blob of the object: nothing is copied, and readers of the
+            // previous version keep their blobs.
+            Some(current) => Object {
+                data: current.data.iter().cloned().chain([blob]).collect(),
+                size: current.size + received.size,
+                etag: new_etag(true, None),
+                last_modified: SystemTime::now(),
+                content_type: current.content_type.clone(),
+                checksum: None,
+                parts: current.parts + 1,
+            },
+        };
+        let (etag, size) = (object.etag.clone(), object.size);
+        (
+            etag,
+            size,
+            b.objects.insert(ctx.key.clone(), Arc::new(object)),
+        )
+    };
+    let mut r = respond(200, ResponseBody::empty());
+    set_header(&mut r, "etag", &etag);
+    set_header(&mut r, "x-amz-object-size", &size.to_string());
+    Ok(r)
 }
 
 /// Keys are 1 to 1024 bytes of UTF-8 (path-style requests have already been decoded).
@@ -528,19 +496,14 @@ pub async fn copy_object(state: &Arc<State>, ctx: &Ctx) -> Answer {
     {
         return Err(S3Error::precondition_failed("x-amz-copy-source-if-match"));
     }
-    let dest = state.store.new_file(&ctx.bucket, "obj")?;
-    let (from, to) = (src.file.clone(), dest.clone());
-    tokio::task::spawn_blocking(move || std::fs::copy(from, to))
-        .await
-        .map_err(|e| S3Error::internal(std::io::Error::other(e)))?
-        .map_err(S3Error::internal)?;
+    // Blobs are never modified, so the copy shares the source's: like the service's server-side copy, no
+    // bytes pass through the client, and none are duplicated here.
     let etag = if directory {
         new_etag(true, None)
     } else {
         src.etag.clone()
     };
     let object = Object {
-        file: dest,
         etag: etag.clone(),
         last_modified: SystemTime::now(),
         ..(*src).clone()
@@ -599,9 +562,7 @@ pub fn rename_object(state: &Arc<State>, ctx: &Ctx) -> Answer {
             b.objects.insert(ctx.key.clone(), Arc::new(moved))
         }
     };
-    if let Some(old) = replaced {
-        let _ = std::fs::remove_file(&old.file);
-    }
+    drop(replaced); // its blobs go once no reader holds them
     Ok(respond(200, ResponseBody::empty()))
 }
 
@@ -632,9 +593,7 @@ fn remove_key(
         }
         b.objects.remove(key)
     };
-    if let Some(old) = removed {
-        let _ = std::fs::remove_file(&old.file);
-    }
+    drop(removed); // outside the lock: its blobs go once no reader holds them
     Ok(())
 }
 

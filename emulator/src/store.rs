@@ -1,6 +1,8 @@
-//! Buckets, objects, multipart uploads and sessions. Object bytes live in files under the data directory;
-//! only metadata is held in memory. A write lands in a fresh file and is swapped in under the lock, so
-//! readers that already opened the old file keep reading consistent (old) bytes, as with S3.
+//! Buckets, objects, multipart uploads and sessions. Object bytes live in files under the data directory
+//! ([`Blob`]s); only metadata is held in memory. A write lands in a fresh file and is swapped in under the
+//! lock; readers hold the blobs they started on, so they keep reading consistent (old) bytes, as with S3.
+//! An object is a list of blobs: a completed multipart upload keeps its parts and an append adds one, so
+//! neither copies bytes the service would not copy.
 
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{BuildHasher, Hasher};
@@ -48,9 +50,32 @@ pub fn validate_bucket_name(name: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// One file of object bytes. It is deleted when the last object, part or response holding it lets go.
+#[derive(Debug)]
+pub struct Blob {
+    pub path: PathBuf,
+    pub len: u64,
+}
+
+impl Blob {
+    pub fn new(path: PathBuf, len: u64) -> Arc<Blob> {
+        Arc::new(Blob { path, len })
+    }
+}
+
+impl Drop for Blob {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// `len` bytes of `blob` from `offset`: one piece of a ranged read.
+pub type Piece = (Arc<Blob>, u64, u64);
+
 #[derive(Debug, Clone)]
 pub struct Object {
-    pub file: PathBuf,
+    /// The object's bytes, in order.
+    pub data: Vec<Arc<Blob>>,
     pub size: u64,
     pub etag: String,
     pub last_modified: SystemTime,
@@ -61,9 +86,24 @@ pub struct Object {
     pub parts: u32,
 }
 
+impl Object {
+    /// The pieces of blobs that hold bytes `start..start + len`.
+    pub fn pieces(&self, start: u64, len: u64) -> Vec<Piece> {
+        let (end, mut at, mut out) = (start + len, 0u64, Vec::new());
+        for blob in &self.data {
+            let (from, to) = (start.max(at), end.min(at + blob.len));
+            if from < to {
+                out.push((Arc::clone(blob), from - at, to - from));
+            }
+            at += blob.len;
+        }
+        out
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct Part {
-    pub file: PathBuf,
+    pub blob: Arc<Blob>,
     pub size: u64,
     pub etag: String,
     pub md5: Option<[u8; 16]>,
@@ -243,5 +283,77 @@ impl Store {
 
     pub fn reset_stats(&self) {
         self.stats.lock().unwrap_or_else(|e| e.into_inner()).clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn object(lens: &[u64], dir: &Path) -> Object {
+        let data = lens
+            .iter()
+            .enumerate()
+            .map(|(i, &len)| Blob::new(dir.join(format!("b{i}")), len))
+            .collect();
+        Object {
+            data,
+            size: lens.iter().sum(),
+            etag: String::new(),
+            last_modified: SystemTime::now(),
+            content_type: String::new(),
+            checksum: None,
+            parts: lens.len() as u32,
+        }
+    }
+
+    fn spans(pieces: Vec<Piece>) -> Vec<(String, u64, u64)> {
+        pieces
+            .into_iter()
+            .map(|(b, o, l)| {
+                (
+                    b.path.file_name().unwrap().to_string_lossy().into_owned(),
+                    o,
+                    l,
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_range_maps_onto_the_blobs_it_covers() {
+        let dir = Path::new("/nonexistent-expressfs-blobs");
+        let o = object(&[10, 0, 5, 20], dir);
+        assert_eq!(
+            spans(o.pieces(0, 35)),
+            [
+                ("b0".into(), 0, 10),
+                ("b2".into(), 0, 5),
+                ("b3".into(), 0, 20)
+            ]
+        );
+        assert_eq!(
+            spans(o.pieces(8, 10)),
+            [
+                ("b0".into(), 8, 2),
+                ("b2".into(), 0, 5),
+                ("b3".into(), 0, 3)
+            ]
+        );
+        assert_eq!(spans(o.pieces(16, 4)), [("b3".into(), 1, 4)]);
+        assert!(o.pieces(35, 0).is_empty());
+    }
+
+    #[test]
+    fn a_blob_is_deleted_when_its_last_holder_lets_go() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("blob");
+        std::fs::write(&path, b"bytes").unwrap();
+        let blob = Blob::new(path.clone(), 5);
+        let reader = Arc::clone(&blob);
+        drop(blob);
+        assert!(path.exists(), "a reader still holds it");
+        drop(reader);
+        assert!(!path.exists());
     }
 }
