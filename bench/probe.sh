@@ -11,7 +11,7 @@ shift $(( $# >= 2 ? 2 : 1 ))
 export AWS_EC2_METADATA_DISABLED=true AWS_ACCESS_KEY_ID=AKIDEXPRESSFSTEST \
     AWS_SECRET_ACCESS_KEY=expressfs-test-secret AWS_REGION=us-east-1
 bucket=probe--use1-az4--x-s3
-work=$(mktemp -d /tmp/expressfs-probe-XXXXXX)
+work=$(mktemp -d "${PROBE_DIR:-/tmp}/expressfs-probe-XXXXXX")
 mnt=$work/mnt
 mkdir -p "$work/data" "$mnt"
 target/release/expressfs-emulator --listen 127.0.0.1:0 --data-dir "$work/data" --bucket "$bucket" \

@@ -93,6 +93,10 @@ struct Args {
     /// Print the table as markdown with machine, date and command, for docs/BENCHMARKS.md
     #[arg(long)]
     markdown: bool,
+    /// Where the emulator keeps object bytes [default: the temp directory]. A tmpfs (`/dev/shm`) keeps the
+    /// disk's writeback out of the figures; it needs RAM for the data set and the checkpoints.
+    #[arg(long)]
+    emulator_dir: Option<PathBuf>,
 }
 
 fn main() -> Result<()> {
@@ -106,7 +110,12 @@ fn main() -> Result<()> {
     };
     let timeout = Duration::from_secs(args.timeout_secs);
 
-    let data_dir = tempfile::Builder::new().prefix("bench-emu-").tempdir()?;
+    let data_dir = match &args.emulator_dir {
+        Some(dir) => tempfile::Builder::new()
+            .prefix("bench-emu-")
+            .tempdir_in(dir)?,
+        None => tempfile::Builder::new().prefix("bench-emu-").tempdir()?,
+    };
     let emu = Emulator::start_background(EmulatorConfig {
         data_dir: data_dir.path().to_path_buf(),
         buckets: vec![DIR_BUCKET.into(), GP_BUCKET.into()],
