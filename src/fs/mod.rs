@@ -35,6 +35,9 @@ use write::{Writer, WriterOptions};
 use crate::memory::MemoryBudget;
 use crate::s3::{ObjectClient, WriteCondition};
 
+/// Listings of one readdir, when our own changes in the directory keep overtaking them.
+const LIST_ATTEMPTS: u32 = 3;
+
 /// Configuration of the core, built by the CLI layer from flags.
 #[derive(Debug, Clone)]
 pub struct FsConfig {
@@ -476,13 +479,31 @@ impl S3Filesystem {
 
     /// Lists the whole directory (all pages) once per handle; entries are merged without assuming any order,
     /// duplicates dropped, a directory shadowing a file of the same name, invalid names hidden.
-    async fn list_dir(&self, dir: &inode::Node) -> FsResult<Vec<DirEntry>> {
-        let asked = Instant::now();
-        let found = listing::list_all(self.client.as_ref(), &dir.key, None)
-            .await?
-            .unwrap_or_default();
+    ///
+    /// A listing sent before one of our own changes in the directory finished answers from before it: it
+    /// would bring back a file we just deleted, for a whole TTL. Such a listing is sent again (twice at
+    /// most); if the directory is still changing after that, only names the table already has are kept,
+    /// and the result serves this handle only. A trusted result is cached for the TTL, decided under the
+    /// same table lock as the check, so no change can slip in between.
+    async fn list_dir(&self, dir: &inode::Node) -> FsResult<Arc<Vec<DirEntry>>> {
+        let mut attempt = 0;
+        let (found, asked, mut table, trusted) = loop {
+            attempt += 1;
+            let asked = Instant::now();
+            let found = listing::list_all(self.client.as_ref(), &dir.key, None)
+                .await?
+                .unwrap_or_default();
+            let table = self.table();
+            let trusted = self.storms.unchanged_since(dir.ino, asked);
+            if trusted || attempt == LIST_ATTEMPTS {
+                break (found, asked, table, trusted);
+            }
+            debug!(
+                key = dir.key,
+                "the directory changed while it was listed: listing again"
+            );
+        };
         let expires = self.expiry();
-        let mut table = self.table();
         let mut entries = Vec::with_capacity(found.len() + 2);
         entries.push(DirEntry {
             ino: dir.ino,
@@ -495,6 +516,9 @@ impl S3Filesystem {
             name: "..".into(),
         });
         for (name, (kind, stat)) in found {
+            if !trusted && table.child(dir.ino, &name).is_none() {
+                continue;
+            }
             let ino = table.upsert(dir.ino, &name, kind, stat, expires, asked);
             let kind = if kind == Kind::File {
                 FileKind::File
@@ -515,6 +539,13 @@ impl S3Filesystem {
                 entries.push(DirEntry { ino, kind, name });
             }
         }
+        let entries = Arc::new(entries);
+        if trusted && !self.config.metadata_ttl.is_zero() {
+            let until = Instant::now() + self.config.metadata_ttl;
+            let mut listings = self.listings.lock().unwrap_or_else(|e| e.into_inner());
+            listings.insert(dir.ino, (until, Arc::clone(&entries)));
+        }
+        drop(table);
         Ok(entries)
     }
 
@@ -566,20 +597,7 @@ impl S3Filesystem {
             let dir = self.dir_node(*ino)?;
             let listed = match self.cached_listing(*ino) {
                 Some(cached) => cached,
-                None => {
-                    let fresh = Arc::new(self.list_dir(&dir).await?);
-                    if !self.config.metadata_ttl.is_zero() {
-                        let mut listings = self.listings.lock().unwrap_or_else(|e| e.into_inner());
-                        listings.insert(
-                            *ino,
-                            (
-                                Instant::now() + self.config.metadata_ttl,
-                                Arc::clone(&fresh),
-                            ),
-                        );
-                    }
-                    fresh
-                }
+                None => self.list_dir(&dir).await?,
             };
             *entries.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::clone(&listed));
             return Ok(listed);
@@ -1389,6 +1407,71 @@ mod tests {
             .unwrap()
             .fh;
         assert_eq!(&fs.read(rh, 0, 100).await.unwrap()[..], b"hello world");
+    }
+
+    /// A readdir whose listing was answered before our unlink finished must not bring the file back.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_listing_from_before_an_unlink_does_not_bring_the_file_back() {
+        let mut c = config();
+        c.allow_delete = true;
+        let files: [(&str, &[u8]); 2] = [("d/gone", b"1"), ("d/kept", b"2")];
+        let (fake, fs) = fs_with(&files, c, true).await;
+        let fs = Arc::new(fs);
+        let dir = fs.lookup(ROOT_INO, "d").await.unwrap().ino;
+        fs.lookup(dir, "gone").await.unwrap();
+        let gate = fake.hold_lists();
+        let before = fake.requests.load(Ordering::SeqCst);
+        let fh = fs.opendir(dir).unwrap();
+        let listing = tokio::spawn({
+            let fs = Arc::clone(&fs);
+            async move { fs.readdir(fh, 0).await }
+        });
+        // The listing has read the bucket (both files) and waits; the unlink now completes.
+        while fake.requests.load(Ordering::SeqCst) == before {
+            tokio::task::yield_now().await;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        fs.unlink(dir, "gone").await.unwrap();
+        gate.add_permits(10);
+        let names: Vec<String> = listing
+            .await
+            .unwrap()
+            .unwrap()
+            .iter()
+            .map(|e| e.name.clone())
+            .collect();
+        assert!(names.contains(&"kept".to_string()), "{names:?}");
+        assert!(!names.contains(&"gone".to_string()), "{names:?}");
+        assert!(matches!(
+            fs.lookup(dir, "gone").await,
+            Err(FsError::NotFound)
+        ));
+    }
+
+    /// While our change in a directory outlasts every listing of a readdir, the listing adds no names the
+    /// table does not have (they could be ones we just removed); once it ends, everything is listed.
+    #[tokio::test]
+    async fn a_directory_that_keeps_changing_lists_only_names_already_known() {
+        let files: [(&str, &[u8]); 2] = [("d/known", b"1"), ("d/unseen", b"2")];
+        let (fake, fs) = fs_with(&files, config(), true).await;
+        let dir = fs.lookup(ROOT_INO, "d").await.unwrap().ino;
+        fs.lookup(dir, "known").await.unwrap();
+        let names = |entries: Arc<Vec<DirEntry>>| -> Vec<String> {
+            let mut v: Vec<String> = entries.iter().map(|e| e.name.clone()).collect();
+            v.sort();
+            v
+        };
+        let change = fs.storms.changing(dir);
+        let before = fake.requests.load(Ordering::SeqCst);
+        let fh = fs.opendir(dir).unwrap();
+        let listed = names(fs.readdir(fh, 0).await.unwrap());
+        assert_eq!(listed, [".", "..", "known"]);
+        let lists = fake.requests.load(Ordering::SeqCst) - before;
+        assert_eq!(lists, u64::from(LIST_ATTEMPTS), "each attempt lists once");
+        drop(change);
+        let fh = fs.opendir(dir).unwrap();
+        let listed = names(fs.readdir(fh, 0).await.unwrap());
+        assert_eq!(listed, [".", "..", "known", "unseen"]);
     }
 
     #[tokio::test]

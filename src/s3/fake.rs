@@ -4,8 +4,8 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::ops::Range;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
 use async_trait::async_trait;
@@ -36,6 +36,9 @@ pub struct FakeClient {
     pub requests: AtomicU64,
     /// GETs still to fail with a transient error (fault injection for unit tests).
     failing_gets: AtomicU64,
+    /// While set, a listing reads the bucket and then waits here before it answers, so a test can change
+    /// the bucket between the two (a listing answered from before the change).
+    list_gate: Mutex<Option<Arc<tokio::sync::Semaphore>>>,
 }
 
 impl FakeClient {
@@ -47,7 +50,15 @@ impl FakeClient {
             counter: AtomicU64::new(1),
             requests: AtomicU64::new(0),
             failing_gets: AtomicU64::new(0),
+            list_gate: Mutex::new(None),
         }
+    }
+
+    /// Holds every listing, after it read the bucket, until the returned gate gets permits.
+    pub fn hold_lists(&self) -> Arc<tokio::sync::Semaphore> {
+        let gate = Arc::new(tokio::sync::Semaphore::new(0));
+        *self.list_gate.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::clone(&gate));
+        gate
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
@@ -71,6 +82,61 @@ impl FakeClient {
 
     pub fn open_uploads(&self) -> usize {
         self.state().uploads.len()
+    }
+
+    fn list_page(
+        &self,
+        prefix: &str,
+        delimiter: Option<&str>,
+        continuation_token: Option<&str>,
+        max_keys: i32,
+    ) -> ListPage {
+        let state = self.state();
+        let after = continuation_token.unwrap_or("");
+        let mut page = ListPage::default();
+        let mut count = 0;
+        for (key, s) in state
+            .objects
+            .range(prefix.to_string()..)
+            .take_while(|(k, _)| k.starts_with(prefix))
+        {
+            if key.as_str() <= after {
+                continue;
+            }
+            let rest = &key[prefix.len()..];
+            let rolled = delimiter.and_then(|d| {
+                rest.find(d)
+                    .map(|i| format!("{prefix}{}", &rest[..i + d.len()]))
+            });
+            if let Some(cp) = rolled {
+                if page.common_prefixes.last() == Some(&cp) {
+                    continue;
+                }
+                if count == max_keys {
+                    page.next_continuation_token = Some(key.clone());
+                    break;
+                }
+                page.common_prefixes.push(cp);
+            } else {
+                if count == max_keys {
+                    page.next_continuation_token = Some(key.clone());
+                    break;
+                }
+                page.objects.push(info(key, s));
+            }
+            count += 1;
+        }
+        // Resume just before the next item (tokens are exclusive lower bounds).
+        if let Some(next) = &page.next_continuation_token {
+            let prev: String = state
+                .objects
+                .range(..next.clone())
+                .next_back()
+                .map(|(k, _)| k.clone())
+                .unwrap_or_default();
+            page.next_continuation_token = Some(prev);
+        }
+        page
     }
 
     fn check(
@@ -148,50 +214,14 @@ impl ObjectClient for FakeClient {
         continuation_token: Option<&str>,
         max_keys: i32,
     ) -> Result<ListPage, ClientError> {
-        let state = self.state();
-        let after = continuation_token.unwrap_or("");
-        let mut page = ListPage::default();
-        let mut count = 0;
-        for (key, s) in state
-            .objects
-            .range(prefix.to_string()..)
-            .take_while(|(k, _)| k.starts_with(prefix))
-        {
-            if key.as_str() <= after {
-                continue;
-            }
-            let rest = &key[prefix.len()..];
-            let rolled = delimiter.and_then(|d| {
-                rest.find(d)
-                    .map(|i| format!("{prefix}{}", &rest[..i + d.len()]))
-            });
-            if let Some(cp) = rolled {
-                if page.common_prefixes.last() == Some(&cp) {
-                    continue;
-                }
-                if count == max_keys {
-                    page.next_continuation_token = Some(key.clone());
-                    break;
-                }
-                page.common_prefixes.push(cp);
-            } else {
-                if count == max_keys {
-                    page.next_continuation_token = Some(key.clone());
-                    break;
-                }
-                page.objects.push(info(key, s));
-            }
-            count += 1;
-        }
-        // Resume just before the next item (tokens are exclusive lower bounds).
-        if let Some(next) = &page.next_continuation_token {
-            let prev: String = state
-                .objects
-                .range(..next.clone())
-                .next_back()
-                .map(|(k, _)| k.clone())
-                .unwrap_or_default();
-            page.next_continuation_token = Some(prev);
+        let page = self.list_page(prefix, delimiter, continuation_token, max_keys);
+        let gate = self
+            .list_gate
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        if let Some(gate) = gate {
+            gate.acquire().await.expect("gate open").forget();
         }
         Ok(page)
     }
