@@ -370,7 +370,11 @@ impl Filesystem for Adapter {
                         &file_attr(&a, bs),
                         Generation(0),
                         FileHandle(fh),
-                        FopenFlags::empty(),
+                        if fs.writes_bypass_page_cache() {
+                            FopenFlags::FOPEN_DIRECT_IO
+                        } else {
+                            FopenFlags::empty()
+                        },
                     ),
                     Err(e) => reply.error(report("create", &e)),
                 }

@@ -187,7 +187,8 @@ pub struct S3Filesystem {
     storms: Arc<Storms>,
     /// Starts of files fetched by lookups, waiting for their open.
     first_bytes: FirstBytes,
-    /// Whether big files may be read with direct I/O: not where the kernel could then not mmap them.
+    /// Whether big files may be read, and files being written written, with direct I/O: not where the
+    /// kernel could then not mmap them.
     direct_io_for_big_files: AtomicBool,
     next_handle: AtomicU64,
     writers: AtomicU64,
@@ -222,6 +223,13 @@ impl S3Filesystem {
     /// cache like small ones, and only O_DIRECT opens bypass it.
     pub fn keep_big_files_in_page_cache(&self) {
         self.direct_io_for_big_files.store(false, Ordering::Relaxed);
+    }
+
+    /// Whether a handle that writes goes around the page cache. The written bytes then cross the kernel
+    /// once (from the writer's pages into our request) instead of twice (first into page-cache pages), and
+    /// nothing stale is left cached. Reads through a write handle are refused anyway.
+    pub fn writes_bypass_page_cache(&self) -> bool {
+        self.direct_io_for_big_files.load(Ordering::Relaxed)
     }
 
     pub fn config(&self) -> &FsConfig {
@@ -669,7 +677,7 @@ impl S3Filesystem {
             return Ok(Opened {
                 fh,
                 keep_cache: false,
-                bypass_page_cache: false,
+                bypass_page_cache: self.writes_bypass_page_cache(),
             });
         }
         // Refresh the ETag if our view is stale, so reads are pinned to what exists now.
@@ -1278,6 +1286,27 @@ mod tests {
             &[7u8; 5000][..]
         );
         assert!(fake.requests.load(Ordering::SeqCst) > before);
+    }
+
+    #[tokio::test]
+    async fn writes_bypass_the_page_cache_where_the_kernel_can_still_mmap() {
+        let mut c = config();
+        c.allow_overwrite = true;
+        let (_, fs) = fs_with(&[("old", b"v")], c, true).await;
+        let trunc = OpenMode {
+            write: true,
+            truncate: true,
+            ..Default::default()
+        };
+        let old = fs.lookup(ROOT_INO, "old").await.unwrap().ino;
+        let opened = fs.open(old, trunc, 1).await.unwrap();
+        assert!(opened.bypass_page_cache && !opened.keep_cache);
+        fs.release(opened.fh).await.unwrap();
+        assert!(fs.writes_bypass_page_cache());
+        fs.keep_big_files_in_page_cache();
+        assert!(!fs.writes_bypass_page_cache());
+        let opened = fs.open(old, trunc, 1).await.unwrap();
+        assert!(!opened.bypass_page_cache);
     }
 
     #[tokio::test]
