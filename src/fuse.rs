@@ -422,6 +422,11 @@ impl Filesystem for Adapter {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
+        let span = debug_span!("write", ino = ino.0, offset);
+        if let Some(n) = span.in_scope(|| self.fs.write_now(fh.0, offset, data)) {
+            metrics::counter!("expressfs_written_bytes_total").increment(u64::from(n));
+            return reply.written(n);
+        }
         let fs = Arc::clone(&self.fs);
         let data = data.to_vec();
         self.spawn(
@@ -434,7 +439,7 @@ impl Filesystem for Adapter {
                     Err(e) => reply.error(report("write", &e)),
                 }
             }
-            .instrument(debug_span!("write", ino = ino.0, offset)),
+            .instrument(span),
         );
     }
 

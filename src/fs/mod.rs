@@ -899,8 +899,32 @@ impl S3Filesystem {
         };
         let mut w = writer.lock().await;
         let n = w.write(offset, data).await?;
-        let size = w.size();
-        if let Some(node) = self.table().get_mut(*ino) {
+        self.note_written(*ino, counted, w.size());
+        Ok(n)
+    }
+
+    /// A write that needs no waiting (the bytes only join the part being filled), done on the caller's
+    /// thread with the caller's buffer: the FUSE adapter then need not copy the bytes to hand them to the
+    /// runtime. `None` when the write must go through [`S3Filesystem::write`].
+    pub fn write_now(&self, fh: u64, offset: u64, data: &[u8]) -> Option<u32> {
+        let handle = self.handle(fh).ok()?;
+        let Handle::Write {
+            ino,
+            writer,
+            counted,
+            ..
+        } = handle.as_ref()
+        else {
+            return None;
+        };
+        let mut w = writer.try_lock().ok()?;
+        let n = w.write_in_memory(offset, data)?;
+        self.note_written(*ino, counted, w.size());
+        Some(n)
+    }
+
+    fn note_written(&self, ino: u64, counted: &AtomicBool, size: u64) {
+        if let Some(node) = self.table().get_mut(ino) {
             node.stat.size = size;
             node.stat.mtime = SystemTime::now();
             // Dirty again after an upload: the file is busy until its next upload.
@@ -908,7 +932,6 @@ impl S3Filesystem {
                 node.writers += 1;
             }
         }
-        Ok(n)
     }
 
     /// fsync: everything written is durable in the bucket when this returns Ok.

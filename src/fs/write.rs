@@ -132,6 +132,26 @@ impl Writer {
         e
     }
 
+    /// The common case of a sequential write, done at once: the bytes only join the part being filled.
+    /// `None`, with nothing changed, when the write needs more (a part to send, staging, an error to report),
+    /// which [`Writer::write`] then does.
+    pub fn write_in_memory(&mut self, offset: u64, data: &[u8]) -> Option<u32> {
+        let plain = matches!(self.mode, Mode::Stream | Mode::Append { .. })
+            && self.failed.is_none()
+            && !self.sealed
+            && offset == self.size
+            && self.buffer.len() + data.len() < self.part_size;
+        if !plain {
+            return None;
+        }
+        self.reserve_part(data.len());
+        self.buffer.extend_from_slice(data);
+        self.size += data.len() as u64;
+        self.dirty = true;
+        self.keep_local_copy(offset, data);
+        Some(data.len() as u32)
+    }
+
     pub async fn write(&mut self, offset: u64, data: &[u8]) -> FsResult<u32> {
         if let Some(e) = &self.failed {
             return Err(e.clone());
@@ -163,6 +183,7 @@ impl Writer {
         if offset != self.size {
             return self.switch_to_staging(offset, data).await;
         }
+        self.reserve_part(data.len());
         self.buffer.extend_from_slice(data);
         self.size += data.len() as u64;
         self.dirty = true;
@@ -174,6 +195,19 @@ impl Writer {
             }
         }
         Ok(data.len() as u32)
+    }
+
+    /// Once a file has sent a part, each next part gets one allocation of the whole part size: grown by
+    /// doubling, every part would be copied several times and leave freed blocks of every size in the malloc
+    /// arenas of the FUSE threads. The first part grows as it fills, so a small file never holds a part.
+    fn reserve_part(&mut self, incoming: usize) {
+        let needed = self.buffer.len() + incoming;
+        if self.multipart.is_none() || needed <= self.buffer.capacity() {
+            return;
+        }
+        let mut next = BytesMut::with_capacity(self.part_size.max(needed));
+        next.extend_from_slice(&self.buffer);
+        self.buffer = next;
     }
 
     /// Maintains the local copy of a streamed file: started (from the buffer, which still holds every byte)
@@ -562,6 +596,35 @@ mod tests {
             w.write(w.size(), b"x").await.is_err(),
             "sealed after commit"
         );
+    }
+
+    /// Writes done at once (no part to send) and the ones handed to `write` make the same object.
+    #[tokio::test]
+    async fn writes_in_memory_stop_short_of_a_part_and_of_anything_unusual() {
+        let fake = Arc::new(FakeClient::new("b", true));
+        let mut w = Writer::new(fake.clone(), "k".into(), opts(None));
+        let data: Vec<u8> = (0..11 * 1024 * 1024 + 7).map(|i| (i % 251) as u8).collect();
+        let (mut at_once, mut waited) = (0, 0);
+        for chunk in data.chunks(768 * 1024) {
+            let off = w.size();
+            match w.write_in_memory(off, chunk) {
+                Some(n) => {
+                    assert_eq!(n as usize, chunk.len());
+                    at_once += 1;
+                }
+                None => {
+                    assert_eq!(w.size(), off, "a refused write changes nothing");
+                    w.write(off, chunk).await.unwrap();
+                    waited += 1;
+                }
+            }
+        }
+        // Two 5 MiB parts fill up; every other write joins the part being filled.
+        assert_eq!((at_once, waited), (13, 2));
+        assert_eq!(w.write_in_memory(3, b"x"), None, "not at the end");
+        w.commit().await.unwrap();
+        assert_eq!(fake.object("k").unwrap(), data);
+        assert_eq!(w.write_in_memory(w.size(), b"x"), None, "sealed");
     }
 
     #[tokio::test]
