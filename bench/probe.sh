@@ -4,6 +4,7 @@
 #   bash bench/probe.sh small-files [EXPRESSFS_BINARY] [expressfs flags...]   # 5,000 x 100 KB, 64 threads
 #   bash bench/probe.sh checkpoint  [EXPRESSFS_BINARY] [expressfs flags...]   # 1 GiB in 1 MiB writes + fsync
 # Needs a release build (cargo build --release --workspace). Loopback only; credentials passed explicitly.
+# PROBE_DIR=/dev/shm keeps the emulator's bytes (and so disk writeback) off the disk; the default is /tmp.
 set -euo pipefail
 mode=${1:?small-files or checkpoint}
 bin=${2:-target/release/expressfs}
