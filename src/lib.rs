@@ -4,10 +4,12 @@
 //! - [`cli`], [`bucket`], [`daemon`], [`logging`]: command line, bucket-name rules, process lifecycle.
 //! - [`fuse`]: thin adapter from fuser callbacks to the core; the only place errno is chosen.
 //! - [`fs`]: the file system core (inodes, lookup, readdir, read and write handles). No fuser types.
+//! - [`buffers`]: spare multi-MiB buffers for GET bodies and upload parts.
 //! - [`cache`]: the local block cache, a layer around the object client for reads.
 //! - [`s3`]: the object client trait, its aws-sdk-s3 implementation and an in-memory fake for unit tests.
 
 pub mod bucket;
+pub mod buffers;
 pub mod cache;
 pub mod cli;
 pub mod daemon;

@@ -43,8 +43,10 @@ struct Chunk {
 
 impl Drop for Chunk {
     fn drop(&mut self) {
-        if let ChunkData::Pending(task) = &self.data {
-            task.abort();
+        match std::mem::replace(&mut self.data, ChunkData::Ready(Bytes::new())) {
+            ChunkData::Pending(task) => task.abort(),
+            // Reused for a later GET unless a reply or a cache still holds part of it.
+            ChunkData::Ready(bytes) => crate::buffers::give_back(bytes),
         }
     }
 }

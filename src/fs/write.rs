@@ -205,7 +205,7 @@ impl Writer {
         if self.multipart.is_none() || needed <= self.buffer.capacity() {
             return;
         }
-        let mut next = BytesMut::with_capacity(self.part_size.max(needed));
+        let mut next = crate::buffers::take(self.part_size.max(needed));
         next.extend_from_slice(&self.buffer);
         self.buffer = next;
     }
@@ -332,7 +332,10 @@ impl Writer {
         let (client, key, id) = (Arc::clone(&self.client), self.key.clone(), mp.id.clone());
         mp.in_flight.push_back(tokio::spawn(async move {
             let _memory = memory;
-            client.upload_part(&key, &id, number, part).await
+            let buffer = part.clone();
+            let done = client.upload_part(&key, &id, number, part).await;
+            crate::buffers::give_back(buffer);
+            done
         }));
         wait_for_parts(mp, &self.key, MAX_PARTS_IN_FLIGHT).await
     }

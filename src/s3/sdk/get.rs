@@ -90,7 +90,7 @@ impl SdkClient {
             let drain = skip + want >= window.len;
             // Sized by what this answer can deliver, never by the caller's range alone (the object size may be
             // unknown: `Content-Range: bytes a-b/*`).
-            let out = buf.get_or_insert_with(|| BytesMut::with_capacity(want as usize));
+            let out = buf.get_or_insert_with(|| crate::buffers::take(want as usize));
             let before = out.len();
             let outcome = read_body(response.body, out, skip, want, drain).await;
             let problem = match outcome {

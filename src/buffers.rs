@@ -1,0 +1,143 @@
+//! Spare buffers for GET bodies and upload parts.
+//!
+//! A buffer of several MiB comes from `mmap`, and every page of a fresh one is faulted in and zeroed by the
+//! kernel before the first byte lands: in a sequential read that was a quarter of the daemon's CPU (perf,
+//! `clear_page_erms` and the page-fault path; docs/BENCHMARKS.md). Buffers that nobody else holds any more are
+//! kept here and handed out again, their pages already mapped. The pool is small and bounded
+//! ([`MAX_POOLED_BYTES`]); a buffer that finds it full is freed as before. Reuse is safe because only a buffer
+//! with no other reference comes back, and it comes back empty: the bytes of its last use can never be read.
+
+use std::sync::Mutex;
+
+use bytes::{Bytes, BytesMut};
+
+/// Smaller buffers come from malloc's own free lists without page faults; only big ones are worth keeping.
+const MIN_POOLED: usize = 1024 * 1024;
+
+/// The most the pool holds, in bytes of capacity. Enough for the parts in flight of a few streams; memory
+/// outside the budget, so kept small.
+const MAX_POOLED_BYTES: usize = 96 * 1024 * 1024;
+
+static POOL: Pool = Pool::new(MAX_POOLED_BYTES);
+
+/// An empty buffer that can hold `capacity` bytes without growing: a pooled one if one fits, else a new one.
+pub fn take(capacity: usize) -> BytesMut {
+    POOL.take(capacity)
+}
+
+/// Returns the buffer behind `bytes` to the pool if this was its last reference (a slice handed to a FUSE
+/// reply or a cache keeps it out), else just drops this reference.
+pub fn give_back(bytes: Bytes) {
+    POOL.give_back(bytes)
+}
+
+/// Returns a buffer we own to the pool, emptied.
+pub fn give_back_mut(buf: BytesMut) {
+    POOL.give_back_mut(buf)
+}
+
+struct Pool {
+    spare: Mutex<Vec<BytesMut>>,
+    max_bytes: usize,
+}
+
+impl Pool {
+    const fn new(max_bytes: usize) -> Pool {
+        Pool {
+            spare: Mutex::new(Vec::new()),
+            max_bytes,
+        }
+    }
+
+    /// A pooled buffer no more than twice `capacity` (a big one is not spent on a small request).
+    fn take(&self, capacity: usize) -> BytesMut {
+        if capacity >= MIN_POOLED {
+            let mut spare = self.spare.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(i) = spare
+                .iter()
+                .position(|b| b.capacity() >= capacity && b.capacity() / 2 <= capacity)
+            {
+                return spare.swap_remove(i);
+            }
+        }
+        BytesMut::with_capacity(capacity)
+    }
+
+    fn give_back(&self, bytes: Bytes) {
+        if bytes.len() < MIN_POOLED / 2 {
+            return;
+        }
+        if let Ok(buf) = bytes.try_into_mut() {
+            self.give_back_mut(buf);
+        }
+    }
+
+    fn give_back_mut(&self, mut buf: BytesMut) {
+        if buf.capacity() < MIN_POOLED {
+            return;
+        }
+        buf.clear();
+        let mut spare = self.spare.lock().unwrap_or_else(|e| e.into_inner());
+        let held: usize = spare.iter().map(BytesMut::capacity).sum();
+        if held + buf.capacity() <= self.max_bytes {
+            spare.push(buf);
+        }
+    }
+
+    #[cfg(test)]
+    fn held(&self) -> usize {
+        let spare = self.spare.lock().unwrap_or_else(|e| e.into_inner());
+        spare.iter().map(BytesMut::capacity).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: usize = 1024 * 1024;
+
+    #[test]
+    fn a_buffer_given_back_comes_out_again_empty() {
+        let pool = Pool::new(64 * MIB);
+        let size = 3 * MIB + 11;
+        let mut buf = pool.take(size);
+        buf.extend_from_slice(&vec![7u8; size]);
+        let ptr = buf.as_ptr();
+        pool.give_back(buf.freeze());
+        assert!(pool.held() >= size);
+        let again = pool.take(size);
+        assert_eq!(again.as_ptr(), ptr, "the same allocation is reused");
+        assert!(again.is_empty(), "nothing of its last use is visible");
+        assert!(again.capacity() >= size);
+        assert_eq!(pool.held(), 0);
+    }
+
+    #[test]
+    fn a_buffer_still_referenced_is_not_reused() {
+        let pool = Pool::new(64 * MIB);
+        let size = 5 * MIB;
+        let mut buf = pool.take(size);
+        buf.extend_from_slice(&vec![9u8; size]);
+        let bytes = buf.freeze();
+        let reply = bytes.slice(10..20);
+        pool.give_back(bytes);
+        assert_eq!(pool.held(), 0, "a slice still points into it");
+        assert_eq!(&reply[..], &[9u8; 10]);
+    }
+
+    #[test]
+    fn small_buffers_and_buffers_past_the_limit_are_left_to_malloc() {
+        let pool = Pool::new(20 * MIB);
+        pool.give_back_mut(BytesMut::with_capacity(4096));
+        assert_eq!(pool.held(), 0);
+        for _ in 0..5 {
+            pool.give_back_mut(BytesMut::with_capacity(8 * MIB));
+        }
+        assert_eq!(pool.held(), 16 * MIB, "two of five fit under 20 MiB");
+        // A 1 MiB request does not take an 8 MiB buffer.
+        assert_eq!(pool.take(MIB).capacity(), MIB);
+        assert_eq!(pool.held(), 16 * MIB);
+        assert!(pool.take(5 * MIB).capacity() >= 8 * MIB);
+    }
+}
