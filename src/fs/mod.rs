@@ -168,6 +168,21 @@ enum Handle {
     },
 }
 
+impl Handle {
+    /// A write handle's node, writer and writer count flag.
+    fn as_writer(&self) -> Option<(u64, &AsyncMutex<Writer>, &AtomicBool)> {
+        match self {
+            Handle::Write {
+                ino,
+                writer,
+                counted,
+                ..
+            } => Some((*ino, writer, counted)),
+            _ => None,
+        }
+    }
+}
+
 /// A directory's entries and until when they may be served without listing again.
 type CachedListing = (Instant, Arc<Vec<DirEntry>>);
 
@@ -888,18 +903,10 @@ impl S3Filesystem {
 
     pub async fn write(&self, fh: u64, offset: u64, data: &[u8]) -> FsResult<u32> {
         let handle = self.handle(fh)?;
-        let Handle::Write {
-            ino,
-            writer,
-            counted,
-            ..
-        } = handle.as_ref()
-        else {
-            return Err(FsError::BadHandle);
-        };
+        let (ino, writer, counted) = handle.as_writer().ok_or(FsError::BadHandle)?;
         let mut w = writer.lock().await;
         let n = w.write(offset, data).await?;
-        self.note_written(*ino, counted, w.size());
+        self.note_written(ino, counted, w.size());
         Ok(n)
     }
 
@@ -908,18 +915,10 @@ impl S3Filesystem {
     /// runtime. `None` when the write must go through [`S3Filesystem::write`].
     pub fn write_now(&self, fh: u64, offset: u64, data: &[u8]) -> Option<u32> {
         let handle = self.handle(fh).ok()?;
-        let Handle::Write {
-            ino,
-            writer,
-            counted,
-            ..
-        } = handle.as_ref()
-        else {
-            return None;
-        };
+        let (ino, writer, counted) = handle.as_writer()?;
         let mut w = writer.try_lock().ok()?;
         let n = w.write_in_memory(offset, data)?;
-        self.note_written(*ino, counted, w.size());
+        self.note_written(ino, counted, w.size());
         Some(n)
     }
 
