@@ -936,20 +936,14 @@ impl S3Filesystem {
     /// fsync: everything written is durable in the bucket when this returns Ok.
     pub async fn fsync(&self, fh: u64) -> FsResult<()> {
         let handle = self.handle(fh)?;
-        let Handle::Write {
-            ino,
-            writer,
-            counted,
-            ..
-        } = handle.as_ref()
-        else {
+        let Some((ino, writer, counted)) = handle.as_writer() else {
             return Ok(());
         };
         let mut w = writer.lock().await;
         let result = w.commit().await?;
         let mut table = self.table();
         let expires = self.expiry();
-        if let Some(node) = table.get_mut(*ino) {
+        if let Some(node) = table.get_mut(ino) {
             if let Some(put) = result {
                 node.record_upload(w.size(), put.etag);
                 node.expires = expires;
@@ -997,13 +991,7 @@ impl S3Filesystem {
             }
             return Ok(());
         }
-        let Handle::Write {
-            ino,
-            writer,
-            counted,
-            ..
-        } = handle.as_ref()
-        else {
+        let Some((ino, writer, counted)) = handle.as_writer() else {
             return Ok(());
         };
         let mut w = writer.lock().await;
@@ -1014,7 +1002,7 @@ impl S3Filesystem {
             w.abort().await;
         }
         let mut table = self.table();
-        if let Some(node) = table.get_mut(*ino) {
+        if let Some(node) = table.get_mut(ino) {
             if counted.swap(false, Ordering::SeqCst) {
                 node.writers = node.writers.saturating_sub(1);
             }
