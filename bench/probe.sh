@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # One workload on a standalone emulator, with the daemon's and the emulator's CPU time and the daemon's
 # request counts: the probe behind the profiling notes in docs/BENCHMARKS.md ("Where the time goes").
-#   bash bench/probe.sh small-files [EXPRESSFS_BINARY] [expressfs flags...]   # 5,000 x 100 KB, 64 threads
+#   bash bench/probe.sh small-files [EXPRESSFS_BINARY] [expressfs flags...]   # PROBE_FILES (5,000) x 100 KB, 64 threads
 #   bash bench/probe.sh checkpoint  [EXPRESSFS_BINARY] [expressfs flags...]   # 1 GiB in 1 MiB writes + fsync
 # Needs a release build (cargo build --release --workspace). Loopback only; credentials passed explicitly.
 # PROBE_DIR=/dev/shm keeps the emulator's bytes (and so disk writeback) off the disk; the default is /tmp.
 set -euo pipefail
 mode=${1:?small-files or checkpoint}
+files=${PROBE_FILES:-5000}
 bin=${2:-target/release/expressfs}
 shift $(( $# >= 2 ? 2 : 1 ))
 export AWS_EC2_METADATA_DISABLED=true AWS_ACCESS_KEY_ID=AKIDEXPRESSFSTEST \
@@ -32,7 +33,7 @@ small-files)
     python3 -c "
 import os
 os.makedirs('$mnt/small', exist_ok=True)
-for i in range(5000):
+for i in range($files):
     open('$mnt/small/%06d.jpg' % i, 'wb').write(os.urandom(100000))"
     umount "$mnt"
     mount_it --read-only "$@"
@@ -44,8 +45,8 @@ from concurrent.futures import ThreadPoolExecutor
 t = time.time()
 read = lambda i: len(open('$mnt/small/%06d.jpg' % i, 'rb').read())
 with ThreadPoolExecutor(64) as ex:
-    assert sum(ex.map(read, range(5000))) == 5000 * 100000
-print('small files: %.0f files/s' % (5000 / (time.time() - t)))"
+    assert sum(ex.map(read, range($files))) == $files * 100000
+print('small files: %.0f files/s' % ($files / (time.time() - t)))"
     ;;
 checkpoint)
     mount_it "$@"
