@@ -4,10 +4,12 @@
 //! kernel before the first byte lands: in a sequential read that was a quarter of the daemon's CPU (perf,
 //! `clear_page_erms` and the page-fault path; docs/BENCHMARKS.md). Buffers that nobody else holds any more are
 //! kept here and handed out again, their pages already mapped. The pool is small and bounded
-//! ([`MAX_POOLED_BYTES`]); a buffer that finds it full is freed as before. Reuse is safe because only a buffer
+//! ([`MAX_POOLED_BYTES`], less under a small `--memory-target`: [`limit_to`]); a buffer that finds it full is
+//! freed as before. Reuse is safe because only a buffer
 //! with no other reference comes back, and it comes back empty: the bytes of its last use can never be read.
 
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use bytes::{Bytes, BytesMut};
 
@@ -19,6 +21,12 @@ const MIN_POOLED: usize = 1024 * 1024;
 const MAX_POOLED_BYTES: usize = 96 * 1024 * 1024;
 
 static POOL: Pool = Pool::new(MAX_POOLED_BYTES);
+
+/// Caps the pool at a quarter of the memory target (never above [`MAX_POOLED_BYTES`]): idle buffers are
+/// memory outside the budget, and under a 64 MiB target 96 MiB of them would be most of the process.
+pub fn limit_to(memory_target: u64) {
+    POOL.limit_to(memory_target)
+}
 
 /// An empty buffer that can hold `capacity` bytes without growing: a pooled one if one fits, else a new one.
 pub fn take(capacity: usize) -> BytesMut {
@@ -38,15 +46,21 @@ pub fn give_back_mut(buf: BytesMut) {
 
 struct Pool {
     spare: Mutex<Vec<BytesMut>>,
-    max_bytes: usize,
+    max_bytes: AtomicUsize,
 }
 
 impl Pool {
     const fn new(max_bytes: usize) -> Pool {
         Pool {
             spare: Mutex::new(Vec::new()),
-            max_bytes,
+            max_bytes: AtomicUsize::new(max_bytes),
         }
+    }
+
+    fn limit_to(&self, memory_target: u64) {
+        let cap = usize::try_from(memory_target / 4).unwrap_or(usize::MAX);
+        self.max_bytes
+            .store(cap.min(MAX_POOLED_BYTES), Ordering::Relaxed);
     }
 
     /// A pooled buffer no more than twice `capacity` (a big one is not spent on a small request).
@@ -79,7 +93,7 @@ impl Pool {
         buf.clear();
         let mut spare = self.spare.lock().unwrap_or_else(|e| e.into_inner());
         let held: usize = spare.iter().map(BytesMut::capacity).sum();
-        if held + buf.capacity() <= self.max_bytes {
+        if held + buf.capacity() <= self.max_bytes.load(Ordering::Relaxed) {
             spare.push(buf);
         }
     }
@@ -139,5 +153,20 @@ mod tests {
         assert_eq!(pool.take(MIB).capacity(), MIB);
         assert_eq!(pool.held(), 16 * MIB);
         assert!(pool.take(5 * MIB).capacity() >= 8 * MIB);
+    }
+
+    #[test]
+    fn a_small_memory_target_shrinks_the_pool() {
+        let pool = Pool::new(MAX_POOLED_BYTES);
+        pool.limit_to(64 * MIB as u64);
+        for _ in 0..4 {
+            pool.give_back_mut(BytesMut::with_capacity(8 * MIB));
+        }
+        assert_eq!(pool.held(), 16 * MIB, "a quarter of a 64 MiB target");
+        pool.limit_to(64 << 30);
+        for _ in 0..20 {
+            pool.give_back_mut(BytesMut::with_capacity(8 * MIB));
+        }
+        assert_eq!(pool.held(), MAX_POOLED_BYTES, "never above the fixed cap");
     }
 }

@@ -455,6 +455,7 @@ fn serve(args: Args, name: bucket::BucketName, region: String, mut reporter: Rep
         .memory_target
         .unwrap_or_else(crate::memory::default_target);
     config.memory = crate::memory::MemoryBudget::new(memory_target);
+    crate::buffers::limit_to(memory_target);
     info!(
         memory_target_mib = memory_target >> 20,
         "read-ahead and upload buffers share this budget"
