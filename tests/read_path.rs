@@ -329,8 +329,9 @@ fn memory_target_bounds_parallel_readers() {
     let peak = mount.peak_rss_mib();
     eprintln!("daemon peak RSS with --memory-target 64: {peak} MiB");
     // Four full 64 MiB windows alone would be 256 MiB; the budget keeps buffers near 64 MiB + the parts
-    // readers are waiting for.
-    assert!(peak < 200, "peak RSS {peak} MiB under a 64 MiB target");
+    // readers are waiting for, the pool shrinks to a quarter of the target, and freed buffers leave the
+    // heap (fixed mmap threshold, src/main.rs): about 100 MiB measured, 150-210 MiB without the last two.
+    assert!(peak < 160, "peak RSS {peak} MiB under a 64 MiB target");
 }
 
 /// `count` objects `dir/NNNN.jpg` of distinct content, the i-th `base_len + i` bytes long.
