@@ -22,6 +22,12 @@ use crate::s3::{ClientError, ObjectClient};
 /// round trip as one 4 KiB GET.
 const MIN_RANDOM_FETCH: u64 = 64 * 1024;
 
+/// What a random fetch takes past the end of its read. `read(2)` into a buffer that is not page-aligned spans
+/// one page more than its length; when that is past the kernel's request limit (1 MiB reads into a buffer
+/// from malloc), the kernel splits it into a request of the limit less a few bytes and a remainder of under a
+/// page. Fetching that page with the first piece serves the remainder without a second round trip.
+const RANDOM_TAIL: u64 = 4096;
+
 /// First prefetch window of a sequential reader.
 const INITIAL_WINDOW: u64 = 1024 * 1024;
 
@@ -165,11 +171,13 @@ impl Reader {
         let end = (offset + len as u64).min(self.size);
         let front_start = self.chunks.front().map(|c| c.start);
         if let Some(s) = front_start
+            && self.streaming
             && offset < s
             && s - offset <= 2 * self.part_size
         {
-            // A request from just before what is held (the kernel's readahead requests arrive out of
-            // order): served on the side with exactly its bytes, the stream left as it is.
+            // A request from just before a stream's chunks (the kernel's readahead requests arrive out of
+            // order): served on the side with exactly its bytes, the stream left as it is. Without a
+            // stream, a jump back is a random read like any other.
             self.bytes_fetched += end - offset;
             return self
                 .client
@@ -182,7 +190,9 @@ impl Reader {
             && front_start.is_some_and(|s| s <= offset)
             && offset <= self.next_fetch + REORDER_SLACK;
         let covered = front_start.is_some_and(|s| s <= offset) && end <= self.next_fetch;
-        let sequential = continues || near_stream;
+        // The rest of a split request (RANDOM_TAIL): served from the random fetch, no read-ahead started.
+        let remainder_of_random = continues && covered && !self.streaming && offset > 0;
+        let sequential = (continues || near_stream) && !remainder_of_random;
         if sequential {
             // Keep one part behind the reader for reads that arrive late.
             while self
@@ -204,7 +214,9 @@ impl Reader {
             self.streaming = false;
             self.window = self.initial_window;
             self.next_fetch = offset;
-            let fetch_end = end.max(offset + MIN_RANDOM_FETCH).min(self.size);
+            let fetch_end = (end + RANDOM_TAIL)
+                .max(offset + MIN_RANDOM_FETCH)
+                .min(self.size);
             let memory = self.memory.reserve(fetch_end - offset);
             self.spawn_fetch(offset, fetch_end, memory);
         }
@@ -293,6 +305,7 @@ mod tests {
     use super::*;
     use crate::s3::WriteCondition;
     use crate::s3::fake::FakeClient;
+    use std::sync::atomic::Ordering;
 
     /// A fake bucket holding `data` as "k", and a reader of it.
     async fn reader(
@@ -408,6 +421,40 @@ mod tests {
         );
     }
 
+    /// A 1 MiB read(2) into a buffer 16 bytes past a page boundary, as the kernel sends it: 1 MiB - 16 bytes,
+    /// then 16. One GET serves both, and nothing is read ahead.
+    #[tokio::test]
+    async fn a_split_random_read_costs_one_get() {
+        let mib = 1024 * 1024;
+        let data = pattern(32 * mib);
+        let (fake, mut r) = reader(
+            data.clone(),
+            8 * mib as u64,
+            64 * mib as u64,
+            MemoryBudget::unlimited(),
+        )
+        .await;
+        for off in [9 * mib + 123, 3 * mib + 77, 20 * mib] {
+            let before = fake.requests.load(Ordering::SeqCst);
+            let fetched = r.bytes_fetched;
+            let head = r.read(off as u64, (mib - 16) as u32).await.unwrap();
+            let tail = r.read((off + mib - 16) as u64, 16).await.unwrap();
+            assert_eq!(&head[..], &data[off..off + mib - 16]);
+            assert_eq!(&tail[..], &data[off + mib - 16..off + mib]);
+            assert_eq!(
+                fake.requests.load(Ordering::SeqCst) - before,
+                1,
+                "one GET at {off}"
+            );
+            assert_eq!(r.bytes_fetched - fetched, (mib - 16) as u64 + RANDOM_TAIL);
+        }
+        // A reader that goes on past the random fetch is sequential again: read-ahead starts.
+        let off = 20 * mib + mib;
+        let next = r.read(off as u64, mib as u32).await.unwrap();
+        assert_eq!(&next[..], &data[off..off + mib]);
+        assert!(r.streaming);
+    }
+
     #[tokio::test]
     async fn a_spent_budget_stops_read_ahead_but_not_reads() {
         let size = 48 * 1024 * 1024;
@@ -455,7 +502,6 @@ mod tests {
 
     #[tokio::test]
     async fn first_bytes_from_the_lookup_serve_small_files_and_start_big_ones() {
-        use std::sync::atomic::Ordering;
         let budget = MemoryBudget::new(64 << 20);
         let small = pattern(100_000);
         let (fake, _) = reader(small.clone(), 1 << 20, 4 << 20, Arc::clone(&budget)).await;
