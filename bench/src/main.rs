@@ -26,6 +26,8 @@ const DIR_BUCKET: &str = "bench--use1-az4--x-s3";
 const GP_BUCKET: &str = "bench-general";
 /// Reads of the random-read workload.
 const RANDOM_READS: usize = 400;
+/// Reads of its 1 MiB half.
+const RANDOM_BIG_READS: usize = 200;
 
 #[derive(Parser, Debug)]
 #[command(about = "expressfs benchmark suite (emulator on loopback)")]
@@ -212,13 +214,23 @@ fn prepare(rt: &tokio::runtime::Runtime, c: &aws_sdk_s3::Client, args: &Args) ->
         small_files: args.small_files as usize,
         list_entries: args.list_entries as usize,
         random_reads: RANDOM_READS,
+        random_big_reads: RANDOM_BIG_READS,
         shards,
-        selected: if args.only.is_empty() {
-            (1..=8).collect()
-        } else {
-            args.only.iter().copied().collect()
-        },
+        selected: selected_workloads(&args.only),
     })
+}
+
+/// `--only`'s workloads (all when empty); 3 brings its 1 MiB half along.
+fn selected_workloads(only: &[u8]) -> std::collections::BTreeSet<u8> {
+    let mut ids: std::collections::BTreeSet<u8> = if only.is_empty() {
+        (1..=8).collect()
+    } else {
+        only.iter().copied().collect()
+    };
+    if ids.contains(&3) {
+        ids.insert(workloads::RANDOM_1M);
+    }
+    ids
 }
 
 fn per_sec(count: f64, started: Instant) -> f64 {
@@ -250,8 +262,12 @@ fn measure_limits(
             l.insert(2, s3::limit_parallel(c, DIR_BUCKET, d.quarter).await?);
         }
         if settled(3) {
-            let rate = s3::limit_random(c, DIR_BUCKET, d.big, d.random_reads).await?;
+            let rate = s3::limit_random(c, DIR_BUCKET, d.big, d.random_reads, 65536).await?;
             l.insert(3, rate);
+        }
+        if settled(workloads::RANDOM_1M) {
+            let rate = s3::limit_random(c, DIR_BUCKET, d.big, d.random_big_reads, MIB).await?;
+            l.insert(workloads::RANDOM_1M, rate);
         }
         if settled(4) {
             l.insert(4, s3::limit_small(c, DIR_BUCKET, d.small_files).await?);
@@ -364,7 +380,10 @@ fn median_clients(rounds: Vec<Vec<(&str, Results)>>) -> Vec<(&str, Results)> {
 
 /// Every workload marked with the same reason.
 fn all(why: &str) -> Results {
-    (1..=8).map(|id| (id, Cell::missing(why))).collect()
+    selected_workloads(&[])
+        .into_iter()
+        .map(|id| (id, Cell::missing(why)))
+        .collect()
 }
 
 /// A peer: the read workloads and the first byte. Peers are mounted read-only, so no checkpoint.
@@ -417,6 +436,12 @@ fn specs(args: &Args, limits: &BTreeMap<u8, f64>) -> Vec<Spec> {
             3,
             "3. random 64 KiB reads, 1 thread".into(),
             "3 random 64K",
+            "reads/s",
+        ),
+        spec(
+            workloads::RANDOM_1M,
+            "3b. random 1 MiB reads, 1 thread".into(),
+            "3b random 1M",
             "reads/s",
         ),
         spec(

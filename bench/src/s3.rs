@@ -47,6 +47,18 @@ pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
     out
 }
 
+/// Every part of a [`put_big`] object holds the same bytes: this pattern, cut short in the last part.
+const BIG_PART: u64 = 64 * MIB;
+const BIG_SEED: u64 = 7;
+
+/// The `len` bytes at `off` of an object written by [`put_big`], to check what a client read.
+pub fn big_object_bytes(off: u64, len: usize) -> Vec<u8> {
+    let part = pattern(BIG_SEED, BIG_PART as usize);
+    (off..off + len as u64)
+        .map(|at| part[(at % BIG_PART) as usize])
+        .collect()
+}
+
 /// Uploads `mib` MiB as a multipart upload with 64 MiB parts, four in flight. Memory stays bounded whatever
 /// the size: every part is a slice of the same 64 MiB buffer, so a 4 GiB object costs 64 MiB of RAM.
 pub async fn put_big(c: &Client, bucket: &str, key: &str, mib: u64) -> Result<()> {
@@ -59,7 +71,7 @@ pub async fn put_big(c: &Client, bucket: &str, key: &str, mib: u64) -> Result<()
         .await?
         .upload_id
         .unwrap_or_default();
-    let part = Bytes::from(pattern(7, (64 * MIB) as usize));
+    let part = Bytes::from(pattern(BIG_SEED, BIG_PART as usize));
     let count = mib.div_ceil(64);
     // Four parts in flight, CRC32C-checked and not hashed for the signature, as a tuned uploader (and
     // expressfs) sends them: this is the limit for the checkpoint workload.
@@ -265,11 +277,17 @@ pub fn random_offsets(seed: u64, count: usize, size: u64, len: u64) -> Vec<u64> 
         .collect()
 }
 
-/// Limit of workload 3: one 64 KiB ranged GET after the other. Returns reads/s.
-pub async fn limit_random(c: &Client, bucket: &str, big: u64, reads: usize) -> Result<f64> {
+/// Limit of workload 3: one ranged GET of `len` bytes after the other. Returns reads/s.
+pub async fn limit_random(
+    c: &Client,
+    bucket: &str,
+    big: u64,
+    reads: usize,
+    len: u64,
+) -> Result<f64> {
     let started = Instant::now();
-    for off in random_offsets(99, reads, big, 65536) {
-        get_range(c, bucket, "big/seq.bin", off, off + 65535).await?;
+    for off in random_offsets(99, reads, big, len) {
+        get_range(c, bucket, "big/seq.bin", off, off + len - 1).await?;
     }
     Ok(reads as f64 / started.elapsed().as_secs_f64())
 }
@@ -460,4 +478,20 @@ fn number_after(text: &str, name: &str) -> Option<u64> {
         .take_while(char::is_ascii_digit)
         .collect();
     digits.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn big_object_bytes_wrap_at_each_part() {
+        let part = pattern(BIG_SEED, BIG_PART as usize);
+        let across = big_object_bytes(BIG_PART - 2, 4);
+        assert_eq!(
+            across,
+            [part[part.len() - 2], part[part.len() - 1], part[0], part[1]]
+        );
+        assert_eq!(big_object_bytes(3 * BIG_PART + 10, 5), part[10..15]);
+    }
 }
