@@ -456,9 +456,10 @@ fn serve(args: Args, name: bucket::BucketName, region: String, mut reporter: Rep
         .unwrap_or_else(crate::memory::default_target);
     config.memory = crate::memory::MemoryBudget::new(memory_target);
     crate::buffers::limit_to(memory_target);
+    let prompt_release = crate::memory::return_freed_buffers_promptly_if_tight(memory_target);
     info!(
         memory_target_mib = memory_target >> 20,
-        "read-ahead and upload buffers share this budget"
+        prompt_release, "read-ahead and upload buffers share this budget"
     );
     config.metadata_ttl = args.metadata_ttl();
     config.negative_metadata_ttl = args.negative_metadata_ttl.unwrap_or(config.metadata_ttl);
