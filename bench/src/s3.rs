@@ -51,12 +51,35 @@ pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
 const BIG_PART: u64 = 64 * MIB;
 const BIG_SEED: u64 = 7;
 
-/// The `len` bytes at `off` of an object written by [`put_big`], to check what a client read.
-pub fn big_object_bytes(off: u64, len: usize) -> Vec<u8> {
-    let part = pattern(BIG_SEED, BIG_PART as usize);
-    (off..off + len as u64)
-        .map(|at| part[(at % BIG_PART) as usize])
-        .collect()
+/// The bytes of an object written by [`put_big`], to check what a client read.
+pub struct BigObject {
+    part: Vec<u8>,
+}
+
+impl Default for BigObject {
+    fn default() -> BigObject {
+        BigObject {
+            part: pattern(BIG_SEED, BIG_PART as usize),
+        }
+    }
+}
+
+impl BigObject {
+    /// Whether `buf` is what the object holds at `off`.
+    pub fn matches(&self, off: u64, buf: &[u8]) -> bool {
+        let mut at = off;
+        let mut rest = buf;
+        while !rest.is_empty() {
+            let in_part = (at % BIG_PART) as usize;
+            let n = rest.len().min(self.part.len() - in_part);
+            if rest[..n] != self.part[in_part..in_part + n] {
+                return false;
+            }
+            rest = &rest[n..];
+            at += n as u64;
+        }
+        true
+    }
 }
 
 /// Uploads `mib` MiB as a multipart upload with 64 MiB parts, four in flight. Memory stays bounded whatever
@@ -485,13 +508,16 @@ mod tests {
     use super::*;
 
     #[test]
-    fn big_object_bytes_wrap_at_each_part() {
-        let part = pattern(BIG_SEED, BIG_PART as usize);
-        let across = big_object_bytes(BIG_PART - 2, 4);
-        assert_eq!(
-            across,
-            [part[part.len() - 2], part[part.len() - 1], part[0], part[1]]
-        );
-        assert_eq!(big_object_bytes(3 * BIG_PART + 10, 5), part[10..15]);
+    fn big_object_matches_across_parts_and_catches_a_wrong_byte() {
+        let object = BigObject::default();
+        let part = &object.part;
+        let n = part.len();
+        let across = [part[n - 2], part[n - 1], part[0], part[1]];
+        assert!(object.matches(BIG_PART - 2, &across));
+        assert!(object.matches(3 * BIG_PART + 10, &part[10..15]));
+        let mut wrong = across;
+        wrong[3] ^= 1;
+        assert!(!object.matches(BIG_PART - 2, &wrong));
+        assert!(!object.matches(BIG_PART - 1, &across));
     }
 }
