@@ -5,8 +5,8 @@
 //! `clear_page_erms` and the page-fault path; docs/BENCHMARKS.md). Buffers that nobody else holds any more are
 //! kept here and handed out again, their pages already mapped. The pool is small and bounded
 //! ([`MAX_POOLED_BYTES`], less under a small `--memory-target`: [`limit_to`]); a buffer that finds it full is
-//! freed as before. Reuse is safe because only a buffer
-//! with no other reference comes back, and it comes back empty: the bytes of its last use can never be read.
+//! freed as before. Reuse is safe because only a buffer with no other reference comes back, and it comes back
+//! empty: the bytes of its last use can never be read.
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -94,9 +94,6 @@ impl Drop for Reservation {
     }
 }
 
-/// The default target: a quarter of the memory this process may use (the cgroup limit when one is set, else
-/// the machine's RAM), at least 256 MiB. A quarter, because the budget covers only traffic buffers; the
-/// kernel page cache and the rest of the training job need the remainder.
 /// Below this target, memory matters more than the cost of faulting in fresh buffers.
 const TIGHT_TARGET: u64 = 1 << 30;
 
@@ -119,6 +116,9 @@ pub fn return_freed_buffers_promptly_if_tight(target: u64) -> bool {
     false
 }
 
+/// The default target: a quarter of the memory this process may use (the cgroup limit when one is set, else
+/// the machine's RAM), at least 256 MiB. A quarter, because the budget covers only traffic buffers; the
+/// kernel page cache and the rest of the training job need the remainder.
 pub fn default_target() -> u64 {
     let ram = total_memory().unwrap_or(4 << 30);
     let available = cgroup_limit().map_or(ram, |c| c.min(ram));
