@@ -93,6 +93,12 @@ fn name_str(name: &OsStr) -> Result<String, Errno> {
     name.to_str().map(str::to_string).ok_or(Errno::EINVAL)
 }
 
+/// Counts one request from the kernel by operation (`expressfs_fuse_requests_total`): what a workload costs in
+/// round trips, and proof that the kernel skips the ones we ask it to (FOPEN_NOFLUSH).
+fn count(op: &'static str) {
+    metrics::counter!("expressfs_fuse_requests_total", "op" => op).increment(1);
+}
+
 /// Logs errors that are not routine (missing names are).
 fn report(op: &'static str, e: &FsError) -> Errno {
     let errno = errno(e);
@@ -153,6 +159,7 @@ impl Filesystem for Adapter {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        count("lookup");
         let name = match name_str(name) {
             Ok(n) => n,
             Err(e) => return reply.error(e),
@@ -171,10 +178,12 @@ impl Filesystem for Adapter {
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        count("forget");
         self.fs.forget(ino.0, nlookup);
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        count("getattr");
         let (fs, ttl, bs) = (Arc::clone(&self.fs), self.ttl, self.block_size);
         self.spawn(
             async move {
@@ -205,6 +214,7 @@ impl Filesystem for Adapter {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
+        count("setattr");
         let (fs, ttl, bs) = (Arc::clone(&self.fs), self.ttl, self.block_size);
         self.spawn(
             async move {
@@ -226,6 +236,7 @@ impl Filesystem for Adapter {
         _umask: u32,
         reply: ReplyEntry,
     ) {
+        count("mkdir");
         let name = match name_str(name) {
             Ok(n) => n,
             Err(e) => return reply.error(e),
@@ -244,6 +255,7 @@ impl Filesystem for Adapter {
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        count("unlink");
         let name = match name_str(name) {
             Ok(n) => n,
             Err(e) => return reply.error(e),
@@ -262,6 +274,7 @@ impl Filesystem for Adapter {
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        count("rmdir");
         let name = match name_str(name) {
             Ok(n) => n,
             Err(e) => return reply.error(e),
@@ -289,6 +302,7 @@ impl Filesystem for Adapter {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
+        count("rename");
         let (name, newname) = match (name_str(name), name_str(newname)) {
             (Ok(a), Ok(b)) => (a, b),
             _ => return reply.error(Errno::EINVAL),
@@ -314,6 +328,7 @@ impl Filesystem for Adapter {
     }
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        count("open");
         let pid = req.pid();
         let raw = flags.0;
         let access = raw & libc::O_ACCMODE;
@@ -336,6 +351,9 @@ impl Filesystem for Adapter {
                         if opened.bypass_page_cache {
                             flags |= FopenFlags::FOPEN_DIRECT_IO;
                         }
+                        if opened.no_flush {
+                            flags |= FopenFlags::FOPEN_NOFLUSH;
+                        }
                         reply.opened(FileHandle(opened.fh), flags)
                     }
                     Err(e) => reply.error(report("open", &e)),
@@ -355,6 +373,7 @@ impl Filesystem for Adapter {
         _flags: i32,
         reply: ReplyCreate,
     ) {
+        count("create");
         let pid = req.pid();
         let name = match name_str(name) {
             Ok(n) => n,
@@ -394,6 +413,7 @@ impl Filesystem for Adapter {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
+        count("read");
         let fs = Arc::clone(&self.fs);
         self.spawn(
             async move {
@@ -422,6 +442,7 @@ impl Filesystem for Adapter {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
+        count("write");
         let span = debug_span!("write", ino = ino.0, offset);
         if let Some(n) = span.in_scope(|| self.fs.write_now(fh.0, offset, data)) {
             metrics::counter!("expressfs_written_bytes_total").increment(u64::from(n));
@@ -451,6 +472,7 @@ impl Filesystem for Adapter {
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
+        count("flush");
         let pid = req.pid();
         let fs = Arc::clone(&self.fs);
         self.spawn(
@@ -472,6 +494,7 @@ impl Filesystem for Adapter {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
+        count("fsync");
         let fs = Arc::clone(&self.fs);
         self.spawn(
             async move {
@@ -494,6 +517,7 @@ impl Filesystem for Adapter {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
+        count("release");
         let fs = Arc::clone(&self.fs);
         self.spawn(
             async move {
@@ -507,6 +531,7 @@ impl Filesystem for Adapter {
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        count("opendir");
         match self.fs.opendir(ino.0) {
             Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
             Err(e) => reply.error(report("opendir", &e)),
@@ -521,6 +546,7 @@ impl Filesystem for Adapter {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
+        count("readdir");
         let fs = Arc::clone(&self.fs);
         self.spawn(
             async move {
@@ -552,6 +578,7 @@ impl Filesystem for Adapter {
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
+        count("readdirplus");
         let (fs, ttl, bs) = (Arc::clone(&self.fs), self.ttl, self.block_size);
         self.spawn(
             async move {
@@ -594,6 +621,7 @@ impl Filesystem for Adapter {
         _flags: OpenFlags,
         reply: ReplyEmpty,
     ) {
+        count("releasedir");
         let fs = Arc::clone(&self.fs);
         self.spawn(async move {
             let _ = fs.release(fh.0).await;
@@ -602,6 +630,7 @@ impl Filesystem for Adapter {
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        count("statfs");
         let (blocks, files) = self.fs.statfs();
         // Buckets have no fixed capacity: report a large, mostly free volume so tools do not refuse to write.
         reply.statfs(
@@ -617,6 +646,7 @@ impl Filesystem for Adapter {
     }
 
     fn access(&self, _req: &Request, _ino: INodeNo, _mask: fuser::AccessFlags, reply: ReplyEmpty) {
+        count("access");
         reply.ok();
     }
 }

@@ -277,6 +277,7 @@ fn metrics_endpoint_serves_prometheus_text() {
         300_000
     );
     let _ = std::fs::metadata(mount.path().join("missing"));
+    std::fs::write(mount.path().join("w.txt"), b"written").unwrap();
     let mut body = String::new();
     let deadline = Instant::now() + Duration::from_secs(10);
     while Instant::now() < deadline {
@@ -285,7 +286,10 @@ fn metrics_endpoint_serves_prometheus_text() {
             write!(s, "GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
             body.clear();
             let _ = s.read_to_string(&mut body);
-            if body.contains("expressfs_read_bytes_total") {
+            // RELEASE reaches the daemon after close(2) returns.
+            if body.contains("expressfs_read_bytes_total")
+                && sample(&body, "expressfs_fuse_requests_total{op=\"release\"}") == Some(2.0)
+            {
                 break;
             }
         }
@@ -304,4 +308,22 @@ fn metrics_endpoint_serves_prometheus_text() {
         body.contains("expressfs_fuse_errors_total{op=\"lookup\",errno=\"2\"}"),
         "{body}"
     );
+    // Two files opened and closed: the kernel sent FLUSH only for the one written (its close uploads); the
+    // read-only handle was opened with FOPEN_NOFLUSH.
+    let requests = |op: &str| {
+        sample(
+            &body,
+            &format!("expressfs_fuse_requests_total{{op=\"{op}\"}}"),
+        )
+    };
+    assert_eq!(requests("release"), Some(2.0), "{body}");
+    assert_eq!(requests("open"), Some(1.0), "{body}");
+    assert_eq!(requests("create"), Some(1.0), "{body}");
+    assert_eq!(requests("flush"), Some(1.0), "{body}");
+}
+
+/// The value of one sample line (`name{labels} value`) of Prometheus text.
+fn sample(body: &str, series: &str) -> Option<f64> {
+    body.lines()
+        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
 }

@@ -133,6 +133,9 @@ pub struct Opened {
     /// Read around the page cache (FOPEN_DIRECT_IO): big files are streamed once per epoch, and copying
     /// them into the page cache costs a copy and evicts what is worth keeping.
     pub bypass_page_cache: bool,
+    /// close(2) has nothing to do for this handle (FOPEN_NOFLUSH): the kernel skips the FLUSH round trip,
+    /// one of the five requests a small file costs.
+    pub no_flush: bool,
 }
 
 /// How a file is opened.
@@ -693,6 +696,7 @@ impl S3Filesystem {
                 fh,
                 keep_cache: false,
                 bypass_page_cache: self.writes_bypass_page_cache(),
+                no_flush: false,
             });
         }
         // Refresh the ETag if our view is stale, so reads are pinned to what exists now.
@@ -758,6 +762,7 @@ impl S3Filesystem {
             fh,
             keep_cache,
             bypass_page_cache,
+            no_flush: true,
         })
     }
 
