@@ -368,9 +368,15 @@ fn serve(args: Args, name: bucket::BucketName, region: String, mut reporter: Rep
     sdk.upload_checksum = args.upload_checksum();
     let client = runtime.block_on(async {
         let client = SdkClient::new(sdk).await?;
-        client.head_bucket().await?;
-        // A listing proves the session (CreateSession) and read access, not just that the bucket exists.
-        client.list_objects(&prefix, Some("/"), None, 1).await?;
+        // A listing proves the session (CreateSession) and read access, not just that the bucket exists. Both
+        // checks run at once (one round trip less before the mount appears); the bucket's error is the
+        // clearer one, so it is reported first.
+        let (bucket, listing) = tokio::join!(
+            client.head_bucket(),
+            client.list_objects(&prefix, Some("/"), None, 1)
+        );
+        bucket?;
+        listing?;
         Ok::<_, ClientError>(client)
     });
     let sdk_client = match client {
