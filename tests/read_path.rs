@@ -433,6 +433,47 @@ fn a_storm_of_lookups_in_one_directory_lists_it_once() {
 }
 
 #[test]
+fn a_directory_read_for_longer_than_the_ttl_is_listed_again_not_name_by_name() {
+    let bucket = fresh_bucket(true, "stormlong");
+    let emu = emulator();
+    let files = numbered_jpegs("shard", 300, 1000);
+    put_many(emu, &bucket, files.clone());
+    let gone = "shard/0250.jpg";
+
+    // The default 1 s metadata TTL. A loader reads each file once, about 100 a second: three TTLs in all.
+    let mount = Mount::new(&bucket, &[]);
+    fs::metadata(mount.path().join("shard")).unwrap();
+    let lists0 = op_count(&bucket, "ListObjectsV2");
+    let start = std::time::Instant::now();
+    for (i, (key, data)) in files.iter().enumerate() {
+        if i == 100 {
+            // Deleted by someone else while the directory is being refreshed: no refresh may keep it.
+            let client = s3_client(emu);
+            runtime()
+                .block_on(client.delete_object().bucket(&bucket).key(gone).send())
+                .unwrap();
+        }
+        let read = fs::read(mount.path().join(key));
+        if key == gone {
+            assert_eq!(errno_of(read), libc::ENOENT, "{key} was deleted 1.5 s ago");
+        } else {
+            assert_eq!(&read.unwrap(), data, "{key}");
+        }
+        let due = start + std::time::Duration::from_millis(10 * (i as u64 + 1));
+        std::thread::sleep(due.saturating_duration_since(std::time::Instant::now()));
+    }
+    let lists = op_count(&bucket, "ListObjectsV2") - lists0;
+    let seconds = start.elapsed().as_secs_f64().ceil() as u64;
+    // Left to expire, the listed entries go stale together once per TTL, and each window pays at least a storm
+    // (16 one-key LISTs) before the next listing lands: about 50 in 3 s. Refreshed while lookups go on: the
+    // first storm (17) and at most two one-page listings a second.
+    assert!(
+        lists <= 21 + 2 * seconds,
+        "{lists} LISTs for 300 lookups in {seconds} s"
+    );
+}
+
+#[test]
 fn unchanged_small_files_stay_in_the_page_cache_and_changed_ones_do_not() {
     let bucket = fresh_bucket(true, "keepcache");
     let emu = emulator();

@@ -7,6 +7,12 @@
 //! background, at most [`STORM_MAX_PAGES`] pages) puts every entry in the inode table, fresh for the TTL: the
 //! next lookups there need no request, and a file costs only the GET of its bytes. It is the same knowledge,
 //! with the same TTL, that `ls` would have given.
+//!
+//! A loader goes on for longer than one TTL. Left alone, the listed entries would all expire together and every
+//! lookup would pay the pair again until the next storm listing landed. So once half a TTL has passed since a
+//! listing was applied, the next lookup that finds its entry fresh lists the directory again in the background,
+//! provided enough lookups found entries there since (a listing of many pages is not worth it for a few
+//! lookups). No entry is ever trusted for longer than one TTL after the bucket was asked.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -71,6 +77,17 @@ pub async fn list_all(
     }
 }
 
+/// How a directory's background listing ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Listed {
+    /// Its entries went into the table; `pages` is about what the listing cost.
+    Applied { pages: u32 },
+    /// More than [`STORM_MAX_PAGES`] pages.
+    TooBig,
+    /// It failed, or one of our changes overtook it.
+    NotApplied,
+}
+
 #[derive(Debug)]
 struct DirState {
     window_start: Instant,
@@ -78,6 +95,11 @@ struct DirState {
     listing: bool,
     /// No storm listing before this instant (one was just made, or the directory is too big).
     quiet_until: Instant,
+    /// After an applied listing: when a lookup that finds a fresh entry may list again, and how many lookups
+    /// must have found one since for that to pay (the listing's pages, and at least a storm's worth).
+    refresh_after: Option<Instant>,
+    hits_needed: u32,
+    hits: u32,
     /// Our own changes (unlink, rename, ...) under way in this directory, and when the last one ended.
     changing: u32,
     last_change: Option<Instant>,
@@ -114,6 +136,9 @@ impl Storms {
             misses: 0,
             listing: false,
             quiet_until: now,
+            refresh_after: None,
+            hits_needed: 0,
+            hits: 0,
             changing: 0,
             last_change: None,
         })
@@ -138,8 +163,27 @@ impl Storms {
         true
     }
 
-    /// The listing of `dir` ended; `too_big` when it had more than [`STORM_MAX_PAGES`] pages.
-    pub fn listing_done(&self, dir: u64, too_big: bool) {
+    /// Counts a lookup in `dir` that found its entry fresh. True when this one should list the directory again,
+    /// before the entries of its last listing expire together.
+    pub fn note_hit(&self, dir: u64, now: Instant) -> bool {
+        let mut dirs = self.dirs();
+        let Some(s) = dirs.get_mut(&dir) else {
+            return false;
+        };
+        let Some(after) = s.refresh_after else {
+            return false;
+        };
+        s.hits = s.hits.saturating_add(1);
+        if now < after || s.listing || s.hits < s.hits_needed {
+            return false;
+        }
+        s.listing = true;
+        s.refresh_after = None;
+        true
+    }
+
+    /// The background listing of `dir` ended.
+    pub fn listing_done(&self, dir: u64, outcome: Listed) {
         let now = Instant::now();
         let mut dirs = self.dirs();
         let s = Self::state(&mut dirs, dir, now);
@@ -148,11 +192,17 @@ impl Storms {
         s.window_start = now;
         // Entries stay fresh for one window: no need to list again before they expire.
         s.quiet_until = now
-            + if too_big {
+            + if outcome == Listed::TooBig {
                 TOO_BIG_BACKOFF
             } else {
                 self.window
             };
+        s.hits = 0;
+        s.refresh_after = None;
+        if let Listed::Applied { pages } = outcome {
+            s.refresh_after = Some(now + self.window / 2);
+            s.hits_needed = pages.max(STORM_THRESHOLD);
+        }
     }
 
     /// Whether a listing of `dir` sent at `asked` may be applied: none of our changes there is under way or
@@ -201,7 +251,7 @@ mod tests {
         assert!(started[STORM_THRESHOLD as usize - 1]);
         // Another directory counts on its own.
         assert!(!storms.note_miss(8, now));
-        storms.listing_done(7, false);
+        storms.listing_done(7, Listed::Applied { pages: 1 });
         // Entries just listed are fresh for the window: no second listing yet.
         let later = Instant::now();
         assert!((0..STORM_THRESHOLD * 2).all(|_| !storms.note_miss(7, later)));
@@ -211,6 +261,43 @@ mod tests {
             .filter(|_| storms.note_miss(7, next))
             .count();
         assert_eq!(again, 1);
+    }
+
+    #[test]
+    fn a_directory_still_read_lists_again_before_its_entries_expire() {
+        let storms = Storms::new(Duration::from_secs(1));
+        let now = Instant::now();
+        // Fresh entries in a directory that no storm listed start nothing.
+        assert!((0..100).all(|_| !storms.note_hit(5, now)));
+        let started = (0..STORM_THRESHOLD)
+            .filter(|_| storms.note_miss(5, now))
+            .count();
+        assert_eq!(started, 1);
+        storms.listing_done(5, Listed::Applied { pages: 20 });
+        let landed = Instant::now();
+        // Within half the window the entries are young: hits are only counted.
+        assert!((0..30).all(|_| !storms.note_hit(5, landed)));
+        // Past it, with enough hits to pay for 20 pages: one refresh, not one per hit.
+        let later = landed + Duration::from_millis(600);
+        assert_eq!((0..10).filter(|_| storms.note_hit(5, later)).count(), 1);
+        // A refresh that was not applied hands the directory back to storms: no more refreshes.
+        storms.listing_done(5, Listed::NotApplied);
+        let much_later = later + Duration::from_secs(2);
+        assert!((0..100).all(|_| !storms.note_hit(5, much_later)));
+        // A directory too big to list is never refreshed either.
+        storms.listing_done(5, Listed::TooBig);
+        assert!((0..100).all(|_| !storms.note_hit(5, much_later)));
+    }
+
+    #[test]
+    fn a_listing_of_many_pages_is_not_refreshed_for_a_few_lookups() {
+        let storms = Storms::new(Duration::from_secs(1));
+        storms.listing_done(6, Listed::Applied { pages: 50 });
+        let later = Instant::now() + Duration::from_millis(600);
+        let fiftieth = (0..60)
+            .position(|_| storms.note_hit(6, later))
+            .expect("a refresh once the hits pay for the pages");
+        assert_eq!(fiftieth, 49);
     }
 
     #[test]

@@ -375,6 +375,11 @@ impl S3Filesystem {
                 let ino = node.ino;
                 let attr = self.attr_of(node);
                 table.add_lookup(ino);
+                drop(table);
+                // A directory still being read through lists again before its listed entries expire together.
+                if self.storms.note_hit(parent, now) {
+                    self.list_in_background(parent_node);
+                }
                 return Ok(attr);
             }
             node.is_some_and(|n| n.cached_etag.is_some())
@@ -575,7 +580,8 @@ impl S3Filesystem {
         Ok(entries)
     }
 
-    /// Lists `dir` whole while its lookups go on, so that the next ones find their entries in the table.
+    /// Lists `dir` whole while its lookups go on, so that the next ones find their entries in the table (after a
+    /// storm of lookups that asked the bucket, and again before those entries expire while lookups go on).
     fn list_in_background(&self, dir: inode::Node) {
         let client = Arc::clone(&self.client);
         let inodes = Arc::clone(&self.inodes);
@@ -585,7 +591,7 @@ impl S3Filesystem {
             let asked = Instant::now();
             let listed =
                 listing::list_all(client.as_ref(), &dir.key, Some(listing::STORM_MAX_PAGES)).await;
-            let too_big = match listed {
+            let outcome = match listed {
                 Ok(Some(found)) => {
                     let mut table = inodes.lock().unwrap_or_else(|e| e.into_inner());
                     // Still the same directory, and none of our changes there since the request.
@@ -593,23 +599,27 @@ impl S3Filesystem {
                         && storms.unchanged_since(dir.ino, asked)
                     {
                         let expires = Instant::now() + ttl;
+                        // About what it cost: a page holds 1,000 keys and prefixes.
+                        let pages = u32::try_from(found.len() / 1000 + 1).unwrap_or(u32::MAX);
                         for (name, (kind, stat)) in found {
                             table.upsert(dir.ino, &name, kind, stat, expires, asked);
                         }
-                        debug!(key = dir.key, "listed after a storm of lookups");
+                        debug!(key = dir.key, pages, "listed after a storm of lookups");
+                        listing::Listed::Applied { pages }
+                    } else {
+                        listing::Listed::NotApplied
                     }
-                    false
                 }
                 Ok(None) => {
                     debug!(key = dir.key, "too big to list for a storm of lookups");
-                    true
+                    listing::Listed::TooBig
                 }
                 Err(e) => {
                     debug!(key = dir.key, error = %e, "listing for a storm of lookups failed");
-                    false
+                    listing::Listed::NotApplied
                 }
             };
-            storms.listing_done(dir.ino, too_big);
+            storms.listing_done(dir.ino, outcome);
         });
     }
 
