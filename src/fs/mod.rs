@@ -3,6 +3,7 @@
 
 pub mod error;
 mod first_bytes;
+mod in_flight;
 pub mod inode;
 mod listing;
 pub mod names;
@@ -203,6 +204,8 @@ pub struct S3Filesystem {
     handles: Mutex<HashMap<u64, Arc<Handle>>>,
     /// Lookups per directory, to list a directory whole when they come in a storm.
     storms: Arc<Storms>,
+    /// Names being asked about, so that lookups of one name at once send one pair of requests.
+    lookups_in_flight: in_flight::InFlight,
     /// Starts of files fetched by lookups, waiting for their open.
     first_bytes: FirstBytes,
     /// Whether big files may be read, and files being written written, with direct I/O: not where the
@@ -218,6 +221,7 @@ impl S3Filesystem {
         S3Filesystem {
             inodes: Arc::new(Mutex::new(InodeTable::new(&config.prefix))),
             storms: Arc::new(Storms::new(config.metadata_ttl)),
+            lookups_in_flight: in_flight::InFlight::default(),
             direct_client: Arc::clone(&client),
             client,
             config,
@@ -366,23 +370,9 @@ impl S3Filesystem {
         let now = Instant::now();
         // A file whose bytes the page cache already holds is asked about with a HEAD: if it is unchanged,
         // its next open keeps those bytes.
-        let cached = {
-            let mut table = self.table();
-            let node = table.child(parent, name);
-            if let Some(node) = node
-                && node.is_fresh(now)
-            {
-                let ino = node.ino;
-                let attr = self.attr_of(node);
-                table.add_lookup(ino);
-                drop(table);
-                // A directory still being read through lists again before its listed entries expire together.
-                if self.storms.note_hit(parent, now) {
-                    self.list_in_background(parent_node);
-                }
-                return Ok(attr);
-            }
-            node.is_some_and(|n| n.cached_etag.is_some())
+        let cached = match self.fresh_child(&parent_node, name, now) {
+            Ok(attr) => return Ok(attr),
+            Err(cached) => cached,
         };
         if self
             .negative()
@@ -391,16 +381,41 @@ impl S3Filesystem {
         {
             return Err(FsError::NotFound);
         }
+        let asking = match self.lookups_in_flight.join(parent, name) {
+            in_flight::Joined::Asking(asking) => Some(asking),
+            in_flight::Joined::Waiting(answer) => {
+                match in_flight::wait(answer).await {
+                    Some(in_flight::Answer::Missing) => return Err(FsError::NotFound),
+                    Some(in_flight::Answer::Found) => {
+                        if let Ok(attr) = self.fresh_child(&parent_node, name, Instant::now()) {
+                            return Ok(attr);
+                        }
+                    }
+                    None => {}
+                }
+                // The other lookup failed, or its entry is already gone: ask for ourselves.
+                None
+            }
+        };
         if self.storms.note_miss(parent, now) {
             self.list_in_background(parent_node.clone());
         }
         let asked = Instant::now();
+        let answered = |answer| {
+            if let Some(asking) = asking {
+                asking.answer(answer);
+            }
+        };
         match self.resolve(&parent_node, name, !cached).await? {
             Some((kind, stat)) => {
-                let mut table = self.table();
-                let ino = table.upsert(parent, name, kind, stat, self.expiry(), asked);
-                table.add_lookup(ino);
-                Ok(self.attr_of(table.get(ino).expect("just inserted")))
+                let attr = {
+                    let mut table = self.table();
+                    let ino = table.upsert(parent, name, kind, stat, self.expiry(), asked);
+                    table.add_lookup(ino);
+                    self.attr_of(table.get(ino).expect("just inserted"))
+                };
+                answered(in_flight::Answer::Found);
+                Ok(attr)
             }
             None => {
                 let mut table = self.table();
@@ -420,9 +435,31 @@ impl S3Filesystem {
                         now + self.config.negative_metadata_ttl,
                     );
                 }
+                answered(in_flight::Answer::Missing);
                 Err(FsError::NotFound)
             }
         }
+    }
+
+    /// The attributes of `name` in `dir` if the table holds a fresh entry (counted as a lookup by the kernel);
+    /// otherwise whether the page cache may hold the bytes of the entry it has.
+    fn fresh_child(&self, dir: &inode::Node, name: &str, now: Instant) -> Result<Attr, bool> {
+        let mut table = self.table();
+        let node = table.child(dir.ino, name);
+        if let Some(node) = node
+            && node.is_fresh(now)
+        {
+            let ino = node.ino;
+            let attr = self.attr_of(node);
+            table.add_lookup(ino);
+            drop(table);
+            // A directory still being read through lists again before its listed entries expire together.
+            if self.storms.note_hit(dir.ino, now) {
+                self.list_in_background(dir.clone());
+            }
+            return Ok(attr);
+        }
+        Err(node.is_some_and(|n| n.cached_etag.is_some()))
     }
 
     /// Attributes of a node already in the table (readdirplus answers from the listing just made).
@@ -1464,6 +1501,36 @@ mod tests {
     }
 
     /// A readdir whose listing was answered before our unlink finished must not bring the file back.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn lookups_of_one_name_at_once_send_one_pair_of_requests() {
+        let (fake, fs) = fs_with(&[("d/a.jpg", b"x")], config(), true).await;
+        let fs = Arc::new(fs);
+        let gate = fake.hold_lists();
+        let before = fake.requests.load(Ordering::SeqCst);
+        let lookup = |name: &'static str| {
+            let fs = Arc::clone(&fs);
+            tokio::spawn(async move { fs.lookup(ROOT_INO, name).await })
+        };
+        let first = lookup("d");
+        // The first has sent its GET and its LIST (held at the gate); the others join while it waits.
+        while fake.requests.load(Ordering::SeqCst) < before + 2 {
+            tokio::task::yield_now().await;
+        }
+        let others: Vec<_> = (0..7).map(|_| lookup("d")).collect();
+        let missing: Vec<_> = (0..3).map(|_| lookup("nothing")).collect();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        gate.add_permits(100);
+        let ino = first.await.unwrap().unwrap().ino;
+        for other in others {
+            assert_eq!(other.await.unwrap().unwrap().ino, ino);
+        }
+        for m in missing {
+            assert!(matches!(m.await.unwrap(), Err(FsError::NotFound)));
+        }
+        // One pair for "d" and one for "nothing"; each lookup on its own would have sent a pair: 20.
+        assert_eq!(fake.requests.load(Ordering::SeqCst) - before, 4);
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_listing_from_before_an_unlink_does_not_bring_the_file_back() {
         let mut c = config();
