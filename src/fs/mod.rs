@@ -385,7 +385,10 @@ impl S3Filesystem {
             in_flight::Joined::Asking(asking) => Some(asking),
             in_flight::Joined::Waiting(answer) => {
                 match in_flight::wait(answer).await {
-                    Some(in_flight::Answer::Missing) => return Err(FsError::NotFound),
+                    // A file we made since the answer (not in the bucket yet) is still ours to find.
+                    Some(in_flight::Answer::Missing) => {
+                        return self.local_child(parent, name).ok_or(FsError::NotFound);
+                    }
                     Some(in_flight::Answer::Found) => {
                         if let Ok(attr) = self.fresh_child(&parent_node, name, Instant::now()) {
                             return Ok(attr);
@@ -439,6 +442,17 @@ impl S3Filesystem {
                 Err(FsError::NotFound)
             }
         }
+    }
+
+    /// A file of ours the bucket does not show (made here, or being written), counted as a lookup by the kernel.
+    fn local_child(&self, parent: u64, name: &str) -> Option<Attr> {
+        let mut table = self.table();
+        let ino = table
+            .child(parent, name)
+            .filter(|n| n.local || n.writers > 0)?
+            .ino;
+        table.add_lookup(ino);
+        table.get(ino).map(|n| self.attr_of(n))
     }
 
     /// The attributes of `name` in `dir` if the table holds a fresh entry (counted as a lookup by the kernel);
