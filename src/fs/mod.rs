@@ -387,7 +387,9 @@ impl S3Filesystem {
                 match in_flight::wait(answer).await {
                     // A file we made since the answer (not in the bucket yet) is still ours to find.
                     Some(in_flight::Answer::Missing) => {
-                        return self.local_child(parent, name).ok_or(FsError::NotFound);
+                        return self
+                            .local_child(&mut self.table(), parent, name)
+                            .ok_or(FsError::NotFound);
                     }
                     Some(in_flight::Answer::Found) => {
                         if let Ok(attr) = self.fresh_child(&parent_node, name, Instant::now()) {
@@ -421,14 +423,10 @@ impl S3Filesystem {
                 Ok(attr)
             }
             None => {
+                // Checked and detached under one lock, so a file made in between is not detached.
                 let mut table = self.table();
-                let local = table
-                    .child(parent, name)
-                    .filter(|n| n.local || n.writers > 0)
-                    .map(|n| n.ino);
-                if let Some(ino) = local {
-                    table.add_lookup(ino);
-                    return Ok(self.attr_of(table.get(ino).expect("present")));
+                if let Some(attr) = self.local_child(&mut table, parent, name) {
+                    return Ok(attr);
                 }
                 table.detach(parent, name);
                 drop(table);
@@ -445,8 +443,7 @@ impl S3Filesystem {
     }
 
     /// A file of ours the bucket does not show (made here, or being written), counted as a lookup by the kernel.
-    fn local_child(&self, parent: u64, name: &str) -> Option<Attr> {
-        let mut table = self.table();
+    fn local_child(&self, table: &mut InodeTable, parent: u64, name: &str) -> Option<Attr> {
         let ino = table
             .child(parent, name)
             .filter(|n| n.local || n.writers > 0)?
