@@ -335,24 +335,31 @@ fn memory_target_bounds_parallel_readers() {
     assert!(peak < 160, "peak RSS {peak} MiB under a 64 MiB target");
 }
 
-/// `count` objects `dir/NNNN.jpg` of distinct content, the i-th `base_len + i` bytes long.
-fn numbered_jpegs(dir: &str, count: u64, base_len: usize) -> Vec<(String, Vec<u8>)> {
-    (0..count)
+/// A fresh directory bucket (named after `tag`) holding `count` objects `dir/NNNN.jpg` of distinct content,
+/// the i-th `base_len + i` bytes long; returns the bucket and the objects.
+fn bucket_of_jpegs(
+    tag: &str,
+    dir: &str,
+    count: u64,
+    base_len: usize,
+) -> (String, Vec<(String, Vec<u8>)>) {
+    let bucket = fresh_bucket(true, tag);
+    let files: Vec<_> = (0..count)
         .map(|i| {
             (
                 format!("{dir}/{i:04}.jpg"),
                 pattern(i, base_len + i as usize),
             )
         })
-        .collect()
+        .collect();
+    put_many(emulator(), &bucket, files.clone());
+    (bucket, files)
 }
 
 #[test]
 fn a_lookup_brings_the_first_bytes_so_small_files_cost_one_get() {
-    let bucket = fresh_bucket(true, "firstbytes");
+    let (bucket, files) = bucket_of_jpegs("firstbytes", "img", 40, 100_000);
     let emu = emulator();
-    let files = numbered_jpegs("img", 40, 100_000);
-    put_many(emu, &bucket, files.clone());
     // Bigger than what a lookup fetches (256 KiB): the rest streams after the first bytes.
     let big = pattern(99, (3 << 20) + 5);
     put(emu, &bucket, "img/big.bin", big.clone());
@@ -395,10 +402,8 @@ fn a_lookup_brings_the_first_bytes_so_small_files_cost_one_get() {
 
 #[test]
 fn a_storm_of_lookups_in_one_directory_lists_it_once() {
-    let bucket = fresh_bucket(true, "storm");
+    let (bucket, files) = bucket_of_jpegs("storm", "shard", 300, 1000);
     let emu = emulator();
-    let files = numbered_jpegs("shard", 300, 1000);
-    put_many(emu, &bucket, files.clone());
     // A directory of the same name as a file: the directory must still win after the listing.
     put(emu, &bucket, "shard/0150.jpg/inner", b"x".to_vec());
 
@@ -434,10 +439,8 @@ fn a_storm_of_lookups_in_one_directory_lists_it_once() {
 
 #[test]
 fn a_directory_read_for_longer_than_the_ttl_is_listed_again_not_name_by_name() {
-    let bucket = fresh_bucket(true, "stormlong");
+    let (bucket, files) = bucket_of_jpegs("stormlong", "shard", 300, 1000);
     let emu = emulator();
-    let files = numbered_jpegs("shard", 300, 1000);
-    put_many(emu, &bucket, files.clone());
     let gone = "shard/0250.jpg";
 
     // The default 1 s metadata TTL. A loader reads each file once, about 100 a second: three TTLs in all.
