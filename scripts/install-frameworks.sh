@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what the framework suite (tests/frameworks/) needs: the Debian tools it drives (fio, rsync) and a
 # venv, .venv-frameworks, with the ML frameworks and pytest. Idempotent and non-interactive, so CI (root) can
-# run it on every build; a second run installs nothing. About 50 s on a fresh machine here (2 cores).
+# run it on every build; a second run installs nothing. 50 s to 2.5 min on a fresh machine here (2 cores).
 # Env: FRAMEWORKS_VENV (default .venv-frameworks), EXPRESSFS_APT_UPDATE=1 forces `apt-get update` first.
 set -euo pipefail
 cd "$(dirname "$0")/.."
