@@ -46,10 +46,12 @@ bash scripts/install-frameworks.sh
 WORK=$(mktemp -d /tmp/expressfs-frameworks-XXXXXX)
 EMU_PID=""
 MOUNTS=()
+# From the mount table, not stat(): a crashed daemon's mount answers ENOTCONN and would look unmounted.
+is_mounted() { awk -v m="$1" '$5 == m { found = 1 } END { exit !found }' /proc/self/mountinfo; }
 cleanup() {
   set +e
   for mnt in "${MOUNTS[@]}"; do
-    if mountpoint -q "$mnt"; then
+    if is_mounted "$mnt"; then
       umount "$mnt" 2>/dev/null || { sleep 1; umount "$mnt" 2>/dev/null; } || umount -l "$mnt"
     fi
   done
@@ -103,13 +105,14 @@ mount_bucket() {
   {
     echo "#!/usr/bin/env bash"
     echo "set -e"
-    printf 'if mountpoint -q %q; then umount %q; fi\n' "$mnt" "$mnt"
+    printf 'if awk -v m=%q '\''$5 == m { f = 1 } END { exit !f }'\'' /proc/self/mountinfo; then umount %q; fi\n' \
+      "$mnt" "$mnt"
     printf '%q ' "$EXPRESSFS" "${FLAGS[@]}" --log-directory "$logs" "$bucket" "$mnt"
     echo
   } >"$WORK/remount-$name.sh"
   chmod +x "$WORK/remount-$name.sh"
   MOUNTS+=("$mnt")
-  if ! bash "$WORK/remount-$name.sh" || ! mountpoint -q "$mnt"; then
+  if ! bash "$WORK/remount-$name.sh" || ! is_mounted "$mnt"; then
     echo "mount of $bucket failed; its log:" >&2
     cat "$logs"/* >&2 2>/dev/null
     return 1
