@@ -481,4 +481,59 @@ mod tests {
         t.upsert(ROOT_INO, "f", Kind::File, stat(7), later(), newer);
         assert_eq!(t.get(ino).unwrap().stat.size, 7);
     }
+
+    #[test]
+    fn a_read_open_keeps_the_page_cache_only_for_the_version_it_holds() {
+        let mut t = InodeTable::new("");
+        let ino = t.add(ROOT_INO, "f", Kind::File, later());
+        let n = t.get_mut(ino).unwrap();
+        assert!(!n.open_read("v1", false), "nothing cached yet");
+        assert!(n.open_read("v1", false), "same version");
+        assert!(!n.open_read("v2", false), "another version");
+        assert!(
+            !n.open_read("v2", false),
+            "handles on v1 may still fill the cache"
+        );
+        n.close_read("v1");
+        n.close_read("v1");
+        assert!(
+            !n.open_read("v2", false),
+            "what the v1 handles read may be cached"
+        );
+        assert!(n.open_read("v2", false));
+        assert!(!n.open_read("v2", true), "a bypassing open keeps nothing");
+        assert!(!n.open_read("v2", false), "and leaves nothing to keep");
+        n.drop_page_cache();
+        assert!(!n.may_be_in_page_cache());
+        assert!(!n.open_read("v2", false), "a write open dropped it");
+    }
+
+    #[test]
+    fn a_file_being_written_stays_fresh_and_keeps_its_stat() {
+        let mut t = InodeTable::new("");
+        let ino = t.add(ROOT_INO, "f", Kind::File, Instant::now());
+        let n = t.get_mut(ino).unwrap();
+        let stat = |size| Stat {
+            size,
+            mtime: SystemTime::UNIX_EPOCH,
+            etag: None,
+        };
+        let later_request = Instant::now() + Duration::from_secs(1);
+        n.start_write();
+        assert!(n.is_being_written() && n.is_pending());
+        assert!(
+            n.is_fresh(later()),
+            "a file being written is never asked about"
+        );
+        assert!(
+            !n.observe(stat(5), later_request),
+            "the bucket has the old size"
+        );
+        n.finish_write();
+        n.finish_write();
+        assert!(!n.is_being_written(), "the count does not go below zero");
+        assert!(!n.is_fresh(later()));
+        assert!(n.observe(stat(5), later_request));
+        assert_eq!(n.stat().size, 5);
+    }
 }

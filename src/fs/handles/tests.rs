@@ -1,10 +1,12 @@
 //! Open, read, write and release through the core, with the fake client.
 
 use std::sync::atomic::Ordering;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
+use super::{WriterMark, WriterSlots};
+use crate::fs::inode::{InodeTable, Kind, Stat};
 use crate::fs::test_support::{config, fs_with};
 use crate::fs::{FsError, OpenMode, ROOT_INO};
 use crate::s3::{ObjectClient, WriteCondition};
@@ -174,4 +176,44 @@ async fn overwrite_and_delete_need_their_flags() {
     assert_eq!(&fake.object("k").unwrap()[..], b"new");
     fs.unlink(ROOT_INO, "k").await.unwrap();
     assert!(fake.object("k").is_none());
+}
+
+#[test]
+fn a_write_handle_counts_once_among_its_nodes_writers() {
+    let mut t = InodeTable::new("");
+    let far = Instant::now() + Duration::from_secs(60);
+    let ino = t.upsert(
+        ROOT_INO,
+        "f",
+        Kind::File,
+        Stat::directory(),
+        far,
+        Instant::now(),
+    );
+    let n = t.get_mut(ino).unwrap();
+    let a = WriterMark::start(Some(&mut *n));
+    let b = WriterMark::start(Some(&mut *n));
+    a.wrote(n);
+    a.settled(n);
+    a.settled(n);
+    assert!(
+        n.is_being_written(),
+        "b still counts; a took away only its own"
+    );
+    b.settled(n);
+    assert!(!n.is_being_written());
+    a.wrote(n);
+    assert!(n.is_being_written(), "written again after its upload");
+}
+
+#[test]
+fn writer_slots_stop_at_the_limit_until_one_is_given_back() {
+    let slots = WriterSlots::new(2);
+    slots.reserve().unwrap();
+    slots.reserve().unwrap();
+    assert!(matches!(slots.reserve(), Err(FsError::TooManyWriters(2))));
+    assert_eq!(slots.open(), 2, "a refused reservation holds nothing");
+    slots.give_back();
+    slots.reserve().unwrap();
+    assert_eq!(slots.open(), 2);
 }
