@@ -2,9 +2,9 @@
 //! adapter calls these async methods and turns [`FsError`] into errno.
 //!
 //! [`S3Filesystem`] owns two halves and little else:
-//! - [`superblock`]: what is known about names (inode table, negative cache, listings, storms, lookups in
+//! - `superblock.rs`: what is known about names (inode table, negative cache, listings, storms, lookups in
 //!   flight, first bytes) and the metadata operations; `S3Filesystem` forwards those in one line each.
-//! - [`handles`]: open files and directories, and the read/write dispatch. Its operations are written as
+//! - `handles.rs`: open files and directories, and the read/write dispatch. Its operations are written as
 //!   `impl S3Filesystem` in that file, since each needs both the handle table and the superblock.
 
 pub mod error;

@@ -162,8 +162,15 @@ impl Superblock {
         }
     }
 
-    /// Looks `name` up in `parent`, in the order the answers cost: the table, the names known to be
-    /// missing, another lookup of the same name already asking, and last the bucket.
+    /// Looks `name` up in `parent`, taking the cheapest answer there is:
+    /// 1. a fresh entry in the table ([`Self::fresh_child`]);
+    /// 2. the name known to be missing ([`NegativeCache`]);
+    /// 3. the answer of another lookup of the same name already asking the bucket ([`InFlight`]);
+    /// 4. the bucket itself ([`Self::ask_bucket`]), after counting the miss towards a storm listing of the
+    ///    directory ([`Storms`]).
+    ///
+    /// Each step takes its own lock and lets it go before the next; where a check and a change must not
+    /// be split (a file made here meanwhile), they happen under one table lock.
     pub async fn lookup(&self, parent: u64, name: &str) -> FsResult<Attr> {
         check_name(name)?;
         let parent_node = self.dir_node(parent)?;
