@@ -44,44 +44,138 @@ impl Stat {
     }
 }
 
+/// One name in the table. Its fields are private: the methods below hold the rules for the writer count,
+/// the page-cache keep/drop decision and when its stat may be replaced.
 #[derive(Debug, Clone)]
 pub struct Node {
-    pub ino: u64,
-    pub parent: u64,
-    pub name: String,
-    pub kind: Kind,
+    ino: u64,
+    parent: u64,
+    name: String,
+    kind: Kind,
     /// Object key for files; key prefix ending in `/` for directories (the mount prefix for the root).
-    pub key: String,
-    pub stat: Stat,
+    key: String,
+    stat: Stat,
     /// When the bucket was asked for `stat` (or when our own upload set it). An answer to a request sent
     /// earlier than this is older than what we know and must not replace it.
-    pub stat_at: Instant,
+    stat_at: Instant,
     /// Until when `stat` (and this name's existence) may be served without asking the bucket.
-    pub expires: Instant,
+    expires: Instant,
     /// Kernel references (lookup count); the node is dropped when it reaches zero.
-    pub lookups: u64,
+    lookups: u64,
     /// Exists only here so far: a directory made by mkdir, or a file being written.
-    pub local: bool,
-    /// Open write handles.
-    pub writers: u32,
+    local: bool,
+    /// Write handles holding bytes the bucket does not have yet.
+    writers: u32,
     /// The version (ETag) whose bytes the kernel's page cache may hold for this inode: a read open of the
     /// same version keeps them, any other version has them dropped.
-    pub cached_etag: Option<String>,
+    cached_etag: Option<String>,
     /// Versions (ETags) of the read handles open on this inode, one entry per handle: a handle pinned to an
     /// older version can still put that version's bytes into the shared page cache.
-    pub open_versions: Vec<String>,
+    open_versions: Vec<String>,
 }
 
 impl Node {
+    fn new(ino: u64, parent: u64, name: &str, kind: Kind, key: String, stat: Stat) -> Node {
+        Node {
+            ino,
+            parent,
+            name: name.to_string(),
+            kind,
+            key,
+            stat,
+            stat_at: Instant::now(),
+            expires: Instant::now(),
+            lookups: 0,
+            local: false,
+            writers: 0,
+            cached_etag: None,
+            open_versions: Vec::new(),
+        }
+    }
+
+    pub fn ino(&self) -> u64 {
+        self.ino
+    }
+
+    pub fn parent(&self) -> u64 {
+        self.parent
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn kind(&self) -> Kind {
+        self.kind
+    }
+
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    pub fn stat(&self) -> &Stat {
+        &self.stat
+    }
+
     pub fn is_fresh(&self, now: Instant) -> bool {
-        self.local || self.writers > 0 || self.expires > now
+        self.is_pending() || self.expires > now
+    }
+
+    /// Trusted without asking the bucket until `expires`.
+    pub fn trust_until(&mut self, expires: Instant) {
+        self.expires = expires;
+    }
+
+    /// Asked about again on the next lookup.
+    pub fn expire(&mut self) {
+        self.expires = Instant::now();
+    }
+
+    /// Exists only here so far (a directory made by mkdir, a file being written and never uploaded).
+    pub fn is_local(&self) -> bool {
+        self.local
+    }
+
+    /// Made here: the bucket does not know it until it is uploaded.
+    pub fn mark_local(&mut self) {
+        self.local = true;
+    }
+
+    /// What the bucket says about this name is not the whole truth: it was made here, or is being written.
+    pub fn is_pending(&self) -> bool {
+        self.local || self.is_being_written()
+    }
+
+    /// A write handle now holds bytes of this file that the bucket does not have.
+    pub fn start_write(&mut self) {
+        self.writers += 1;
+    }
+
+    /// A write handle's bytes are all uploaded (or the handle is gone).
+    pub fn finish_write(&mut self) {
+        self.writers = self.writers.saturating_sub(1);
+    }
+
+    pub fn is_being_written(&self) -> bool {
+        self.writers > 0
+    }
+
+    /// The size the writer now has (the bucket still has the old one).
+    pub fn set_size(&mut self, size: u64) {
+        self.stat.size = size;
+    }
+
+    /// Bytes were written: size and mtime as the writer has them.
+    pub fn record_write(&mut self, size: u64) {
+        self.stat.size = size;
+        self.stat.mtime = SystemTime::now();
     }
 
     /// Takes `stat` from the bucket's answer to a request sent at `asked`, unless it is stale: the file is
     /// being written here (the bucket does not know its size yet), or what we hold is newer than the request
     /// (a listing or HEAD sent before our own upload finished would bring back the old size).
     pub fn observe(&mut self, stat: Stat, asked: Instant) -> bool {
-        if self.writers > 0 || asked < self.stat_at {
+        if self.is_being_written() || asked < self.stat_at {
             return false;
         }
         self.stat = stat;
@@ -99,6 +193,39 @@ impl Node {
         self.stat_at = Instant::now();
         self.local = false;
     }
+
+    /// Whether the kernel's page cache may hold bytes of some version of this file.
+    pub fn may_be_in_page_cache(&self) -> bool {
+        self.cached_etag.is_some()
+    }
+
+    /// A read handle on version `etag` opens (`bypass`: it reads around the page cache). Returns whether the
+    /// kernel may keep the page cache: only if it holds this version and no open handle pinned to another
+    /// one can still be adding its bytes.
+    pub fn open_read(&mut self, etag: &str, bypass: bool) -> bool {
+        let same = self.cached_etag.as_deref() == Some(etag)
+            && self.open_versions.iter().all(|v| v == etag);
+        // What the kernel will hold after this open: this version's bytes, or nothing.
+        self.cached_etag = (!bypass).then(|| etag.to_string());
+        self.open_versions.push(etag.to_string());
+        same && !bypass
+    }
+
+    /// A read handle on version `etag` closed.
+    pub fn close_read(&mut self, etag: &str) {
+        if let Some(at) = self.open_versions.iter().position(|v| v == etag) {
+            self.open_versions.swap_remove(at);
+        }
+        // This handle may have put its (older) version into the page cache.
+        if self.cached_etag.as_deref() != Some(etag) {
+            self.cached_etag = None;
+        }
+    }
+
+    /// A write open: what the page cache holds is about to be outdated, so the next read open drops it.
+    pub fn drop_page_cache(&mut self) {
+        self.cached_etag = None;
+    }
 }
 
 pub struct InodeTable {
@@ -109,21 +236,15 @@ pub struct InodeTable {
 
 impl InodeTable {
     pub fn new(root_prefix: &str) -> InodeTable {
-        let root = Node {
-            ino: ROOT_INO,
-            parent: ROOT_INO,
-            name: String::new(),
-            kind: Kind::Directory,
-            key: root_prefix.to_string(),
-            stat: Stat::directory(),
-            stat_at: Instant::now(),
-            expires: Instant::now(),
-            lookups: 1,
-            local: false,
-            writers: 0,
-            cached_etag: None,
-            open_versions: Vec::new(),
-        };
+        let mut root = Node::new(
+            ROOT_INO,
+            ROOT_INO,
+            "",
+            Kind::Directory,
+            root_prefix.to_string(),
+            Stat::directory(),
+        );
+        root.lookups = 1;
         InodeTable {
             nodes: HashMap::from([(ROOT_INO, root)]),
             children: HashMap::new(),
@@ -181,24 +302,10 @@ impl InodeTable {
         };
         let ino = self.next;
         self.next += 1;
-        self.nodes.insert(
-            ino,
-            Node {
-                ino,
-                parent,
-                name: name.to_string(),
-                kind,
-                key,
-                stat,
-                stat_at: observed,
-                expires,
-                lookups: 0,
-                local: false,
-                writers: 0,
-                cached_etag: None,
-                open_versions: Vec::new(),
-            },
-        );
+        let mut node = Node::new(ino, parent, name, kind, key, stat);
+        node.stat_at = observed;
+        node.expires = expires;
+        self.nodes.insert(ino, node);
         self.children.insert(slot, ino);
         ino
     }
@@ -209,7 +316,7 @@ impl InodeTable {
         if self
             .nodes
             .get(&ino)
-            .is_some_and(|n| n.lookups == 0 && n.writers == 0)
+            .is_some_and(|n| n.lookups == 0 && !n.is_being_written())
         {
             self.nodes.remove(&ino);
         }
@@ -231,7 +338,7 @@ impl InodeTable {
             return;
         };
         node.lookups = node.lookups.saturating_sub(n);
-        if node.lookups == 0 && node.writers == 0 {
+        if node.lookups == 0 && !node.is_being_written() {
             let slot = (node.parent, node.name.clone());
             // Only drop the name if it still points at this node, so cached listings keep other nodes.
             let named = self.children.get(&slot) == Some(&ino);
@@ -251,7 +358,7 @@ impl InodeTable {
             .filter(|((p, _), _)| *p == parent)
             .filter_map(|((_, name), ino)| {
                 let n = self.nodes.get(ino)?;
-                (n.local || n.writers > 0).then(|| (name.clone(), *ino, n.kind))
+                n.is_pending().then(|| (name.clone(), *ino, n.kind))
             })
             .collect()
     }
@@ -373,5 +480,60 @@ mod tests {
         let newer = Instant::now() + std::time::Duration::from_millis(5);
         t.upsert(ROOT_INO, "f", Kind::File, stat(7), later(), newer);
         assert_eq!(t.get(ino).unwrap().stat.size, 7);
+    }
+
+    #[test]
+    fn a_read_open_keeps_the_page_cache_only_for_the_version_it_holds() {
+        let mut t = InodeTable::new("");
+        let ino = t.add(ROOT_INO, "f", Kind::File, later());
+        let n = t.get_mut(ino).unwrap();
+        assert!(!n.open_read("v1", false), "nothing cached yet");
+        assert!(n.open_read("v1", false), "same version");
+        assert!(!n.open_read("v2", false), "another version");
+        assert!(
+            !n.open_read("v2", false),
+            "handles on v1 may still fill the cache"
+        );
+        n.close_read("v1");
+        n.close_read("v1");
+        assert!(
+            !n.open_read("v2", false),
+            "what the v1 handles read may be cached"
+        );
+        assert!(n.open_read("v2", false));
+        assert!(!n.open_read("v2", true), "a bypassing open keeps nothing");
+        assert!(!n.open_read("v2", false), "and leaves nothing to keep");
+        n.drop_page_cache();
+        assert!(!n.may_be_in_page_cache());
+        assert!(!n.open_read("v2", false), "a write open dropped it");
+    }
+
+    #[test]
+    fn a_file_being_written_stays_fresh_and_keeps_its_stat() {
+        let mut t = InodeTable::new("");
+        let ino = t.add(ROOT_INO, "f", Kind::File, Instant::now());
+        let n = t.get_mut(ino).unwrap();
+        let stat = |size| Stat {
+            size,
+            mtime: SystemTime::UNIX_EPOCH,
+            etag: None,
+        };
+        let later_request = Instant::now() + Duration::from_secs(1);
+        n.start_write();
+        assert!(n.is_being_written() && n.is_pending());
+        assert!(
+            n.is_fresh(later()),
+            "a file being written is never asked about"
+        );
+        assert!(
+            !n.observe(stat(5), later_request),
+            "the bucket has the old size"
+        );
+        n.finish_write();
+        n.finish_write();
+        assert!(!n.is_being_written(), "the count does not go below zero");
+        assert!(!n.is_fresh(later()));
+        assert!(n.observe(stat(5), later_request));
+        assert_eq!(n.stat().size, 5);
     }
 }

@@ -1,0 +1,578 @@
+//! Open handles: read and write dispatch (open, create, read, write, flush, fsync, release, truncate
+//! through a handle) and directory handles' snapshots.
+//!
+//! These are methods of [`S3Filesystem`] because a handle op touches both halves: the handle table here
+//! and the node in the [`Superblock`](super::superblock::Superblock), which it changes only through
+//! [`Node`]'s methods. Three counts of writers exist, each with one owner:
+//! - [`WriterSlots`]: write handles open, against `--max-open-writers` (taken at open, given back at release);
+//! - [`WriterMark`]: whether one write handle counts among its node's writers (until its bytes are
+//!   uploaded, and again from its next write);
+//! - [`Node::start_write`] / [`Node::finish_write`]: how many handles hold bytes of a file the bucket lacks,
+//!   which keeps the file busy for readers, rename and unlink, and its stat from being replaced.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Instant, SystemTime};
+
+use bytes::Bytes;
+use tokio::sync::Mutex as AsyncMutex;
+use tracing::debug;
+
+use super::inode::{Kind, Node, Stat};
+use super::read::Reader;
+use super::superblock::check_name;
+use super::write::{Writer, WriterOptions};
+use super::{Attr, DirEntry, FsError, FsResult, OpenMode, Opened, S3Filesystem, names};
+use crate::s3::WriteCondition;
+
+#[cfg(test)]
+mod tests;
+
+pub enum Handle {
+    Read {
+        ino: u64,
+        /// The version the reader is pinned to.
+        etag: String,
+        reader: AsyncMutex<Reader>,
+    },
+    Write {
+        ino: u64,
+        writer: AsyncMutex<Writer>,
+        /// Process (thread group) that opened the file: flushes from other processes are not closes of
+        /// this descriptor (a fork+exec elsewhere closes inherited copies) and must not end the upload.
+        opener: Option<u32>,
+        /// Whether this handle still counts as a writer of its node (until its upload is done).
+        counted: WriterMark,
+    },
+    Dir {
+        entries: Mutex<Option<Arc<Vec<DirEntry>>>>,
+        ino: u64,
+    },
+}
+
+impl Handle {
+    /// A write handle's node, writer and writer mark.
+    fn as_writer(&self) -> Option<(u64, &AsyncMutex<Writer>, &WriterMark)> {
+        match self {
+            Handle::Write {
+                ino,
+                writer,
+                counted,
+                ..
+            } => Some((*ino, writer, counted)),
+            _ => None,
+        }
+    }
+}
+
+/// Whether one write handle counts among its node's writers. The node's count moves only through here,
+/// so each handle adds at most one to it and takes away only what it added.
+pub struct WriterMark(AtomicBool);
+
+impl WriterMark {
+    /// A new write handle counts as a writer of `node` (if the table still has it).
+    fn start(node: Option<&mut Node>) -> WriterMark {
+        if let Some(node) = node {
+            node.start_write();
+        }
+        WriterMark(AtomicBool::new(true))
+    }
+
+    /// Bytes were written: dirty again after an upload, the file is busy until its next upload.
+    fn wrote(&self, node: &mut Node) {
+        if !self.0.swap(true, Ordering::SeqCst) {
+            node.start_write();
+        }
+    }
+
+    /// Everything this handle wrote is uploaded, or the handle is gone: one writer fewer.
+    fn settled(&self, node: &mut Node) {
+        if self.0.swap(false, Ordering::SeqCst) {
+            node.finish_write();
+        }
+    }
+}
+
+/// Write handles open at once, against `--max-open-writers` (each holds up to a few parts in memory).
+pub struct WriterSlots {
+    max: usize,
+    open: AtomicU64,
+}
+
+impl WriterSlots {
+    pub fn new(max: usize) -> WriterSlots {
+        WriterSlots {
+            max,
+            open: AtomicU64::new(0),
+        }
+    }
+
+    /// Takes a slot for a new write handle.
+    fn reserve(&self) -> FsResult<()> {
+        let n = self.open.fetch_add(1, Ordering::SeqCst);
+        if n as usize >= self.max {
+            self.open.fetch_sub(1, Ordering::SeqCst);
+            return Err(FsError::TooManyWriters(self.max));
+        }
+        Ok(())
+    }
+
+    /// A write handle is released.
+    fn give_back(&self) {
+        self.open.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    pub fn open(&self) -> u64 {
+        self.open.load(Ordering::Relaxed)
+    }
+}
+
+/// Open handles by number (files and directories share one numbering).
+pub struct HandleTable {
+    open: Mutex<HashMap<u64, Arc<Handle>>>,
+    next: AtomicU64,
+}
+
+impl HandleTable {
+    pub fn new() -> HandleTable {
+        HandleTable {
+            open: Mutex::new(HashMap::new()),
+            next: AtomicU64::new(1),
+        }
+    }
+
+    fn open(&self) -> MutexGuard<'_, HashMap<u64, Arc<Handle>>> {
+        self.open.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn get(&self, fh: u64) -> FsResult<Arc<Handle>> {
+        self.open().get(&fh).cloned().ok_or(FsError::BadHandle)
+    }
+
+    fn add(&self, handle: Handle) -> u64 {
+        let fh = self.next.fetch_add(1, Ordering::Relaxed);
+        self.open().insert(fh, Arc::new(handle));
+        fh
+    }
+
+    fn remove(&self, fh: u64) -> Option<Arc<Handle>> {
+        self.open().remove(&fh)
+    }
+
+    /// A write handle open on `ino`, if any.
+    fn writer_for(&self, ino: u64) -> Option<Arc<Handle>> {
+        self.open()
+            .values()
+            .find(|h| matches!(h.as_ref(), Handle::Write { ino: i, .. } if *i == ino))
+            .cloned()
+    }
+
+    pub fn len(&self) -> usize {
+        self.open().len()
+    }
+}
+
+impl S3Filesystem {
+    /// chmod/chown/utimens are accepted and ignored (modes come from the mount flags); size changes only on
+    /// files being written.
+    pub async fn setattr(&self, ino: u64, size: Option<u64>, fh: Option<u64>) -> FsResult<Attr> {
+        if let Some(size) = size {
+            if self.config.read_only {
+                return Err(FsError::ReadOnly);
+            }
+            let handle = match fh {
+                Some(fh) => Some(self.handles.get(fh)?),
+                None => self.handles.writer_for(ino),
+            };
+            match handle.as_deref() {
+                Some(Handle::Write { writer, .. }) => {
+                    let mut w = writer.lock().await;
+                    w.truncate(size)?;
+                    let new_size = w.size();
+                    if let Some(n) = self.sb.table().get_mut(ino) {
+                        n.set_size(new_size);
+                    }
+                }
+                _ => {
+                    let current = self.getattr(ino).await?;
+                    if current.size != size {
+                        return Err(FsError::NotPermitted(
+                            "truncate of a file that is not open for writing",
+                        ));
+                    }
+                }
+            }
+        }
+        self.getattr(ino).await
+    }
+
+    pub fn opendir(&self, ino: u64) -> FsResult<u64> {
+        self.sb.dir_node(ino)?;
+        Ok(self.handles.add(Handle::Dir {
+            entries: Mutex::new(None),
+            ino,
+        }))
+    }
+
+    /// Entries from index `offset` on (offsets are positions in this handle's snapshot).
+    pub async fn readdir(&self, fh: u64, offset: u64) -> FsResult<Arc<Vec<DirEntry>>> {
+        let handle = self.handles.get(fh)?;
+        let Handle::Dir { entries, ino } = handle.as_ref() else {
+            return Err(FsError::BadHandle);
+        };
+        if offset == 0 || entries.lock().unwrap_or_else(|e| e.into_inner()).is_none() {
+            let listed = self.sb.entries(*ino).await?;
+            *entries.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::clone(&listed));
+            return Ok(listed);
+        }
+        Ok(entries
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+            .unwrap_or_default())
+    }
+
+    pub async fn open(&self, ino: u64, mode: OpenMode, pid: u32) -> FsResult<Opened> {
+        let node = self.sb.node(ino)?;
+        if node.kind() == Kind::Directory {
+            return Err(FsError::IsADirectory);
+        }
+        if node.is_being_written() {
+            return Err(FsError::Busy(
+                "the file is being written; open it after close",
+            ));
+        }
+        if mode.write {
+            if self.config.read_only {
+                return Err(FsError::ReadOnly);
+            }
+            if node.is_local() {
+                return Err(FsError::Busy("the file is being written"));
+            }
+            let fh = self.open_existing_for_write(&node, mode, pid).await?;
+            if let Some(n) = self.sb.table().get_mut(ino) {
+                n.drop_page_cache();
+            }
+            return Ok(Opened {
+                fh,
+                keep_cache: false,
+                bypass_page_cache: self.writes_bypass_page_cache(),
+                no_flush: false,
+            });
+        }
+        // Refresh the ETag if our view is stale, so reads are pinned to what exists now.
+        let attr_fresh =
+            !mode.direct && node.is_fresh(Instant::now()) && node.stat().etag.is_some();
+        let (size, etag) = if attr_fresh {
+            (
+                node.stat().size,
+                node.stat().etag.clone().unwrap_or_default(),
+            )
+        } else {
+            let asked = Instant::now();
+            let info = self
+                .client
+                .head_object(node.key())
+                .await
+                .map_err(|e| FsError::client(node.key(), e))?;
+            let expires = self.sb.expiry();
+            if let Some(n) = self.sb.table().get_mut(ino) {
+                n.observe(Stat::of(&info), asked);
+                n.trust_until(expires);
+            }
+            (info.size, info.etag)
+        };
+        let first = (!mode.direct)
+            .then(|| self.sb.take_first_bytes(node.key(), &etag))
+            .flatten();
+        let reader = Reader::new(
+            if mode.direct {
+                Arc::clone(&self.direct_client)
+            } else {
+                Arc::clone(&self.client)
+            },
+            node.key().to_string(),
+            etag.clone(),
+            size,
+            self.config.read_part_size,
+            self.config.max_prefetch,
+            Arc::clone(&self.config.memory),
+        )
+        .with_first_bytes(first);
+        let bypass_page_cache = mode.direct
+            || (size >= self.config.direct_io_threshold
+                && self.direct_io_for_big_files.load(Ordering::Relaxed));
+        let keep_cache = self
+            .sb
+            .table()
+            .get_mut(ino)
+            .is_some_and(|n| n.open_read(&etag, bypass_page_cache));
+        let fh = self.handles.add(Handle::Read {
+            ino,
+            etag,
+            reader: AsyncMutex::new(reader),
+        });
+        Ok(Opened {
+            fh,
+            keep_cache,
+            bypass_page_cache,
+            no_flush: true,
+        })
+    }
+
+    fn writer_options(&self, condition: WriteCondition) -> WriterOptions {
+        WriterOptions {
+            part_size: self.config.write_part_size as usize,
+            condition,
+            staging_dir: self.config.staging_dir.clone(),
+            staging_limit: self.config.staging_limit,
+            memory: Arc::clone(&self.config.memory),
+        }
+    }
+
+    async fn open_existing_for_write(
+        &self,
+        node: &Node,
+        mode: OpenMode,
+        pid: u32,
+    ) -> FsResult<u64> {
+        let writer = if mode.truncate {
+            if !self.config.allow_overwrite {
+                return Err(FsError::NotPermitted(
+                    "overwriting an object needs --allow-overwrite",
+                ));
+            }
+            Writer::new(
+                Arc::clone(&self.client),
+                node.key().to_string(),
+                self.writer_options(WriteCondition::None),
+            )
+        } else if self.config.incremental_upload && self.client.is_directory_bucket() {
+            let info = self
+                .client
+                .head_object(node.key())
+                .await
+                .map_err(|e| FsError::client(node.key(), e))?;
+            Writer::append(
+                Arc::clone(&self.client),
+                node.key().to_string(),
+                info.size,
+                self.writer_options(WriteCondition::None),
+            )
+        } else {
+            return Err(FsError::NotPermitted(
+                "existing objects can only be replaced (O_TRUNC with --allow-overwrite) or appended to (--incremental-upload on a directory bucket)",
+            ));
+        };
+        self.writer_slots.reserve()?;
+        let size = writer.size();
+        let counted = {
+            let mut table = self.sb.table();
+            let mut node = table.get_mut(node.ino());
+            if let Some(n) = node.as_deref_mut() {
+                n.set_size(size);
+            }
+            WriterMark::start(node)
+        };
+        Ok(self.handles.add(Handle::Write {
+            ino: node.ino(),
+            writer: AsyncMutex::new(writer),
+            opener: tgid_of(pid),
+            counted,
+        }))
+    }
+
+    /// Creates a new file, open for writing. Fails if the name exists (unless overwriting is allowed).
+    pub async fn create(&self, parent: u64, name: &str, pid: u32) -> FsResult<(Attr, u64)> {
+        if self.config.read_only {
+            return Err(FsError::ReadOnly);
+        }
+        check_name(name)?;
+        let parent_node = self.sb.dir_node(parent)?;
+        if self
+            .sb
+            .table()
+            .child(parent, name)
+            .is_some_and(|n| n.is_pending())
+        {
+            return Err(FsError::Exists);
+        }
+        let condition = match self.sb.resolve(&parent_node, name, false).await? {
+            Some((Kind::Directory, _)) => return Err(FsError::Exists),
+            Some((Kind::File, _)) if !self.config.allow_overwrite => return Err(FsError::Exists),
+            Some((Kind::File, _)) => WriteCondition::None,
+            None if self.config.allow_overwrite => WriteCondition::None,
+            None => WriteCondition::IfNoneMatch,
+        };
+        self.writer_slots.reserve()?;
+        let key = names::file_key(parent_node.key(), name);
+        let writer = Writer::new(
+            Arc::clone(&self.client),
+            key,
+            self.writer_options(condition),
+        );
+        let (attr, counted) = {
+            let mut table = self.sb.table();
+            let stat = Stat {
+                size: 0,
+                mtime: SystemTime::now(),
+                etag: None,
+            };
+            let ino = table.upsert(
+                parent,
+                name,
+                Kind::File,
+                stat,
+                self.sb.expiry(),
+                Instant::now(),
+            );
+            table.add_lookup(ino);
+            let node = table.get_mut(ino).expect("just inserted");
+            node.mark_local();
+            let counted = WriterMark::start(Some(&mut *node));
+            node.set_size(0);
+            (self.sb.attr_of(node), counted)
+        };
+        self.sb.forget_missing(parent, name);
+        self.sb.invalidate_listing(parent);
+        let fh = self.handles.add(Handle::Write {
+            ino: attr.ino,
+            writer: AsyncMutex::new(writer),
+            opener: tgid_of(pid),
+            counted,
+        });
+        Ok((attr, fh))
+    }
+
+    pub async fn read(&self, fh: u64, offset: u64, size: u32) -> FsResult<Bytes> {
+        let handle = self.handles.get(fh)?;
+        match handle.as_ref() {
+            Handle::Read { reader, .. } => reader.lock().await.read(offset, size).await,
+            Handle::Write { .. } => Err(FsError::Busy(
+                "reading a file while writing it is not supported",
+            )),
+            Handle::Dir { .. } => Err(FsError::IsADirectory),
+        }
+    }
+
+    pub async fn write(&self, fh: u64, offset: u64, data: &[u8]) -> FsResult<u32> {
+        let handle = self.handles.get(fh)?;
+        let (ino, writer, counted) = handle.as_writer().ok_or(FsError::BadHandle)?;
+        let mut w = writer.lock().await;
+        let n = w.write(offset, data).await?;
+        self.note_written(ino, counted, w.size());
+        Ok(n)
+    }
+
+    /// A write that needs no waiting (the bytes only join the part being filled), done on the caller's
+    /// thread with the caller's buffer: the FUSE adapter then need not copy the bytes to hand them to the
+    /// runtime. `None` when the write must go through [`S3Filesystem::write`].
+    pub fn write_now(&self, fh: u64, offset: u64, data: &[u8]) -> Option<u32> {
+        let handle = self.handles.get(fh).ok()?;
+        let (ino, writer, counted) = handle.as_writer()?;
+        let mut w = writer.try_lock().ok()?;
+        let n = w.write_in_memory(offset, data)?;
+        self.note_written(ino, counted, w.size());
+        Some(n)
+    }
+
+    fn note_written(&self, ino: u64, counted: &WriterMark, size: u64) {
+        if let Some(node) = self.sb.table().get_mut(ino) {
+            node.record_write(size);
+            counted.wrote(node);
+        }
+    }
+
+    /// fsync: everything written is durable in the bucket when this returns Ok.
+    pub async fn fsync(&self, fh: u64) -> FsResult<()> {
+        let handle = self.handles.get(fh)?;
+        let Some((ino, writer, counted)) = handle.as_writer() else {
+            return Ok(());
+        };
+        let mut w = writer.lock().await;
+        let result = w.commit().await?;
+        let mut table = self.sb.table();
+        let expires = self.sb.expiry();
+        if let Some(node) = table.get_mut(ino) {
+            if let Some(put) = result {
+                node.record_upload(w.size(), put.etag);
+                node.trust_until(expires);
+            }
+            // Once everything written is uploaded, the file is no longer busy for readers, rename or unlink.
+            if !w.is_dirty() {
+                counted.settled(node);
+            }
+        }
+        Ok(())
+    }
+
+    /// close(2) of a descriptor. Uploads here (not at release) so close() reports the outcome; flushes
+    /// from another process (an inherited copy closed after fork) are ignored.
+    pub async fn flush(&self, fh: u64, pid: u32) -> FsResult<()> {
+        let handle = self.handles.get(fh)?;
+        if let Handle::Write {
+            opener: Some(opener),
+            ..
+        } = handle.as_ref()
+            && tgid_of(pid).is_some_and(|t| t != *opener)
+        {
+            debug!(
+                fh,
+                pid, "flush from another process: not a close of the writer"
+            );
+            return Ok(());
+        }
+        self.fsync(fh).await
+    }
+
+    pub async fn release(&self, fh: u64) -> FsResult<()> {
+        let Some(handle) = self.handles.remove(fh) else {
+            return Ok(());
+        };
+        if let Handle::Read { ino, etag, .. } = handle.as_ref() {
+            if let Some(node) = self.sb.table().get_mut(*ino) {
+                node.close_read(etag);
+            }
+            return Ok(());
+        }
+        let Some((ino, writer, counted)) = handle.as_writer() else {
+            return Ok(());
+        };
+        let mut w = writer.lock().await;
+        // The handle is gone: it no longer counts against --max-open-writers.
+        self.writer_slots.give_back();
+        let result = w.commit().await;
+        if result.is_err() {
+            w.abort().await;
+        }
+        let mut table = self.sb.table();
+        if let Some(node) = table.get_mut(ino) {
+            counted.settled(node);
+            if let Ok(Some(put)) = &result {
+                node.record_upload(w.size(), put.etag.clone());
+            }
+            let parent = node.parent();
+            if node.is_local() && !node.is_being_written() {
+                // Never uploaded: the name goes away again.
+                let name = node.name().to_string();
+                table.detach(parent, &name);
+            }
+            drop(table);
+            self.sb.invalidate_listing(parent);
+        }
+        result.map(|_| ())
+    }
+}
+
+/// Thread group (process) id of a thread id, as FUSE reports the calling thread.
+fn tgid_of(pid: u32) -> Option<u32> {
+    if pid == 0 {
+        return None;
+    }
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Tgid:"))
+        .and_then(|v| v.trim().parse().ok())
+}

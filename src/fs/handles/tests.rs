@@ -1,0 +1,219 @@
+//! Open, read, write and release through the core, with the fake client.
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+
+use super::{WriterMark, WriterSlots};
+use crate::fs::inode::{InodeTable, Kind, Stat};
+use crate::fs::test_support::{config, fs_with};
+use crate::fs::{FsError, OpenMode, ROOT_INO};
+use crate::s3::{ObjectClient, WriteCondition};
+
+#[tokio::test]
+async fn open_and_read_after_a_lookup_need_no_request() {
+    let (fake, fs) = fs_with(&[("img.jpg", &[7u8; 5000])], config(), true).await;
+    let attr = fs.lookup(ROOT_INO, "img.jpg").await.unwrap();
+    let read_mode = OpenMode {
+        read: true,
+        ..Default::default()
+    };
+    let before = fake.requests.load(Ordering::SeqCst);
+    let opened = fs.open(attr.ino, read_mode, 1).await.unwrap();
+    assert!(!opened.keep_cache, "nothing cached yet");
+    assert_eq!(
+        &fs.read(opened.fh, 0, 8192).await.unwrap()[..],
+        &[7u8; 5000][..]
+    );
+    assert_eq!(fake.requests.load(Ordering::SeqCst), before);
+    // The bytes were handed over once: a second open reads from the bucket.
+    let opened = fs.open(attr.ino, read_mode, 1).await.unwrap();
+    assert!(opened.keep_cache, "same version: the page cache is kept");
+    assert_eq!(
+        &fs.read(opened.fh, 0, 8192).await.unwrap()[..],
+        &[7u8; 5000][..]
+    );
+    assert!(fake.requests.load(Ordering::SeqCst) > before);
+}
+
+#[tokio::test]
+async fn writes_bypass_the_page_cache_where_the_kernel_can_still_mmap() {
+    let mut c = config();
+    c.allow_overwrite = true;
+    let (_, fs) = fs_with(&[("old", b"v")], c, true).await;
+    let trunc = OpenMode {
+        write: true,
+        truncate: true,
+        ..Default::default()
+    };
+    let old = fs.lookup(ROOT_INO, "old").await.unwrap().ino;
+    let opened = fs.open(old, trunc, 1).await.unwrap();
+    assert!(opened.bypass_page_cache && !opened.keep_cache);
+    fs.release(opened.fh).await.unwrap();
+    assert!(fs.writes_bypass_page_cache());
+    fs.keep_big_files_in_page_cache();
+    assert!(!fs.writes_bypass_page_cache());
+    let opened = fs.open(old, trunc, 1).await.unwrap();
+    assert!(!opened.bypass_page_cache);
+}
+
+#[tokio::test]
+async fn big_files_bypass_the_page_cache() {
+    let mut config = config();
+    config.direct_io_threshold = 4096;
+    let (_, fs) = fs_with(
+        &[("small", &[1u8; 100]), ("big", &[2u8; 4096])],
+        config,
+        true,
+    )
+    .await;
+    let read_mode = OpenMode {
+        read: true,
+        ..Default::default()
+    };
+    for (name, bypass) in [("small", false), ("big", true)] {
+        let attr = fs.lookup(ROOT_INO, name).await.unwrap();
+        let first = fs.open(attr.ino, read_mode, 1).await.unwrap();
+        let again = fs.open(attr.ino, read_mode, 1).await.unwrap();
+        assert_eq!(first.bypass_page_cache, bypass, "{name}");
+        // Nothing of a bypassed file is in the page cache to keep.
+        assert_eq!(again.keep_cache, !bypass, "{name}");
+    }
+    // A kernel that cannot mmap direct-I/O files: big files use the page cache, O_DIRECT still not.
+    fs.keep_big_files_in_page_cache();
+    let big = fs.lookup(ROOT_INO, "big").await.unwrap().ino;
+    assert!(!fs.open(big, read_mode, 1).await.unwrap().bypass_page_cache);
+    let direct = OpenMode {
+        direct: true,
+        ..read_mode
+    };
+    assert!(fs.open(big, direct, 1).await.unwrap().bypass_page_cache);
+}
+
+#[tokio::test]
+async fn a_handle_on_an_older_version_stops_the_page_cache_from_being_kept() {
+    let mut config = config();
+    config.metadata_ttl = Duration::ZERO;
+    let (fake, fs) = fs_with(&[("f", b"one")], config, true).await;
+    let ino = fs.lookup(ROOT_INO, "f").await.unwrap().ino;
+    let read_mode = OpenMode {
+        read: true,
+        ..Default::default()
+    };
+    let old = fs.open(ino, read_mode, 1).await.unwrap();
+    fake.put_object("f", Bytes::from_static(b"two"), WriteCondition::None)
+        .await
+        .unwrap();
+    let new = fs.open(ino, read_mode, 1).await.unwrap();
+    assert!(!new.keep_cache, "another version");
+    // Same version, but the handle on the old one may still be filling the page cache.
+    assert!(!fs.open(ino, read_mode, 1).await.unwrap().keep_cache);
+    fs.release(old.fh).await.unwrap();
+    assert!(
+        !fs.open(ino, read_mode, 1).await.unwrap().keep_cache,
+        "what the old handle read may still be cached"
+    );
+    assert!(fs.open(ino, read_mode, 1).await.unwrap().keep_cache);
+    assert_eq!(&fs.read(new.fh, 0, 10).await.unwrap()[..], b"two");
+}
+
+#[tokio::test]
+async fn create_write_close_then_read_back() {
+    let (fake, fs) = fs_with(&[], config(), true).await;
+    let (attr, fh) = fs.create(ROOT_INO, "new.bin", 0).await.unwrap();
+    fs.write(fh, 0, b"hello ").await.unwrap();
+    fs.write(fh, 6, b"world").await.unwrap();
+    assert_eq!(fs.getattr(attr.ino).await.unwrap().size, 11);
+    fs.flush(fh, 0).await.unwrap();
+    fs.release(fh).await.unwrap();
+    assert_eq!(&fake.object("new.bin").unwrap()[..], b"hello world");
+    let rh = fs
+        .open(
+            attr.ino,
+            OpenMode {
+                read: true,
+                ..Default::default()
+            },
+            0,
+        )
+        .await
+        .unwrap()
+        .fh;
+    assert_eq!(&fs.read(rh, 0, 100).await.unwrap()[..], b"hello world");
+}
+
+#[tokio::test]
+async fn overwrite_and_delete_need_their_flags() {
+    let (_, fs) = fs_with(&[("k", b"v")], config(), true).await;
+    assert!(matches!(
+        fs.create(ROOT_INO, "k", 0).await,
+        Err(FsError::Exists)
+    ));
+    let a = fs.lookup(ROOT_INO, "k").await.unwrap();
+    let trunc = OpenMode {
+        write: true,
+        truncate: true,
+        ..Default::default()
+    };
+    assert!(matches!(
+        fs.open(a.ino, trunc, 0).await,
+        Err(FsError::NotPermitted(_))
+    ));
+    assert!(matches!(
+        fs.unlink(ROOT_INO, "k").await,
+        Err(FsError::NotPermitted(_))
+    ));
+
+    let mut c = config();
+    c.allow_overwrite = true;
+    c.allow_delete = true;
+    let (fake, fs) = fs_with(&[("k", b"v")], c, true).await;
+    let a = fs.lookup(ROOT_INO, "k").await.unwrap();
+    let fh = fs.open(a.ino, trunc, 0).await.unwrap().fh;
+    fs.write(fh, 0, b"new").await.unwrap();
+    fs.release(fh).await.unwrap();
+    assert_eq!(&fake.object("k").unwrap()[..], b"new");
+    fs.unlink(ROOT_INO, "k").await.unwrap();
+    assert!(fake.object("k").is_none());
+}
+
+#[test]
+fn a_write_handle_counts_once_among_its_nodes_writers() {
+    let mut t = InodeTable::new("");
+    let far = Instant::now() + Duration::from_secs(60);
+    let ino = t.upsert(
+        ROOT_INO,
+        "f",
+        Kind::File,
+        Stat::directory(),
+        far,
+        Instant::now(),
+    );
+    let n = t.get_mut(ino).unwrap();
+    let a = WriterMark::start(Some(&mut *n));
+    let b = WriterMark::start(Some(&mut *n));
+    a.wrote(n);
+    a.settled(n);
+    a.settled(n);
+    assert!(
+        n.is_being_written(),
+        "b still counts; a took away only its own"
+    );
+    b.settled(n);
+    assert!(!n.is_being_written());
+    a.wrote(n);
+    assert!(n.is_being_written(), "written again after its upload");
+}
+
+#[test]
+fn writer_slots_stop_at_the_limit_until_one_is_given_back() {
+    let slots = WriterSlots::new(2);
+    slots.reserve().unwrap();
+    slots.reserve().unwrap();
+    assert!(matches!(slots.reserve(), Err(FsError::TooManyWriters(2))));
+    assert_eq!(slots.open(), 2, "a refused reservation holds nothing");
+    slots.give_back();
+    slots.reserve().unwrap();
+    assert_eq!(slots.open(), 2);
+}

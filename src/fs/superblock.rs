@@ -1,0 +1,658 @@
+//! The superblock: what the mount knows about names, apart from open files.
+//!
+//! It owns the inode table, the names known to be missing, cached directory listings, lookup storms,
+//! lookups in flight and the first bytes fetched by lookups, and answers lookup, getattr, readdir, mkdir,
+//! rmdir, unlink and rename. Open handles live in [`super::handles`], which reaches the table only through
+//! [`Superblock::table`] and the methods of [`Node`].
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
+
+use bytes::Bytes;
+use tokio::sync::watch;
+use tracing::debug;
+
+use super::first_bytes::FirstBytes;
+use super::in_flight::{self, Answer, Asking, InFlight, Joined};
+use super::inode::{InodeTable, Kind, Node, Stat};
+use super::listing::{self, Storms};
+use super::negative::NegativeCache;
+use super::{Attr, DirEntry, FileKind, FsConfig, FsError, FsResult, names};
+use crate::memory::Reservation;
+use crate::s3::{ObjectClient, WriteCondition};
+
+#[cfg(test)]
+mod tests;
+
+/// Listings of one readdir, when our own changes in the directory keep overtaking them.
+const LIST_ATTEMPTS: u32 = 3;
+
+/// A directory's entries and until when they may be served without listing again.
+type CachedListing = (Instant, Arc<Vec<DirEntry>>);
+
+pub fn check_name(name: &str) -> FsResult<()> {
+    if name.len() > names::NAME_MAX {
+        return Err(FsError::NameTooLong);
+    }
+    if !names::is_valid_name(name) {
+        return Err(FsError::NotFound);
+    }
+    Ok(())
+}
+
+pub struct Superblock {
+    client: Arc<dyn ObjectClient>,
+    config: Arc<FsConfig>,
+    /// Shared with background listings (see [`listing`]).
+    inodes: Arc<Mutex<InodeTable>>,
+    /// Names known not to exist, for the negative metadata TTL.
+    negative: NegativeCache,
+    /// Directory listings, trusted for the metadata TTL; dropped when we change the directory ourselves.
+    listings: Mutex<HashMap<u64, CachedListing>>,
+    /// Lookups per directory, to list a directory whole when they come in a storm.
+    storms: Arc<Storms>,
+    /// Names being asked about, so that lookups of one name at once send one pair of requests.
+    lookups_in_flight: InFlight,
+    /// Starts of files fetched by lookups, waiting for their open.
+    first_bytes: FirstBytes,
+}
+
+impl Superblock {
+    pub fn new(client: Arc<dyn ObjectClient>, config: Arc<FsConfig>) -> Superblock {
+        Superblock {
+            inodes: Arc::new(Mutex::new(InodeTable::new(&config.prefix))),
+            storms: Arc::new(Storms::new(config.metadata_ttl)),
+            lookups_in_flight: InFlight::default(),
+            negative: NegativeCache::new(config.negative_metadata_ttl),
+            listings: Mutex::new(HashMap::new()),
+            first_bytes: FirstBytes::new(config.metadata_ttl),
+            client,
+            config,
+        }
+    }
+
+    pub fn table(&self) -> MutexGuard<'_, InodeTable> {
+        self.inodes.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A copy of the node `ino`, to use without holding the table.
+    pub fn node(&self, ino: u64) -> FsResult<Node> {
+        self.table().get(ino).cloned().ok_or(FsError::NotFound)
+    }
+
+    pub fn attr_of(&self, node: &Node) -> Attr {
+        let (kind, perm) = match node.kind() {
+            Kind::File => (FileKind::File, self.config.file_mode),
+            Kind::Directory => (FileKind::Directory, self.config.dir_mode),
+        };
+        Attr {
+            ino: node.ino(),
+            kind,
+            size: node.stat().size,
+            mtime: node.stat().mtime,
+            perm,
+            uid: self.config.uid,
+            gid: self.config.gid,
+        }
+    }
+
+    /// Until when what the bucket says now may be trusted.
+    pub fn expiry(&self) -> Instant {
+        Instant::now() + self.config.metadata_ttl
+    }
+
+    pub fn dir_node(&self, ino: u64) -> FsResult<Node> {
+        let node = self.node(ino)?;
+        if node.kind() != Kind::Directory {
+            return Err(FsError::NotADirectory);
+        }
+        Ok(node)
+    }
+
+    /// The start of `key` at `etag` kept by a lookup, for the open that follows it.
+    pub fn take_first_bytes(&self, key: &str, etag: &str) -> Option<(Bytes, Reservation)> {
+        self.first_bytes.take(key, etag)
+    }
+
+    /// `parent/name` exists now (we made it): it is no longer known to be missing.
+    pub fn forget_missing(&self, parent: u64, name: &str) {
+        self.negative.forget(parent, name);
+    }
+
+    /// Asks the bucket what `parent/name` is: the object `key` and the prefix `key/` are checked at once;
+    /// when both exist the directory wins. With `first_bytes` the object is asked for with its first bytes
+    /// (see [`FirstBytes`]), unless `lookup_prefetch` is 0.
+    pub async fn resolve(
+        &self,
+        parent: &Node,
+        name: &str,
+        first_bytes: bool,
+    ) -> FsResult<Option<(Kind, Stat)>> {
+        let key = names::file_key(parent.key(), name);
+        let dir_prefix = format!("{key}/");
+        let object = async {
+            match self.config.lookup_prefetch {
+                n if n > 0 && first_bytes => self.client.head_with_first_bytes(&key, n).await,
+                _ => self
+                    .client
+                    .head_object(&key)
+                    .await
+                    .map(|i| (i, Bytes::new())),
+            }
+        };
+        let (object, list) = tokio::join!(
+            object,
+            self.client.list_objects(&dir_prefix, Some("/"), None, 1)
+        );
+        let list = list.map_err(|e| FsError::client(&dir_prefix, e))?;
+        if !list.objects.is_empty() || !list.common_prefixes.is_empty() {
+            return Ok(Some((Kind::Directory, Stat::directory())));
+        }
+        match object {
+            Ok((info, first)) => {
+                self.first_bytes
+                    .keep(&key, &info.etag, first, &self.config.memory);
+                Ok(Some((Kind::File, Stat::of(&info))))
+            }
+            Err(e) => match FsError::client(&key, e) {
+                FsError::NotFound => Ok(None),
+                other => Err(other),
+            },
+        }
+    }
+
+    /// Looks `name` up in `parent`, taking the cheapest answer there is:
+    /// 1. a fresh entry in the table ([`Self::fresh_child`]);
+    /// 2. the name known to be missing ([`NegativeCache`]);
+    /// 3. the answer of another lookup of the same name already asking the bucket ([`InFlight`]);
+    /// 4. the bucket itself ([`Self::ask_bucket`]), after counting the miss towards a storm listing of the
+    ///    directory ([`Storms`]).
+    ///
+    /// Each step takes its own lock and lets it go before the next; where a check and a change must not
+    /// be split (a file made here meanwhile), they happen under one table lock.
+    pub async fn lookup(&self, parent: u64, name: &str) -> FsResult<Attr> {
+        check_name(name)?;
+        let parent_node = self.dir_node(parent)?;
+        let now = Instant::now();
+        // A file whose bytes the page cache already holds is asked about with a HEAD: if it is unchanged,
+        // its next open keeps those bytes.
+        let page_cached = match self.fresh_child(&parent_node, name, now) {
+            Ok(attr) => return Ok(attr),
+            Err(page_cached) => page_cached,
+        };
+        if self.negative.is_missing(parent, name, now) {
+            return Err(FsError::NotFound);
+        }
+        let asking = match self.lookups_in_flight.join(parent, name) {
+            Joined::Asking(asking) => Some(asking),
+            Joined::Waiting(answer) => {
+                if let Some(found) = self.answer_of_other(&parent_node, name, answer).await {
+                    return found;
+                }
+                None
+            }
+        };
+        if self.storms.note_miss(parent, now) {
+            self.list_in_background(parent_node.clone());
+        }
+        self.ask_bucket(&parent_node, name, now, !page_cached, asking)
+            .await
+    }
+
+    /// Waits for the lookup of the same name that asks the bucket. None: ask for ourselves (it failed, or
+    /// the entry it made is already gone).
+    async fn answer_of_other(
+        &self,
+        parent_node: &Node,
+        name: &str,
+        answer: watch::Receiver<Option<Answer>>,
+    ) -> Option<FsResult<Attr>> {
+        match in_flight::wait(answer).await {
+            // A file we made since the answer (not in the bucket yet) is still ours to find.
+            Some(Answer::Missing) => Some(
+                self.local_child(&mut self.table(), parent_node.ino(), name)
+                    .ok_or(FsError::NotFound),
+            ),
+            Some(Answer::Found) => self
+                .fresh_child(parent_node, name, Instant::now())
+                .ok()
+                .map(Ok),
+            None => None,
+        }
+    }
+
+    /// The lookup that asks the bucket (with its first bytes if `first_bytes`), records the answer in the
+    /// table or the negative cache, then tells the lookups waiting on it (`asking`). `now` is when the
+    /// lookup started.
+    async fn ask_bucket(
+        &self,
+        parent_node: &Node,
+        name: &str,
+        now: Instant,
+        first_bytes: bool,
+        asking: Option<Asking<'_>>,
+    ) -> FsResult<Attr> {
+        let parent = parent_node.ino();
+        let asked = Instant::now();
+        let answered = |answer| {
+            if let Some(asking) = asking {
+                asking.answer(answer);
+            }
+        };
+        match self.resolve(parent_node, name, first_bytes).await? {
+            Some((kind, stat)) => {
+                let attr = {
+                    let mut table = self.table();
+                    let ino = table.upsert(parent, name, kind, stat, self.expiry(), asked);
+                    table.add_lookup(ino);
+                    self.attr_of(table.get(ino).expect("just inserted"))
+                };
+                answered(Answer::Found);
+                Ok(attr)
+            }
+            None => {
+                // Checked and detached under one lock, so a file made in between is not detached.
+                let mut table = self.table();
+                if let Some(attr) = self.local_child(&mut table, parent, name) {
+                    return Ok(attr);
+                }
+                table.detach(parent, name);
+                drop(table);
+                self.negative.record(parent, name, now);
+                answered(Answer::Missing);
+                Err(FsError::NotFound)
+            }
+        }
+    }
+
+    /// A file of ours the bucket does not show (made here, or being written), counted as a lookup by the kernel.
+    fn local_child(&self, table: &mut InodeTable, parent: u64, name: &str) -> Option<Attr> {
+        let ino = table.child(parent, name).filter(|n| n.is_pending())?.ino();
+        table.add_lookup(ino);
+        table.get(ino).map(|n| self.attr_of(n))
+    }
+
+    /// The attributes of `name` in `dir` if the table holds a fresh entry (counted as a lookup by the kernel);
+    /// otherwise whether the page cache may hold the bytes of the entry it has.
+    fn fresh_child(&self, dir: &Node, name: &str, now: Instant) -> Result<Attr, bool> {
+        let mut table = self.table();
+        let node = table.child(dir.ino(), name);
+        if let Some(node) = node
+            && node.is_fresh(now)
+        {
+            let ino = node.ino();
+            let attr = self.attr_of(node);
+            table.add_lookup(ino);
+            drop(table);
+            // A directory still being read through lists again before its listed entries expire together.
+            if self.storms.note_hit(dir.ino(), now) {
+                self.list_in_background(dir.clone());
+            }
+            return Ok(attr);
+        }
+        Err(node.is_some_and(|n| n.may_be_in_page_cache()))
+    }
+
+    pub async fn getattr(&self, ino: u64) -> FsResult<Attr> {
+        let node = self.node(ino)?;
+        if node.kind() == Kind::Directory || node.is_fresh(Instant::now()) {
+            return Ok(self.attr_of(&node));
+        }
+        let asked = Instant::now();
+        match self.client.head_object(node.key()).await {
+            Ok(info) => {
+                let mut table = self.table();
+                let expires = self.expiry();
+                let n = table.get_mut(ino).ok_or(FsError::NotFound)?;
+                n.observe(Stat::of(&info), asked);
+                n.trust_until(expires);
+                Ok(self.attr_of(n))
+            }
+            Err(e) => Err(FsError::client(node.key(), e)),
+        }
+    }
+
+    /// The entries of directory `ino`: its cached listing while that is still true, else a new listing.
+    pub async fn entries(&self, ino: u64) -> FsResult<Arc<Vec<DirEntry>>> {
+        let dir = self.dir_node(ino)?;
+        match self.cached_listing(ino) {
+            Some(cached) => Ok(cached),
+            None => self.list_dir(&dir).await,
+        }
+    }
+
+    /// Lists the whole directory (all pages) once per handle; entries are merged without assuming any order,
+    /// duplicates dropped, a directory shadowing a file of the same name, invalid names hidden.
+    ///
+    /// A listing sent before one of our own changes in the directory finished answers from before it: it
+    /// would bring back a file we just deleted, for a whole TTL. Such a listing is sent again (twice at
+    /// most); if the directory is still changing after that, only names the table already has are kept,
+    /// and the result serves this handle only. A trusted result is cached for the TTL, decided under the
+    /// same table lock as the check, so no change can slip in between.
+    async fn list_dir(&self, dir: &Node) -> FsResult<Arc<Vec<DirEntry>>> {
+        let mut attempt = 0;
+        let (found, asked, mut table, trusted) = loop {
+            attempt += 1;
+            let asked = Instant::now();
+            let found = listing::list_all(self.client.as_ref(), dir.key(), None)
+                .await?
+                .unwrap_or_default();
+            let table = self.table();
+            let trusted = self.storms.unchanged_since(dir.ino(), asked);
+            if trusted || attempt == LIST_ATTEMPTS {
+                break (found, asked, table, trusted);
+            }
+            debug!(
+                key = dir.key(),
+                "the directory changed while it was listed: listing again"
+            );
+        };
+        let expires = self.expiry();
+        let mut entries = Vec::with_capacity(found.len() + 2);
+        entries.push(DirEntry {
+            ino: dir.ino(),
+            kind: FileKind::Directory,
+            name: ".".into(),
+        });
+        entries.push(DirEntry {
+            ino: dir.parent(),
+            kind: FileKind::Directory,
+            name: "..".into(),
+        });
+        for (name, (kind, stat)) in found {
+            if !trusted && table.child(dir.ino(), &name).is_none() {
+                continue;
+            }
+            let ino = table.upsert(dir.ino(), &name, kind, stat, expires, asked);
+            entries.push(DirEntry {
+                ino,
+                kind: file_kind(kind),
+                name,
+            });
+        }
+        let listed: HashSet<String> = entries.iter().map(|e| e.name.clone()).collect();
+        for (name, ino, kind) in table.local_children(dir.ino()) {
+            if !listed.contains(&name) {
+                entries.push(DirEntry {
+                    ino,
+                    kind: file_kind(kind),
+                    name,
+                });
+            }
+        }
+        let entries = Arc::new(entries);
+        if trusted && !self.config.metadata_ttl.is_zero() {
+            let until = Instant::now() + self.config.metadata_ttl;
+            let mut listings = self.listings.lock().unwrap_or_else(|e| e.into_inner());
+            listings.insert(dir.ino(), (until, Arc::clone(&entries)));
+        }
+        drop(table);
+        Ok(entries)
+    }
+
+    /// Lists `dir` whole while its lookups go on, so that the next ones find their entries in the table (after a
+    /// storm of lookups that asked the bucket, and again before those entries expire while lookups go on).
+    fn list_in_background(&self, dir: Node) {
+        let client = Arc::clone(&self.client);
+        let inodes = Arc::clone(&self.inodes);
+        let storms = Arc::clone(&self.storms);
+        let ttl = self.config.metadata_ttl;
+        tokio::spawn(async move {
+            let asked = Instant::now();
+            let listed =
+                listing::list_all(client.as_ref(), dir.key(), Some(listing::STORM_MAX_PAGES)).await;
+            let outcome = match listed {
+                Ok(Some(found)) => {
+                    let mut table = inodes.lock().unwrap_or_else(|e| e.into_inner());
+                    // Still the same directory, and none of our changes there since the request.
+                    if table.get(dir.ino()).is_some_and(|d| d.key() == dir.key())
+                        && storms.unchanged_since(dir.ino(), asked)
+                    {
+                        let expires = Instant::now() + ttl;
+                        // About what it cost: a page holds 1,000 keys and prefixes.
+                        let pages = u32::try_from(found.len() / 1000 + 1).unwrap_or(u32::MAX);
+                        for (name, (kind, stat)) in found {
+                            table.upsert(dir.ino(), &name, kind, stat, expires, asked);
+                        }
+                        debug!(key = dir.key(), pages, "listed after a storm of lookups");
+                        listing::Listed::Applied { pages }
+                    } else {
+                        listing::Listed::NotApplied
+                    }
+                }
+                Ok(None) => {
+                    debug!(key = dir.key(), "too big to list for a storm of lookups");
+                    listing::Listed::TooBig
+                }
+                Err(e) => {
+                    debug!(key = dir.key(), error = %e, "listing for a storm of lookups failed");
+                    listing::Listed::NotApplied
+                }
+            };
+            storms.listing_done(dir.ino(), outcome);
+        });
+    }
+
+    /// A listing of `dir` made within the TTL whose entries are all still known.
+    fn cached_listing(&self, dir: u64) -> Option<Arc<Vec<DirEntry>>> {
+        let cached = {
+            let listings = self.listings.lock().unwrap_or_else(|e| e.into_inner());
+            let (until, entries) = listings.get(&dir)?;
+            (*until > Instant::now()).then(|| Arc::clone(entries))?
+        };
+        let table = self.table();
+        cached
+            .iter()
+            .all(|e| table.get(e.ino).is_some())
+            .then_some(cached)
+    }
+
+    /// We are changing `dir` (mkdir, unlink, rmdir, rename): its cached listing is no longer true, and a
+    /// background listing sent before the change ends must not be applied.
+    fn changing(&self, dir: u64) -> listing::DirChange<'_> {
+        self.invalidate_listing(dir);
+        self.storms.changing(dir)
+    }
+
+    /// We changed `dir` (create, mkdir, unlink, rmdir, rename): its cached listing is no longer true.
+    pub fn invalidate_listing(&self, dir: u64) {
+        self.listings
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&dir);
+    }
+
+    pub async fn mkdir(&self, parent: u64, name: &str) -> FsResult<Attr> {
+        let _changing = self.changing(parent);
+        if self.config.read_only {
+            return Err(FsError::ReadOnly);
+        }
+        check_name(name)?;
+        let parent_node = self.dir_node(parent)?;
+        if self
+            .table()
+            .child(parent, name)
+            .is_some_and(|n| n.is_pending())
+            || self.resolve(&parent_node, name, false).await?.is_some()
+        {
+            return Err(FsError::Exists);
+        }
+        let mut table = self.table();
+        let ino = table.upsert(
+            parent,
+            name,
+            Kind::Directory,
+            Stat::directory(),
+            self.expiry(),
+            Instant::now(),
+        );
+        table.add_lookup(ino);
+        let node = table.get_mut(ino).expect("just inserted");
+        node.mark_local();
+        let attr = self.attr_of(node);
+        drop(table);
+        self.negative.forget(parent, name);
+        Ok(attr)
+    }
+
+    pub async fn rmdir(&self, parent: u64, name: &str) -> FsResult<()> {
+        let _changing = self.changing(parent);
+        if self.config.read_only {
+            return Err(FsError::ReadOnly);
+        }
+        let node = self.table().child(parent, name).cloned();
+        let parent_node = self.dir_node(parent)?;
+        let prefix = match &node {
+            Some(n) if n.kind() != Kind::Directory => return Err(FsError::NotADirectory),
+            Some(n) => n.key().to_string(),
+            None => names::dir_prefix(parent_node.key(), name),
+        };
+        if let Some(n) = &node
+            && self.table().local_children(n.ino()).iter().any(|_| true)
+        {
+            return Err(FsError::NotEmpty);
+        }
+        let page = self
+            .client
+            .list_objects(&prefix, Some("/"), None, 1)
+            .await
+            .map_err(|e| FsError::client(&prefix, e))?;
+        if !page.objects.is_empty() || !page.common_prefixes.is_empty() {
+            return Err(FsError::NotEmpty);
+        }
+        if node.is_none() {
+            return Err(FsError::NotFound);
+        }
+        self.table().detach(parent, name);
+        Ok(())
+    }
+
+    pub async fn unlink(&self, parent: u64, name: &str) -> FsResult<()> {
+        let _changing = self.changing(parent);
+        if self.config.read_only {
+            return Err(FsError::ReadOnly);
+        }
+        if !self.config.allow_delete {
+            return Err(FsError::NotPermitted(
+                "deleting objects needs --allow-delete",
+            ));
+        }
+        let parent_node = self.dir_node(parent)?;
+        let existing = self.table().child(parent, name).cloned();
+        let node = match existing {
+            Some(n) => n,
+            None => {
+                self.lookup(parent, name).await?;
+                let n = self
+                    .table()
+                    .child(parent, name)
+                    .cloned()
+                    .ok_or(FsError::NotFound)?;
+                self.table().forget(n.ino(), 1);
+                n
+            }
+        };
+        if node.kind() == Kind::Directory {
+            return Err(FsError::IsADirectory);
+        }
+        if node.is_pending() {
+            return Err(FsError::Busy("the file is being written"));
+        }
+        let key = names::file_key(parent_node.key(), name);
+        self.client
+            .delete_object(&key)
+            .await
+            .map_err(|e| FsError::client(&key, e))?;
+        debug!(key, "deleted");
+        self.table().detach(parent, name);
+        Ok(())
+    }
+
+    /// rename(2): files on directory buckets use RenameObject (atomic). Anything else is EXDEV, so `mv`
+    /// falls back to copy and delete.
+    pub async fn rename(
+        &self,
+        parent: u64,
+        name: &str,
+        new_parent: u64,
+        new_name: &str,
+        no_replace: bool,
+    ) -> FsResult<()> {
+        let _changing_from = self.changing(parent);
+        let _changing_to = self.changing(new_parent);
+        if self.config.read_only {
+            return Err(FsError::ReadOnly);
+        }
+        check_name(new_name)?;
+        let from_dir = self.dir_node(parent)?;
+        let to_dir = self.dir_node(new_parent)?;
+        if !self.client.is_directory_bucket() {
+            return Err(FsError::CrossDevice(
+                "rename needs RenameObject, which only directory buckets have",
+            ));
+        }
+        // The node renamed (None: a file the table does not know) and its key.
+        let existing = self.table().child(parent, name).cloned();
+        let (ino, key) = match existing {
+            Some(n) if n.kind() == Kind::Directory => {
+                return Err(FsError::CrossDevice(
+                    "directories cannot be renamed atomically",
+                ));
+            }
+            Some(n) if n.is_pending() => return Err(FsError::Busy("the file is being written")),
+            Some(n) => (Some(n.ino()), n.key().to_string()),
+            None => match self.resolve(&from_dir, name, false).await? {
+                Some((Kind::File, _)) => (None, names::file_key(from_dir.key(), name)),
+                Some((Kind::Directory, _)) => {
+                    return Err(FsError::CrossDevice(
+                        "directories cannot be renamed atomically",
+                    ));
+                }
+                None => return Err(FsError::NotFound),
+            },
+        };
+        let destination = names::file_key(to_dir.key(), new_name);
+        let target = self.resolve(&to_dir, new_name, false).await?;
+        let condition = match target {
+            Some((Kind::Directory, _)) => return Err(FsError::IsADirectory),
+            Some((Kind::File, _)) if no_replace => return Err(FsError::Exists),
+            Some((Kind::File, _)) if !self.config.allow_overwrite => {
+                return Err(FsError::NotPermitted(
+                    "replacing an object needs --allow-overwrite",
+                ));
+            }
+            _ if no_replace || !self.config.allow_overwrite => WriteCondition::IfNoneMatch,
+            _ => WriteCondition::None,
+        };
+        self.client
+            .rename_object(&key, &destination, condition)
+            .await
+            .map_err(|e| match FsError::client(&destination, e) {
+                FsError::ObjectChanged { .. } => FsError::Exists,
+                other => other,
+            })?;
+        let mut table = self.table();
+        match ino {
+            Some(ino) => {
+                table.rename(parent, name, new_parent, new_name);
+                if let Some(n) = table.get_mut(ino) {
+                    n.expire();
+                }
+            }
+            None => {
+                table.detach(new_parent, new_name);
+            }
+        }
+        drop(table);
+        self.negative.forget(new_parent, new_name);
+        Ok(())
+    }
+}
+
+fn file_kind(kind: Kind) -> FileKind {
+    match kind {
+        Kind::File => FileKind::File,
+        Kind::Directory => FileKind::Directory,
+    }
+}

@@ -1,0 +1,247 @@
+//! Lookups, listings and changes of names through the core, with the fake client.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use super::LIST_ATTEMPTS;
+use crate::fs::negative::MAX_ENTRIES;
+use crate::fs::test_support::{config, fs_with};
+use crate::fs::{DirEntry, FileKind, FsError, ROOT_INO};
+use crate::s3::{ObjectClient, WriteCondition};
+
+#[tokio::test]
+async fn lookup_prefers_directories_and_lists_without_duplicates() {
+    let (_, fs) = fs_with(
+        &[
+            ("a", b"file"),
+            ("a/x", b"1"),
+            ("b", b"22"),
+            ("c//d", b"bad"),
+            ("dir/", b""),
+        ],
+        config(),
+        true,
+    )
+    .await;
+    let a = fs.lookup(ROOT_INO, "a").await.unwrap();
+    assert_eq!(a.kind, FileKind::Directory);
+    let b = fs.lookup(ROOT_INO, "b").await.unwrap();
+    assert_eq!((b.kind, b.size), (FileKind::File, 2));
+    assert!(matches!(
+        fs.lookup(ROOT_INO, "nope").await,
+        Err(FsError::NotFound)
+    ));
+    let fh = fs.opendir(ROOT_INO).unwrap();
+    let mut names: Vec<String> = fs
+        .readdir(fh, 0)
+        .await
+        .unwrap()
+        .iter()
+        .map(|e| e.name.clone())
+        .collect();
+    names.sort();
+    assert_eq!(names, vec![".", "..", "a", "b", "c", "dir"]);
+    let c = fs.lookup(ROOT_INO, "c").await.unwrap();
+    let fh = fs.opendir(c.ino).unwrap();
+    let inside: Vec<String> = fs
+        .readdir(fh, 0)
+        .await
+        .unwrap()
+        .iter()
+        .map(|e| e.name.clone())
+        .collect();
+    assert_eq!(inside, vec![".", ".."], "empty path component hidden");
+}
+
+/// A readdir whose listing was answered before our unlink finished must not bring the file back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lookups_of_one_name_at_once_send_one_pair_of_requests() {
+    let (fake, fs) = fs_with(&[("d/a.jpg", b"x")], config(), true).await;
+    let fs = Arc::new(fs);
+    let gate = fake.hold_lists();
+    let before = fake.requests.load(Ordering::SeqCst);
+    let lookup = |name: &'static str| {
+        let fs = Arc::clone(&fs);
+        tokio::spawn(async move { fs.lookup(ROOT_INO, name).await })
+    };
+    let first = lookup("d");
+    // The first has sent its GET and its LIST (held at the gate); the others join while it waits.
+    while fake.requests.load(Ordering::SeqCst) < before + 2 {
+        tokio::task::yield_now().await;
+    }
+    let others: Vec<_> = (0..7).map(|_| lookup("d")).collect();
+    let missing: Vec<_> = (0..3).map(|_| lookup("nothing")).collect();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    gate.add_permits(100);
+    let ino = first.await.unwrap().unwrap().ino;
+    for other in others {
+        assert_eq!(other.await.unwrap().unwrap().ino, ino);
+    }
+    for m in missing {
+        assert!(matches!(m.await.unwrap(), Err(FsError::NotFound)));
+    }
+    // One pair for "d" and one for "nothing"; each lookup on its own would have sent a pair: 20.
+    assert_eq!(fake.requests.load(Ordering::SeqCst) - before, 4);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listing_from_before_an_unlink_does_not_bring_the_file_back() {
+    let mut c = config();
+    c.allow_delete = true;
+    let files: [(&str, &[u8]); 2] = [("d/gone", b"1"), ("d/kept", b"2")];
+    let (fake, fs) = fs_with(&files, c, true).await;
+    let fs = Arc::new(fs);
+    let dir = fs.lookup(ROOT_INO, "d").await.unwrap().ino;
+    fs.lookup(dir, "gone").await.unwrap();
+    let gate = fake.hold_lists();
+    let before = fake.requests.load(Ordering::SeqCst);
+    let fh = fs.opendir(dir).unwrap();
+    let listing = tokio::spawn({
+        let fs = Arc::clone(&fs);
+        async move { fs.readdir(fh, 0).await }
+    });
+    // The listing has read the bucket (both files) and waits; the unlink now completes.
+    while fake.requests.load(Ordering::SeqCst) == before {
+        tokio::task::yield_now().await;
+    }
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    fs.unlink(dir, "gone").await.unwrap();
+    gate.add_permits(10);
+    let names: Vec<String> = listing
+        .await
+        .unwrap()
+        .unwrap()
+        .iter()
+        .map(|e| e.name.clone())
+        .collect();
+    assert!(names.contains(&"kept".to_string()), "{names:?}");
+    assert!(!names.contains(&"gone".to_string()), "{names:?}");
+    assert!(matches!(
+        fs.lookup(dir, "gone").await,
+        Err(FsError::NotFound)
+    ));
+}
+
+/// While our change in a directory outlasts every listing of a readdir, the listing adds no names the
+/// table does not have (they could be ones we just removed); once it ends, everything is listed.
+#[tokio::test]
+async fn a_directory_that_keeps_changing_lists_only_names_already_known() {
+    let files: [(&str, &[u8]); 2] = [("d/known", b"1"), ("d/unseen", b"2")];
+    let (fake, fs) = fs_with(&files, config(), true).await;
+    let dir = fs.lookup(ROOT_INO, "d").await.unwrap().ino;
+    fs.lookup(dir, "known").await.unwrap();
+    let names = |entries: Arc<Vec<DirEntry>>| -> Vec<String> {
+        let mut v: Vec<String> = entries.iter().map(|e| e.name.clone()).collect();
+        v.sort();
+        v
+    };
+    let change = fs.sb.storms.changing(dir);
+    let before = fake.requests.load(Ordering::SeqCst);
+    let fh = fs.opendir(dir).unwrap();
+    let listed = names(fs.readdir(fh, 0).await.unwrap());
+    assert_eq!(listed, [".", "..", "known"]);
+    let lists = fake.requests.load(Ordering::SeqCst) - before;
+    assert_eq!(lists, u64::from(LIST_ATTEMPTS), "each attempt lists once");
+    drop(change);
+    let fh = fs.opendir(dir).unwrap();
+    let listed = names(fs.readdir(fh, 0).await.unwrap());
+    assert_eq!(listed, [".", "..", "known", "unseen"]);
+}
+
+#[tokio::test]
+async fn rename_is_atomic_on_directory_buckets_and_exdev_elsewhere() {
+    let (fake, fs) = fs_with(&[("a", b"1"), ("d/x", b"2")], config(), true).await;
+    let d = fs.lookup(ROOT_INO, "d").await.unwrap();
+    fs.rename(ROOT_INO, "a", d.ino, "b", false).await.unwrap();
+    assert_eq!(&fake.object("d/b").unwrap()[..], b"1");
+    assert!(fake.object("a").is_none());
+    assert!(matches!(
+        fs.rename(d.ino, "b", d.ino, "x", false).await,
+        Err(FsError::NotPermitted(_))
+    ));
+    let (_, general) = fs_with(&[("a", b"1")], config(), false).await;
+    assert!(matches!(
+        general.rename(ROOT_INO, "a", ROOT_INO, "b", false).await,
+        Err(FsError::CrossDevice(_))
+    ));
+}
+
+#[tokio::test]
+async fn mkdir_rmdir_and_read_only() {
+    let (_, fs) = fs_with(&[("full/x", b"1")], config(), true).await;
+    let m = fs.mkdir(ROOT_INO, "m").await.unwrap();
+    assert_eq!(fs.lookup(ROOT_INO, "m").await.unwrap().ino, m.ino);
+    fs.rmdir(ROOT_INO, "m").await.unwrap();
+    fs.lookup(ROOT_INO, "full").await.unwrap();
+    assert!(matches!(
+        fs.rmdir(ROOT_INO, "full").await,
+        Err(FsError::NotEmpty)
+    ));
+    let mut c = config();
+    c.read_only = true;
+    let (_, ro) = fs_with(&[], c, true).await;
+    assert!(matches!(
+        ro.create(ROOT_INO, "x", 0).await,
+        Err(FsError::ReadOnly)
+    ));
+    assert!(matches!(
+        ro.mkdir(ROOT_INO, "x").await,
+        Err(FsError::ReadOnly)
+    ));
+}
+
+/// Every distinct missing name used to stay in memory for the life of the mount.
+#[tokio::test]
+async fn a_hundred_thousand_missing_names_stay_within_the_negative_bound() {
+    let mut c = config();
+    c.negative_metadata_ttl = Duration::from_secs(600);
+    let (fake, fs) = fs_with(&[], c, true).await;
+    for i in 0..100_000 {
+        let name = format!("missing-{i}");
+        assert!(matches!(
+            fs.lookup(ROOT_INO, &name).await,
+            Err(FsError::NotFound)
+        ));
+        assert!(fs.sb.negative.len() <= MAX_ENTRIES, "after {i} names");
+    }
+    assert_eq!(fs.sb.negative.len(), MAX_ENTRIES);
+    // The newest names are still known to be missing; the oldest were evicted and are asked again.
+    let before = fake.requests.load(Ordering::SeqCst);
+    assert!(matches!(
+        fs.lookup(ROOT_INO, "missing-99999").await,
+        Err(FsError::NotFound)
+    ));
+    assert_eq!(fake.requests.load(Ordering::SeqCst), before);
+    assert!(matches!(
+        fs.lookup(ROOT_INO, "missing-0").await,
+        Err(FsError::NotFound)
+    ));
+    assert!(fake.requests.load(Ordering::SeqCst) > before);
+}
+
+#[tokio::test]
+async fn a_missing_name_is_asked_again_once_its_negative_entry_expires() {
+    let mut c = config();
+    c.negative_metadata_ttl = Duration::from_millis(300);
+    let (fake, fs) = fs_with(&[], c, true).await;
+    assert!(matches!(
+        fs.lookup(ROOT_INO, "late").await,
+        Err(FsError::NotFound)
+    ));
+    let before = fake.requests.load(Ordering::SeqCst);
+    fake.put_object("late", Bytes::from_static(b"here"), WriteCondition::None)
+        .await
+        .unwrap();
+    let writes = fake.requests.load(Ordering::SeqCst);
+    assert!(
+        matches!(fs.lookup(ROOT_INO, "late").await, Err(FsError::NotFound)),
+        "still trusted"
+    );
+    assert_eq!(fake.requests.load(Ordering::SeqCst), writes, "no request");
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(fs.lookup(ROOT_INO, "late").await.unwrap().size, 4);
+    assert!(fake.requests.load(Ordering::SeqCst) > before);
+}
