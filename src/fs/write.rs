@@ -127,7 +127,7 @@ impl Writer {
     }
 
     fn fail(&mut self, e: FsError) -> FsError {
-        warn!(key = %self.key, error = %e, "upload failed");
+        warn!(key = %self.key, error = %e.chain(), "upload failed");
         self.failed = Some(e.clone());
         e
     }
