@@ -686,3 +686,61 @@ pub fn mount(
     let session = fuser::spawn_mount(adapter, &options.mountpoint, &config)?;
     Ok(MountedFs { session })
 }
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::ffi::OsStrExt;
+
+    use super::*;
+    use crate::s3::ClientError;
+
+    #[test]
+    fn a_name_that_is_not_utf8_is_einval_through_the_error_type() {
+        let bad = OsStr::from_bytes(b"caf\xe9");
+        let e = name_str(bad).unwrap_err();
+        assert!(matches!(e, FsError::NameNotUtf8));
+        assert_eq!(errno(&e), Errno::EINVAL);
+        assert_eq!(name_str(OsStr::new("café")).unwrap(), "café");
+        assert_eq!(
+            errno(&FsError::InvalidArgument("RENAME_EXCHANGE".into())),
+            Errno::EINVAL
+        );
+    }
+
+    #[test]
+    fn client_failures_keep_their_errno() {
+        let errno_of = |e: ClientError| errno(&FsError::client("k", e));
+        let denied = ClientError::AccessDenied {
+            code: "AccessDenied".into(),
+            message: "no".into(),
+        };
+        assert_eq!(errno_of(denied), Errno::EACCES);
+        assert_eq!(
+            errno_of(ClientError::NoCredentials("none".into())),
+            Errno::EACCES
+        );
+        assert_eq!(
+            errno_of(ClientError::NotSupported("rename".into())),
+            Errno::ENOTSUP
+        );
+        assert_eq!(
+            errno_of(ClientError::NotFound { key: "k".into() }),
+            Errno::ENOENT
+        );
+        assert_eq!(
+            errno_of(ClientError::PreconditionFailed { key: "k".into() }),
+            Errno::EIO
+        );
+        let slow = ClientError::Transient {
+            code: "SlowDown".into(),
+            message: "later".into(),
+        };
+        assert_eq!(errno_of(slow), Errno::EIO);
+        let full = FsError::local("f", std::io::Error::from_raw_os_error(libc::ENOSPC));
+        assert_eq!(errno(&full), Errno::ENOSPC);
+        assert_eq!(
+            errno(&FsError::io("f", std::io::Error::other("x"))),
+            Errno::EIO
+        );
+    }
+}
