@@ -361,6 +361,25 @@ mod tests {
     }
 
     #[test]
+    fn process_flags_default_as_documented() {
+        let a = args(&[]);
+        assert_eq!(a.read_ahead_kb, 4096);
+        assert!(!a.foreground && !a.debug && !a.no_log);
+        assert_eq!((a.log_directory.as_ref(), a.metrics_addr), (None, None));
+        let a = args(&[
+            "-f",
+            "--debug",
+            "--log-directory=/var/log/x",
+            "--metrics-addr=127.0.0.1:9464",
+            "--read-ahead-kb=1024",
+        ]);
+        assert!(a.foreground && a.debug);
+        assert_eq!(a.log_directory, Some(PathBuf::from("/var/log/x")));
+        assert_eq!(a.metrics_addr, Some("127.0.0.1:9464".parse().unwrap()));
+        assert_eq!(a.read_ahead_kb, 1024);
+    }
+
+    #[test]
     fn fuse_options_name_the_bucket_and_prefix() {
         let b = directory_bucket();
         let o = args(&[]).fuse_options(&b);
