@@ -692,7 +692,6 @@ mod tests {
     use std::os::unix::ffi::OsStrExt;
 
     use super::*;
-    use crate::s3::ClientError;
 
     #[test]
     fn a_name_that_is_not_utf8_is_einval_through_the_error_type() {
@@ -708,36 +707,11 @@ mod tests {
     }
 
     #[test]
-    fn client_failures_keep_their_errno() {
-        let errno_of = |e: ClientError| errno(&FsError::client("k", e));
-        let denied = ClientError::AccessDenied {
-            code: "AccessDenied".into(),
-            message: "no".into(),
-        };
-        assert_eq!(errno_of(denied), Errno::EACCES);
-        assert_eq!(
-            errno_of(ClientError::NoCredentials("none".into())),
-            Errno::EACCES
-        );
-        assert_eq!(
-            errno_of(ClientError::NotSupported("rename".into())),
-            Errno::ENOTSUP
-        );
-        assert_eq!(
-            errno_of(ClientError::NotFound { key: "k".into() }),
-            Errno::ENOENT
-        );
-        assert_eq!(
-            errno_of(ClientError::PreconditionFailed { key: "k".into() }),
-            Errno::EIO
-        );
-        let slow = ClientError::Transient {
-            code: "SlowDown".into(),
-            message: "later".into(),
-        };
-        assert_eq!(errno_of(slow), Errno::EIO);
+    fn local_failures_are_enospc_or_eio() {
         let full = FsError::local("f", std::io::Error::from_raw_os_error(libc::ENOSPC));
         assert_eq!(errno(&full), Errno::ENOSPC);
+        let broken = FsError::local("f", std::io::Error::from_raw_os_error(libc::EIO));
+        assert_eq!(errno(&broken), Errno::EIO);
         assert_eq!(
             errno(&FsError::io("f", std::io::Error::other("x"))),
             Errno::EIO
