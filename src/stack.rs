@@ -141,3 +141,33 @@ fn explain(e: &ClientError, bucket: &str, region: &str, directory: bool) -> Stri
         other => format!("cannot use bucket {bucket} (region {region}): {other}"),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn startup_failures_are_explained_in_user_terms() {
+        let missing = ClientError::NoSuchBucket { bucket: "b".into() };
+        assert_eq!(
+            explain(&missing, "b", "us-east-1", false),
+            "bucket b does not exist (region us-east-1)"
+        );
+        let denied = ClientError::AccessDenied {
+            code: "AccessDenied".into(),
+            message: "no".into(),
+        };
+        assert!(
+            explain(&denied, "b--use1-az4--x-s3", "us-east-1", true)
+                .contains("s3express:CreateSession")
+        );
+        assert!(explain(&denied, "b", "us-east-1", false).contains("s3:ListBucket"));
+        let none = ClientError::NoCredentials("empty chain".into());
+        assert!(explain(&none, "b", "us-east-1", false).contains("--profile"));
+        let other = ClientError::Malformed("xml".into());
+        assert_eq!(
+            explain(&other, "b", "eu-west-1", false),
+            "cannot use bucket b (region eu-west-1): malformed response: xml"
+        );
+    }
+}
