@@ -1,4 +1,5 @@
-//! Process lifecycle: checks, detaching, readiness, signals.
+//! Process lifecycle: checks, detaching, readiness, signals, the mount loop. What the flags mean for each
+//! layer is decided in [`crate::config`]; the layers are put together in [`crate::stack`].
 //!
 //! By default the process forks before any thread exists; the parent waits on a pipe and exits 0 only once
 //! the mount is live, or prints why it is not and exits 1. `--foreground` stays attached. SIGINT/SIGTERM
@@ -16,10 +17,10 @@ use tracing::info;
 
 use crate::bucket;
 use crate::cli::{Args, expand_mount_options};
-use crate::fs::{FsConfig, S3Filesystem};
-use crate::fuse::{self, FuseOptions};
-use crate::s3::sdk::{SdkClient, SdkClientConfig};
-use crate::s3::{ClientError, ObjectClient};
+use crate::config::prepare_host;
+use crate::fuse;
+use crate::metrics::Probes;
+use crate::stack::{build_stack, probe_filesystem};
 
 /// Where startup outcome goes: straight to the terminal, or through the pipe to the waiting parent.
 enum Reporter {
@@ -120,7 +121,7 @@ pub fn main() -> i32 {
         Ok(n) => n,
         Err(e) => return terminal.fail(&e),
     };
-    let region = match resolve_region(&args, &name) {
+    let region = match args.region(&name) {
         Ok(r) => r,
         Err(e) => return terminal.fail(&e),
     };
@@ -172,20 +173,6 @@ pub fn mount_helper_args(args: &[String]) -> Result<Option<Vec<String>>, String>
         argv.push(o);
     }
     Ok(Some(argv))
-}
-
-fn resolve_region(args: &Args, name: &bucket::BucketName) -> Result<String, String> {
-    if let Some(r) = &args.region {
-        return Ok(r.clone());
-    }
-    if let Some(zone) = &name.zone {
-        return bucket::region_of_zone(zone).map(str::to_string).ok_or_else(|| {
-            format!("cannot tell the region of availability zone {zone:?} (bucket {}): pass --region", name.name)
-        });
-    }
-    Ok(std::env::var("AWS_REGION")
-        .or_else(|_| std::env::var("AWS_DEFAULT_REGION"))
-        .unwrap_or_else(|_| "us-east-1".into()))
 }
 
 fn check_mountpoint(path: &Path) -> Result<(), String> {
@@ -266,77 +253,6 @@ fn raise_readahead(mountpoint: &Path, kb: u32) {
     }
 }
 
-/// Every 60 s: gauges for the metrics endpoint and one summary line in the log (when something changed).
-fn spawn_summary(
-    runtime: &tokio::runtime::Runtime,
-    fs: Arc<S3Filesystem>,
-    sdk: Arc<SdkClient>,
-    cache: Option<Arc<crate::cache::disk::DiskCache>>,
-) {
-    runtime.spawn(async move {
-        let mut last = String::new();
-        loop {
-            let (handles, writers, inodes) = fs.usage();
-            metrics::gauge!("expressfs_open_handles").set(handles as f64);
-            metrics::gauge!("expressfs_open_writers").set(writers as f64);
-            metrics::gauge!("expressfs_inodes").set(inodes as f64);
-            let memory = &fs.config().memory;
-            metrics::gauge!("expressfs_buffer_bytes").set(memory.used() as f64);
-            metrics::gauge!("expressfs_buffer_bytes_peak").set(memory.peak() as f64);
-            metrics::gauge!("expressfs_buffer_budget_refusals").set(memory.refused() as f64);
-            let recovered = sdk.counters();
-            metrics::gauge!("expressfs_s3_body_resumes").set(recovered.body_resumes as f64);
-            metrics::gauge!("expressfs_s3_session_renewals").set(recovered.session_renewals as f64);
-            let mut line = format!(
-                "open_handles={handles} open_writers={writers} inodes={inodes} body_resumes={} session_renewals={} buffer_peak_mib={} budget_refusals={}",
-                recovered.body_resumes,
-                recovered.session_renewals,
-                memory.peak() >> 20,
-                memory.refused()
-            );
-            if let Some(c) = &cache {
-                use std::sync::atomic::Ordering::Relaxed;
-                let counters = &c.counters;
-                metrics::gauge!("expressfs_cache_hits").set(counters.hits.load(Relaxed) as f64);
-                metrics::gauge!("expressfs_cache_misses").set(counters.misses.load(Relaxed) as f64);
-                metrics::gauge!("expressfs_cache_evictions")
-                    .set(counters.evictions.load(Relaxed) as f64);
-                metrics::gauge!("expressfs_cache_corrupt_blocks")
-                    .set(counters.corrupt.load(Relaxed) as f64);
-                metrics::gauge!("expressfs_cache_bytes").set(c.used_bytes() as f64);
-                line.push_str(&format!(" cache: {}", counters.summary()));
-            }
-            if line != last {
-                info!(summary = %line, "activity");
-                last = line;
-            }
-            tokio::time::sleep(Duration::from_secs(60)).await;
-        }
-    });
-}
-
-/// Explains a failure of the startup checks in terms a user can act on.
-fn explain(e: &ClientError, bucket: &str, region: &str, directory: bool) -> String {
-    match e {
-        ClientError::NoSuchBucket { .. } => {
-            format!("bucket {bucket} does not exist (region {region})")
-        }
-        ClientError::NotFound { .. } => format!("bucket {bucket} does not exist (region {region})"),
-        ClientError::AccessDenied { code, message } => {
-            let hint = if directory {
-                "; directory buckets need the s3express:CreateSession permission on the bucket"
-            } else {
-                "; check s3:ListBucket and s3:GetObject permissions"
-            };
-            format!("access denied to bucket {bucket} ({code}: {message}){hint}")
-        }
-        ClientError::NoCredentials(m) => format!(
-            "no AWS credentials found ({m}): set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, use --profile, or run with an instance role"
-        ),
-        other => format!("cannot use bucket {bucket} (region {region}): {other}"),
-    }
-}
-
 fn serve(args: Args, name: bucket::BucketName, region: String, mut reporter: Reporter) -> i32 {
     let background = matches!(reporter, Reporter::Parent(_));
     let _log = match crate::logging::init(
@@ -359,160 +275,33 @@ fn serve(args: Args, name: bucket::BucketName, region: String, mut reporter: Rep
         Ok(r) => r,
         Err(e) => return reporter.fail(&format!("cannot start the async runtime: {e}")),
     };
-    let prefix = args.prefix.clone().unwrap_or_default();
-    let mut sdk = SdkClientConfig::new(name.name.clone(), region.clone());
-    sdk.endpoint_url = args.endpoint_url.clone();
-    sdk.force_path_style = args.force_path_style || args.endpoint_url.is_some();
-    sdk.profile = args.profile.clone();
-    sdk.is_directory_bucket = name.is_directory();
-    sdk.upload_checksum = args.upload_checksum();
-    let client = runtime.block_on(async {
-        let client = SdkClient::new(sdk).await?;
-        // A listing proves the session (CreateSession) and read access, not just that the bucket exists. Both
-        // checks run at once (one round trip less before the mount appears); the bucket's error is the
-        // clearer one, so it is reported first.
-        let (bucket, listing) = tokio::join!(
-            client.head_bucket(),
-            client.list_objects(&prefix, Some("/"), None, 1)
-        );
-        bucket?;
-        listing?;
-        Ok::<_, ClientError>(client)
-    });
-    let sdk_client = match client {
-        Ok(c) => Arc::new(c),
-        Err(e) => return reporter.fail(&explain(&e, &name.name, &region, name.is_directory())),
+    let config = args.fs_config();
+    let memory_target = config.memory.limit();
+    let probes = Arc::new(Probes::default());
+    let fs = match runtime.block_on(build_stack(&args, &name, &region, config, &probes)) {
+        Ok(fs) => Arc::new(fs),
+        Err(e) => return reporter.fail(&e),
     };
-    let mut client: Arc<dyn ObjectClient> = sdk_client.clone();
-    let mut shared_counters = None;
-    if let Some(xz) = &args.cache_xz {
-        let xz_name = match bucket::parse(xz) {
-            Ok(n) => n,
-            Err(e) => return reporter.fail(&format!("--cache-xz: {e}")),
-        };
-        let mut xz_config = SdkClientConfig::new(xz_name.name.clone(), region.clone());
-        xz_config.endpoint_url = args.endpoint_url.clone();
-        xz_config.force_path_style = args.force_path_style || args.endpoint_url.is_some();
-        xz_config.profile = args.profile.clone();
-        xz_config.is_directory_bucket = xz_name.is_directory();
-        xz_config.upload_checksum = args.upload_checksum();
-        let xz_client = runtime.block_on(async {
-            let c = SdkClient::new(xz_config).await?;
-            c.head_bucket().await?;
-            Ok::<_, ClientError>(c)
-        });
-        let xz_client: Arc<dyn ObjectClient> = match xz_client {
-            Ok(c) => Arc::new(c),
-            Err(e) => {
-                return reporter.fail(&format!(
-                    "--cache-xz: {}",
-                    explain(&e, &xz_name.name, &region, xz_name.is_directory())
-                ));
-            }
-        };
-        let shared = crate::cache::shared::SharedCacheClient::new(
-            client,
-            xz_client,
-            args.cache_xz_max_object_size,
-        );
-        shared_counters = Some(Arc::clone(&shared.counters));
-        client = Arc::new(shared);
-    }
-    let mut disk_cache = None;
-    let client: Arc<dyn ObjectClient> = match &args.cache {
-        None => client,
-        Some(dir) => {
-            let max = args
-                .max_cache_size
-                .map_or(u64::MAX, |mib| mib.saturating_mul(1024 * 1024));
-            match crate::cache::disk::DiskCache::open(&dir.join("blocks"), max) {
-                Ok(cache) => {
-                    let cache = Arc::new(cache);
-                    disk_cache = Some(Arc::clone(&cache));
-                    Arc::new(crate::cache::CachingClient::new(
-                        client,
-                        cache,
-                        args.cache_block_size * 1024,
-                    ))
-                }
-                Err(e) => return reporter.fail(&format!("cache directory {}: {e}", dir.display())),
-            }
-        }
+    let prompt_release = match prepare_host(fs.config()) {
+        Ok(p) => p,
+        Err(e) => return reporter.fail(&e),
     };
-
-    let mut config = FsConfig::new(
-        args.uid.unwrap_or_else(|| nix::unistd::getuid().as_raw()),
-        args.gid.unwrap_or_else(|| nix::unistd::getgid().as_raw()),
-    );
-    config.prefix = prefix.clone();
-    config.dir_mode = args.dir_mode;
-    config.file_mode = args.file_mode;
-    config.read_only = args.read_only;
-    config.allow_overwrite = args.allow_overwrite;
-    config.allow_delete = args.allow_delete;
-    config.incremental_upload = args.incremental_upload;
-    config.read_part_size = args.read_part_size();
-    config.write_part_size = args.write_part_size();
-    config.max_prefetch = args.max_prefetch;
-    config.lookup_prefetch = args.lookup_prefetch;
-    config.direct_io_threshold = args.direct_io_threshold;
-    config.max_writers = args.max_open_writers;
-    let memory_target = args
-        .memory_target
-        .unwrap_or_else(crate::memory::default_target);
-    config.memory = crate::memory::MemoryBudget::new(memory_target);
-    crate::buffers::limit_to(memory_target);
-    let prompt_release = crate::memory::return_freed_buffers_promptly_if_tight(memory_target);
     info!(
         memory_target_mib = memory_target >> 20,
         prompt_release, "read-ahead and upload buffers share this budget"
     );
-    config.metadata_ttl = args.metadata_ttl();
-    config.negative_metadata_ttl = args.negative_metadata_ttl.unwrap_or(config.metadata_ttl);
-    config.staging_limit = args.max_staged_file_size;
-    config.staging_dir = if args.max_staged_file_size == 0 {
-        None
-    } else {
-        let dir = args
-            .cache
-            .as_ref()
-            .map_or_else(std::env::temp_dir, |c| c.join("staging"));
-        if let Err(e) = std::fs::create_dir_all(&dir) {
-            return reporter.fail(&format!("staging directory {}: {e}", dir.display()));
-        }
-        Some(dir)
-    };
     if let Some(addr) = args.metrics_addr {
         let _guard = runtime.enter();
-        let installed = metrics_exporter_prometheus::PrometheusBuilder::new()
-            .with_http_listener(addr)
-            .set_buckets(&[
-                0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0,
-            ])
-            .and_then(|b| b.install());
-        if let Err(e) = installed {
-            return reporter.fail(&format!("--metrics-addr {addr}: {e}"));
+        if let Err(e) = crate::metrics::serve(addr) {
+            return reporter.fail(&e);
         }
     }
-    let fs = S3Filesystem::new(client, config).with_direct_client(sdk_client.clone());
-    // The root mount path ignores the subtype (the type is plain "fuse"), so the source names us and the bucket.
-    let fs_name = if prefix.is_empty() {
-        format!("expressfs:{}", name.name)
-    } else {
-        format!("expressfs:{}/{}", name.name, prefix.trim_end_matches('/'))
-    };
-    let options = FuseOptions {
-        mountpoint: args.mountpoint.clone(),
-        fs_name,
-        read_only: args.read_only,
-        allow_other: args.allow_other,
-        allow_root: args.allow_root,
-        auto_unmount: args.auto_unmount,
-        threads: args.max_threads,
-    };
-    let fs = Arc::new(fs);
-    spawn_summary(&runtime, Arc::clone(&fs), sdk_client, disk_cache.clone());
-    let mounted = match fuse::mount(fs, runtime.handle().clone(), &options) {
+    probe_filesystem(&fs, &probes);
+    runtime.spawn(crate::metrics::summarize(
+        Arc::clone(&probes),
+        Duration::from_secs(60),
+    ));
+    let mounted = match fuse::mount(fs, runtime.handle().clone(), &args.fuse_options(&name)) {
         Ok(m) => m,
         Err(e) => {
             return reporter.fail(&format!(
@@ -564,11 +353,12 @@ fn serve(args: Args, name: bucket::BucketName, region: String, mut reporter: Rep
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    if let Some(cache) = &disk_cache {
-        info!(counters = %cache.counters.summary(), "data cache at unmount");
+    let last = probes.snapshot();
+    if let Some(cache) = &last.cache {
+        info!(counters = %cache.summary, "data cache at unmount");
     }
-    if let Some(shared) = &shared_counters {
-        info!(counters = %shared.summary(), "shared cache at unmount");
+    if let Some(shared) = &last.shared_cache {
+        info!(counters = %shared, "shared cache at unmount");
     }
     notify_systemd("STOPPING=1");
     runtime.shutdown_timeout(Duration::from_secs(5));

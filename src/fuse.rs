@@ -12,10 +12,9 @@ use fuser::{
     ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen,
     ReplyStatfs, ReplyWrite, Request, SessionACL, TimeOrNow, WriteFlags,
 };
-use tracing::{Instrument, debug_span, info, warn};
+use tracing::{Instrument, Span, debug_span, info, warn};
 
-use crate::fs::{Attr, FileKind, FsError, OpenMode, S3Filesystem};
-use crate::s3::ClientError;
+use crate::fs::{Attr, FileKind, FsError, FsResult, OpenMode, S3Filesystem};
 
 /// Mount-level options decided by the CLI.
 #[derive(Debug, Clone)]
@@ -38,6 +37,7 @@ pub fn errno(e: &FsError) -> Errno {
         FsError::NotADirectory => Errno::ENOTDIR,
         FsError::IsADirectory => Errno::EISDIR,
         FsError::NameTooLong => Errno::ENAMETOOLONG,
+        FsError::NameNotUtf8 => Errno::EINVAL,
         FsError::Exists => Errno::EEXIST,
         FsError::NotEmpty => Errno::ENOTEMPTY,
         FsError::ReadOnly => Errno::EROFS,
@@ -47,14 +47,14 @@ pub fn errno(e: &FsError) -> Errno {
         FsError::TooManyWriters(_) => Errno::EMFILE,
         FsError::CrossDevice(_) => Errno::EXDEV,
         FsError::BadHandle => Errno::EBADF,
-        FsError::ObjectChanged { .. } => Errno::EIO,
-        FsError::Io(_) => Errno::EIO,
         FsError::NoSpace(_) => Errno::ENOSPC,
-        FsError::Client { source, .. } => match source {
-            ClientError::AccessDenied { .. } | ClientError::NoCredentials(_) => Errno::EACCES,
-            ClientError::NotSupported(_) => Errno::ENOTSUP,
-            _ => Errno::EIO,
-        },
+        FsError::AccessDenied { .. } => Errno::EACCES,
+        FsError::Unsupported { .. } => Errno::ENOTSUP,
+        FsError::ObjectChanged { .. }
+        | FsError::Client { .. }
+        | FsError::Local { .. }
+        | FsError::Task { .. }
+        | FsError::Io(_) => Errno::EIO,
     }
 }
 
@@ -74,10 +74,7 @@ fn file_attr(a: &Attr, block_size: u32) -> FileAttr {
         mtime: a.mtime,
         ctime: a.mtime,
         crtime: a.mtime,
-        kind: match a.kind {
-            FileKind::File => FileType::RegularFile,
-            FileKind::Directory => FileType::Directory,
-        },
+        kind: file_type(a.kind),
         perm: a.perm,
         nlink: if a.kind == FileKind::Directory { 2 } else { 1 },
         uid: a.uid,
@@ -88,28 +85,86 @@ fn file_attr(a: &Attr, block_size: u32) -> FileAttr {
     }
 }
 
-fn name_str(name: &OsStr) -> Result<String, Errno> {
-    // Keys are UTF-8; a name that is not cannot exist in the bucket.
-    name.to_str().map(str::to_string).ok_or(Errno::EINVAL)
+fn file_type(kind: FileKind) -> FileType {
+    match kind {
+        FileKind::File => FileType::RegularFile,
+        FileKind::Directory => FileType::Directory,
+    }
 }
 
-/// Counts one request from the kernel by operation (`expressfs_fuse_requests_total`): what a workload costs in
-/// round trips, and proof that the kernel skips the ones we ask it to (FOPEN_NOFLUSH).
-fn count(op: &'static str) {
-    metrics::counter!("expressfs_fuse_requests_total", "op" => op).increment(1);
+fn name_str(name: &OsStr) -> FsResult<String> {
+    name.to_str()
+        .map(str::to_string)
+        .ok_or(FsError::NameNotUtf8)
 }
 
-/// Logs errors that are not routine (missing names are).
+/// Counts a failed request by errno and logs the ones that are not routine (missing names are).
 fn report(op: &'static str, e: &FsError) -> Errno {
     let errno = errno(e);
-    metrics::counter!("expressfs_fuse_errors_total", "op" => op, "errno" => errno.code().to_string()).increment(1);
-    if !matches!(e, FsError::NotFound | FsError::Exists | FsError::NotEmpty) {
-        warn!(op, error = %e, errno = errno.code(), "operation failed");
+    crate::metrics::fuse_error(op, errno.code());
+    if !matches!(
+        e,
+        FsError::NotFound | FsError::Exists | FsError::NotEmpty | FsError::NameNotUtf8
+    ) {
+        warn!(op, error = %e.chain(), errno = errno.code(), "operation failed");
     }
     errno
 }
 
+/// The error side that every fuser reply type has.
+trait ErrorReply: Send + 'static {
+    fn fail(self, errno: Errno);
+}
+
+macro_rules! error_reply {
+    ($($reply:ty),* $(,)?) => {
+        $(impl ErrorReply for $reply {
+            fn fail(self, errno: Errno) {
+                self.error(errno)
+            }
+        })*
+    };
+}
+
+error_reply!(
+    ReplyEntry,
+    ReplyAttr,
+    ReplyEmpty,
+    ReplyOpen,
+    ReplyCreate,
+    ReplyData,
+    ReplyWrite,
+    ReplyDirectory,
+    ReplyDirectoryPlus,
+    ReplyStatfs,
+);
+
 impl Adapter {
+    /// The one path of every request that has a reply: count it by operation
+    /// (`expressfs_fuse_requests_total`), run `work` in `span` (see [`Adapter::spawn`]), and answer with
+    /// `answer` or with the errno of the error.
+    fn serve<R, T>(
+        &self,
+        op: &'static str,
+        span: Span,
+        reply: R,
+        work: impl Future<Output = FsResult<T>> + Send + 'static,
+        answer: impl FnOnce(R, T) + Send + 'static,
+    ) where
+        R: ErrorReply,
+    {
+        crate::metrics::fuse_request(op);
+        self.spawn(
+            async move {
+                match work.await {
+                    Ok(value) => answer(reply, value),
+                    Err(e) => reply.fail(report(op, &e)),
+                }
+            }
+            .instrument(span),
+        );
+    }
+
     /// Runs the work of one request. It is polled once here, on the FUSE thread, with a waker that does
     /// nothing: when the answer is already at hand (fresh attributes, bytes a lookup fetched, a read handle's
     /// flush or release) the reply goes out at once, without waking a runtime thread. That hand-off was the
@@ -117,7 +172,7 @@ impl Adapter {
     /// lock) goes to the runtime, which polls it again with a real waker, so this thread never blocks on it.
     fn spawn<F>(&self, future: F)
     where
-        F: std::future::Future<Output = ()> + Send + 'static,
+        F: Future<Output = ()> + Send + 'static,
     {
         let mut future = Box::pin(future);
         let _in_runtime = self.runtime.enter();
@@ -126,6 +181,22 @@ impl Adapter {
             self.runtime.spawn(future);
         }
     }
+
+    /// Replies with an entry: lookup and mkdir.
+    fn entry(&self) -> impl FnOnce(ReplyEntry, Attr) + Send + 'static {
+        let (ttl, bs) = (self.ttl, self.block_size);
+        move |reply, a| reply.entry(&ttl, &file_attr(&a, bs), Generation(0))
+    }
+
+    /// Replies with attributes: getattr and setattr.
+    fn attr(&self) -> impl FnOnce(ReplyAttr, Attr) + Send + 'static {
+        let (ttl, bs) = (self.ttl, self.block_size);
+        move |reply, a| reply.attr(&ttl, &file_attr(&a, bs))
+    }
+}
+
+fn ok(reply: ReplyEmpty, (): ()) {
+    reply.ok()
 }
 
 impl Filesystem for Adapter {
@@ -159,41 +230,23 @@ impl Filesystem for Adapter {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        count("lookup");
-        let name = match name_str(name) {
-            Ok(n) => n,
-            Err(e) => return reply.error(e),
-        };
-        let (fs, ttl, bs) = (Arc::clone(&self.fs), self.ttl, self.block_size);
-        let span = debug_span!("lookup", parent = parent.0, name = %name);
-        self.spawn(
-            async move {
-                match fs.lookup(parent.0, &name).await {
-                    Ok(a) => reply.entry(&ttl, &file_attr(&a, bs), Generation(0)),
-                    Err(e) => reply.error(report("lookup", &e)),
-                }
-            }
-            .instrument(span),
-        );
+        let span = debug_span!("lookup", parent = parent.0, name = %name.to_string_lossy());
+        let (fs, name) = (Arc::clone(&self.fs), name_str(name));
+        let work = async move { fs.lookup(parent.0, &name?).await };
+        self.serve("lookup", span, reply, work, self.entry());
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
-        count("forget");
+        // No reply and nothing to wait for: only counted.
+        crate::metrics::fuse_request("forget");
         self.fs.forget(ino.0, nlookup);
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        count("getattr");
-        let (fs, ttl, bs) = (Arc::clone(&self.fs), self.ttl, self.block_size);
-        self.spawn(
-            async move {
-                match fs.getattr(ino.0).await {
-                    Ok(a) => reply.attr(&ttl, &file_attr(&a, bs)),
-                    Err(e) => reply.error(report("getattr", &e)),
-                }
-            }
-            .instrument(debug_span!("getattr", ino = ino.0)),
-        );
+        let fs = Arc::clone(&self.fs);
+        let work = async move { fs.getattr(ino.0).await };
+        let span = debug_span!("getattr", ino = ino.0);
+        self.serve("getattr", span, reply, work, self.attr());
     }
 
     fn setattr(
@@ -214,17 +267,10 @@ impl Filesystem for Adapter {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
-        count("setattr");
-        let (fs, ttl, bs) = (Arc::clone(&self.fs), self.ttl, self.block_size);
-        self.spawn(
-            async move {
-                match fs.setattr(ino.0, size, fh.map(|f| f.0)).await {
-                    Ok(a) => reply.attr(&ttl, &file_attr(&a, bs)),
-                    Err(e) => reply.error(report("setattr", &e)),
-                }
-            }
-            .instrument(debug_span!("setattr", ino = ino.0)),
-        );
+        let fs = Arc::clone(&self.fs);
+        let work = async move { fs.setattr(ino.0, size, fh.map(|f| f.0)).await };
+        let span = debug_span!("setattr", ino = ino.0);
+        self.serve("setattr", span, reply, work, self.attr());
     }
 
     fn mkdir(
@@ -236,60 +282,24 @@ impl Filesystem for Adapter {
         _umask: u32,
         reply: ReplyEntry,
     ) {
-        count("mkdir");
-        let name = match name_str(name) {
-            Ok(n) => n,
-            Err(e) => return reply.error(e),
-        };
-        let (fs, ttl, bs) = (Arc::clone(&self.fs), self.ttl, self.block_size);
-        let span = debug_span!("mkdir", parent = parent.0, name = %name);
-        self.spawn(
-            async move {
-                match fs.mkdir(parent.0, &name).await {
-                    Ok(a) => reply.entry(&ttl, &file_attr(&a, bs), Generation(0)),
-                    Err(e) => reply.error(report("mkdir", &e)),
-                }
-            }
-            .instrument(span),
-        );
+        let span = debug_span!("mkdir", parent = parent.0, name = %name.to_string_lossy());
+        let (fs, name) = (Arc::clone(&self.fs), name_str(name));
+        let work = async move { fs.mkdir(parent.0, &name?).await };
+        self.serve("mkdir", span, reply, work, self.entry());
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        count("unlink");
-        let name = match name_str(name) {
-            Ok(n) => n,
-            Err(e) => return reply.error(e),
-        };
-        let fs = Arc::clone(&self.fs);
-        let span = debug_span!("unlink", parent = parent.0, name = %name);
-        self.spawn(
-            async move {
-                match fs.unlink(parent.0, &name).await {
-                    Ok(()) => reply.ok(),
-                    Err(e) => reply.error(report("unlink", &e)),
-                }
-            }
-            .instrument(span),
-        );
+        let span = debug_span!("unlink", parent = parent.0, name = %name.to_string_lossy());
+        let (fs, name) = (Arc::clone(&self.fs), name_str(name));
+        let work = async move { fs.unlink(parent.0, &name?).await };
+        self.serve("unlink", span, reply, work, ok);
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        count("rmdir");
-        let name = match name_str(name) {
-            Ok(n) => n,
-            Err(e) => return reply.error(e),
-        };
-        let fs = Arc::clone(&self.fs);
-        let span = debug_span!("rmdir", parent = parent.0, name = %name);
-        self.spawn(
-            async move {
-                match fs.rmdir(parent.0, &name).await {
-                    Ok(()) => reply.ok(),
-                    Err(e) => reply.error(report("rmdir", &e)),
-                }
-            }
-            .instrument(span),
-        );
+        let span = debug_span!("rmdir", parent = parent.0, name = %name.to_string_lossy());
+        let (fs, name) = (Arc::clone(&self.fs), name_str(name));
+        let work = async move { fs.rmdir(parent.0, &name?).await };
+        self.serve("rmdir", span, reply, work, ok);
     }
 
     fn rename(
@@ -302,33 +312,30 @@ impl Filesystem for Adapter {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
-        count("rename");
-        let (name, newname) = match (name_str(name), name_str(newname)) {
-            (Ok(a), Ok(b)) => (a, b),
-            _ => return reply.error(Errno::EINVAL),
-        };
-        if flags.contains(RenameFlags::RENAME_EXCHANGE) {
-            return reply.error(Errno::EINVAL);
-        }
+        let span = debug_span!(
+            "rename",
+            parent = parent.0,
+            name = %name.to_string_lossy(),
+            newparent = newparent.0,
+            newname = %newname.to_string_lossy()
+        );
+        let names = name_str(name).and_then(|n| Ok((n, name_str(newname)?)));
+        let exchange = flags.contains(RenameFlags::RENAME_EXCHANGE);
         let no_replace = flags.contains(RenameFlags::RENAME_NOREPLACE);
         let fs = Arc::clone(&self.fs);
-        let span = debug_span!("rename", parent = parent.0, name = %name, newparent = newparent.0, newname = %newname);
-        self.spawn(
-            async move {
-                match fs
-                    .rename(parent.0, &name, newparent.0, &newname, no_replace)
-                    .await
-                {
-                    Ok(()) => reply.ok(),
-                    Err(e) => reply.error(report("rename", &e)),
-                }
+        let work = async move {
+            let (name, newname) = names?;
+            if exchange {
+                // Two objects cannot trade keys atomically.
+                return Err(FsError::InvalidArgument("RENAME_EXCHANGE".into()));
             }
-            .instrument(span),
-        );
+            fs.rename(parent.0, &name, newparent.0, &newname, no_replace)
+                .await
+        };
+        self.serve("rename", span, reply, work, ok);
     }
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        count("open");
         let pid = req.pid();
         let raw = flags.0;
         let access = raw & libc::O_ACCMODE;
@@ -340,27 +347,21 @@ impl Filesystem for Adapter {
             append: raw & libc::O_APPEND != 0,
         };
         let fs = Arc::clone(&self.fs);
-        self.spawn(
-            async move {
-                match fs.open(ino.0, mode, pid).await {
-                    Ok(opened) => {
-                        let mut flags = FopenFlags::empty();
-                        if opened.keep_cache {
-                            flags |= FopenFlags::FOPEN_KEEP_CACHE;
-                        }
-                        if opened.bypass_page_cache {
-                            flags |= FopenFlags::FOPEN_DIRECT_IO;
-                        }
-                        if opened.no_flush {
-                            flags |= FopenFlags::FOPEN_NOFLUSH;
-                        }
-                        reply.opened(FileHandle(opened.fh), flags)
-                    }
-                    Err(e) => reply.error(report("open", &e)),
-                }
+        let work = async move { fs.open(ino.0, mode, pid).await };
+        let span = debug_span!("open", ino = ino.0);
+        self.serve("open", span, reply, work, |reply, opened| {
+            let mut flags = FopenFlags::empty();
+            if opened.keep_cache {
+                flags |= FopenFlags::FOPEN_KEEP_CACHE;
             }
-            .instrument(debug_span!("open", ino = ino.0)),
-        );
+            if opened.bypass_page_cache {
+                flags |= FopenFlags::FOPEN_DIRECT_IO;
+            }
+            if opened.no_flush {
+                flags |= FopenFlags::FOPEN_NOFLUSH;
+            }
+            reply.opened(FileHandle(opened.fh), flags)
+        });
     }
 
     fn create(
@@ -373,32 +374,33 @@ impl Filesystem for Adapter {
         _flags: i32,
         reply: ReplyCreate,
     ) {
-        count("create");
         let pid = req.pid();
-        let name = match name_str(name) {
-            Ok(n) => n,
-            Err(e) => return reply.error(e),
+        let span = debug_span!("create", parent = parent.0, name = %name.to_string_lossy());
+        let (fs, name) = (Arc::clone(&self.fs), name_str(name));
+        let work = async move {
+            let (a, fh) = fs.create(parent.0, &name?, pid).await?;
+            Ok((a, fh, fs.writes_bypass_page_cache()))
         };
-        let (fs, ttl, bs) = (Arc::clone(&self.fs), self.ttl, self.block_size);
-        let span = debug_span!("create", parent = parent.0, name = %name);
-        self.spawn(
-            async move {
-                match fs.create(parent.0, &name, pid).await {
-                    Ok((a, fh)) => reply.created(
-                        &ttl,
-                        &file_attr(&a, bs),
-                        Generation(0),
-                        FileHandle(fh),
-                        if fs.writes_bypass_page_cache() {
-                            FopenFlags::FOPEN_DIRECT_IO
-                        } else {
-                            FopenFlags::empty()
-                        },
-                    ),
-                    Err(e) => reply.error(report("create", &e)),
-                }
-            }
-            .instrument(span),
+        let (ttl, bs) = (self.ttl, self.block_size);
+        self.serve(
+            "create",
+            span,
+            reply,
+            work,
+            move |reply, (a, fh, bypass)| {
+                let flags = if bypass {
+                    FopenFlags::FOPEN_DIRECT_IO
+                } else {
+                    FopenFlags::empty()
+                };
+                reply.created(
+                    &ttl,
+                    &file_attr(&a, bs),
+                    Generation(0),
+                    FileHandle(fh),
+                    flags,
+                )
+            },
         );
     }
 
@@ -413,21 +415,13 @@ impl Filesystem for Adapter {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        count("read");
         let fs = Arc::clone(&self.fs);
-        self.spawn(
-            async move {
-                match fs.read(fh.0, offset, size).await {
-                    Ok(data) => {
-                        metrics::counter!("expressfs_read_bytes_total")
-                            .increment(data.len() as u64);
-                        reply.data(&data)
-                    }
-                    Err(e) => reply.error(report("read", &e)),
-                }
-            }
-            .instrument(debug_span!("read", ino = ino.0, offset, size)),
-        );
+        let work = async move { fs.read(fh.0, offset, size).await };
+        let span = debug_span!("read", ino = ino.0, offset, size);
+        self.serve("read", span, reply, work, |reply, data| {
+            crate::metrics::read_bytes(data.len() as u64);
+            reply.data(&data)
+        });
     }
 
     fn write(
@@ -442,26 +436,25 @@ impl Filesystem for Adapter {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        count("write");
         let span = debug_span!("write", ino = ino.0, offset);
-        if let Some(n) = span.in_scope(|| self.fs.write_now(fh.0, offset, data)) {
-            metrics::counter!("expressfs_written_bytes_total").increment(u64::from(n));
-            return reply.written(n);
-        }
+        let taken = span.in_scope(|| self.fs.write_now(fh.0, offset, data));
+        // The bytes are copied only when the fast path could not take them: the work may outlive `data`.
+        let data = if taken.is_none() {
+            data.to_vec()
+        } else {
+            Vec::new()
+        };
         let fs = Arc::clone(&self.fs);
-        let data = data.to_vec();
-        self.spawn(
-            async move {
-                match fs.write(fh.0, offset, &data).await {
-                    Ok(n) => {
-                        metrics::counter!("expressfs_written_bytes_total").increment(u64::from(n));
-                        reply.written(n)
-                    }
-                    Err(e) => reply.error(report("write", &e)),
-                }
+        let work = async move {
+            match taken {
+                Some(n) => Ok(n),
+                None => fs.write(fh.0, offset, &data).await,
             }
-            .instrument(span),
-        );
+        };
+        self.serve("write", span, reply, work, |reply, n| {
+            crate::metrics::written_bytes(u64::from(n));
+            reply.written(n)
+        });
     }
 
     fn flush(
@@ -472,18 +465,11 @@ impl Filesystem for Adapter {
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        count("flush");
         let pid = req.pid();
         let fs = Arc::clone(&self.fs);
-        self.spawn(
-            async move {
-                match fs.flush(fh.0, pid).await {
-                    Ok(()) => reply.ok(),
-                    Err(e) => reply.error(report("flush", &e)),
-                }
-            }
-            .instrument(debug_span!("flush", ino = ino.0)),
-        );
+        let work = async move { fs.flush(fh.0, pid).await };
+        let span = debug_span!("flush", ino = ino.0);
+        self.serve("flush", span, reply, work, ok);
     }
 
     fn fsync(
@@ -494,17 +480,10 @@ impl Filesystem for Adapter {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        count("fsync");
         let fs = Arc::clone(&self.fs);
-        self.spawn(
-            async move {
-                match fs.fsync(fh.0).await {
-                    Ok(()) => reply.ok(),
-                    Err(e) => reply.error(report("fsync", &e)),
-                }
-            }
-            .instrument(debug_span!("fsync", ino = ino.0)),
-        );
+        let work = async move { fs.fsync(fh.0).await };
+        let span = debug_span!("fsync", ino = ino.0);
+        self.serve("fsync", span, reply, work, ok);
     }
 
     fn release(
@@ -517,25 +496,18 @@ impl Filesystem for Adapter {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        count("release");
         let fs = Arc::clone(&self.fs);
-        self.spawn(
-            async move {
-                match fs.release(fh.0).await {
-                    Ok(()) => reply.ok(),
-                    Err(e) => reply.error(report("release", &e)),
-                }
-            }
-            .instrument(debug_span!("release", ino = ino.0)),
-        );
+        let work = async move { fs.release(fh.0).await };
+        let span = debug_span!("release", ino = ino.0);
+        self.serve("release", span, reply, work, ok);
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        count("opendir");
-        match self.fs.opendir(ino.0) {
-            Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
-            Err(e) => reply.error(report("opendir", &e)),
-        }
+        let work = std::future::ready(self.fs.opendir(ino.0));
+        let span = debug_span!("opendir", ino = ino.0);
+        self.serve("opendir", span, reply, work, |reply, fh| {
+            reply.opened(FileHandle(fh), FopenFlags::empty())
+        });
     }
 
     fn readdir(
@@ -544,30 +516,24 @@ impl Filesystem for Adapter {
         ino: INodeNo,
         fh: FileHandle,
         offset: u64,
-        mut reply: ReplyDirectory,
+        reply: ReplyDirectory,
     ) {
-        count("readdir");
         let fs = Arc::clone(&self.fs);
-        self.spawn(
-            async move {
-                match fs.readdir(fh.0, offset).await {
-                    Ok(entries) => {
-                        for (i, entry) in entries.iter().enumerate().skip(offset as usize) {
-                            let kind = match entry.kind {
-                                FileKind::File => FileType::RegularFile,
-                                FileKind::Directory => FileType::Directory,
-                            };
-                            if reply.add(INodeNo(entry.ino), i as u64 + 1, kind, &entry.name) {
-                                break;
-                            }
-                        }
-                        reply.ok();
-                    }
-                    Err(e) => reply.error(report("readdir", &e)),
+        let work = async move { fs.readdir(fh.0, offset).await };
+        let span = debug_span!("readdir", ino = ino.0, offset);
+        self.serve("readdir", span, reply, work, move |mut reply, entries| {
+            for (i, entry) in entries.iter().enumerate().skip(offset as usize) {
+                if reply.add(
+                    INodeNo(entry.ino),
+                    i as u64 + 1,
+                    file_type(entry.kind),
+                    &entry.name,
+                ) {
+                    break;
                 }
             }
-            .instrument(debug_span!("readdir", ino = ino.0, offset)),
-        );
+            reply.ok();
+        });
     }
 
     fn readdirplus(
@@ -576,78 +542,81 @@ impl Filesystem for Adapter {
         ino: INodeNo,
         fh: FileHandle,
         offset: u64,
-        mut reply: ReplyDirectoryPlus,
+        reply: ReplyDirectoryPlus,
     ) {
-        count("readdirplus");
         let (fs, ttl, bs) = (Arc::clone(&self.fs), self.ttl, self.block_size);
-        self.spawn(
-            async move {
-                match fs.readdir(fh.0, offset).await {
-                    Ok(entries) => {
-                        for (i, entry) in entries.iter().enumerate().skip(offset as usize) {
-                            let Some(attr) = fs.cached_attr(entry.ino) else {
-                                continue;
-                            };
-                            let dots = entry.name == "." || entry.name == "..";
-                            if reply.add(
-                                INodeNo(entry.ino),
-                                i as u64 + 1,
-                                &entry.name,
-                                &ttl,
-                                &file_attr(&attr, bs),
-                                Generation(0),
-                            ) {
-                                break;
-                            }
-                            // The kernel holds a reference to every entry but . and .. (as after lookup).
-                            if !dots {
-                                fs.add_lookup(entry.ino);
-                            }
-                        }
-                        reply.ok();
+        let listed = Arc::clone(&fs);
+        let work = async move { listed.readdir(fh.0, offset).await };
+        let span = debug_span!("readdirplus", ino = ino.0, offset);
+        self.serve(
+            "readdirplus",
+            span,
+            reply,
+            work,
+            move |mut reply, entries| {
+                for (i, entry) in entries.iter().enumerate().skip(offset as usize) {
+                    let Some(attr) = fs.cached_attr(entry.ino) else {
+                        continue;
+                    };
+                    let dots = entry.name == "." || entry.name == "..";
+                    if reply.add(
+                        INodeNo(entry.ino),
+                        i as u64 + 1,
+                        &entry.name,
+                        &ttl,
+                        &file_attr(&attr, bs),
+                        Generation(0),
+                    ) {
+                        break;
                     }
-                    Err(e) => reply.error(report("readdirplus", &e)),
+                    // The kernel holds a reference to every entry but . and .. (as after lookup).
+                    if !dots {
+                        fs.add_lookup(entry.ino);
+                    }
                 }
-            }
-            .instrument(debug_span!("readdirplus", ino = ino.0, offset)),
+                reply.ok();
+            },
         );
     }
 
     fn releasedir(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         _flags: OpenFlags,
         reply: ReplyEmpty,
     ) {
-        count("releasedir");
         let fs = Arc::clone(&self.fs);
-        self.spawn(async move {
+        // A directory handle holds no data: its release cannot fail in a way the caller could act on.
+        let work = async move {
             let _ = fs.release(fh.0).await;
-            reply.ok();
-        });
+            Ok(())
+        };
+        let span = debug_span!("releasedir", ino = ino.0);
+        self.serve("releasedir", span, reply, work, ok);
     }
 
-    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        count("statfs");
-        let (blocks, files) = self.fs.statfs();
-        // Buckets have no fixed capacity: report a large, mostly free volume so tools do not refuse to write.
-        reply.statfs(
-            blocks,
-            blocks,
-            blocks,
-            files,
-            u64::MAX / 2,
-            self.block_size,
-            255,
-            self.block_size,
+    fn statfs(&self, _req: &Request, ino: INodeNo, reply: ReplyStatfs) {
+        let work = std::future::ready(Ok(self.fs.statfs()));
+        let span = debug_span!("statfs", ino = ino.0);
+        let bs = self.block_size;
+        self.serve(
+            "statfs",
+            span,
+            reply,
+            work,
+            move |reply, (blocks, files)| {
+                // Buckets have no fixed capacity: report a large, mostly free volume so tools do not refuse to
+                // write.
+                reply.statfs(blocks, blocks, blocks, files, u64::MAX / 2, bs, 255, bs)
+            },
         );
     }
 
-    fn access(&self, _req: &Request, _ino: INodeNo, _mask: fuser::AccessFlags, reply: ReplyEmpty) {
-        count("access");
-        reply.ok();
+    fn access(&self, _req: &Request, ino: INodeNo, _mask: fuser::AccessFlags, reply: ReplyEmpty) {
+        let span = debug_span!("access", ino = ino.0);
+        self.serve("access", span, reply, std::future::ready(Ok(())), ok);
     }
 }
 
@@ -716,4 +685,36 @@ pub fn mount(
     config.clone_fd = options.threads > 1;
     let session = fuser::spawn_mount(adapter, &options.mountpoint, &config)?;
     Ok(MountedFs { session })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::ffi::OsStrExt;
+
+    use super::*;
+
+    #[test]
+    fn a_name_that_is_not_utf8_is_einval_through_the_error_type() {
+        let bad = OsStr::from_bytes(b"caf\xe9");
+        let e = name_str(bad).unwrap_err();
+        assert!(matches!(e, FsError::NameNotUtf8));
+        assert_eq!(errno(&e), Errno::EINVAL);
+        assert_eq!(name_str(OsStr::new("café")).unwrap(), "café");
+        assert_eq!(
+            errno(&FsError::InvalidArgument("RENAME_EXCHANGE".into())),
+            Errno::EINVAL
+        );
+    }
+
+    #[test]
+    fn local_failures_are_enospc_or_eio() {
+        let full = FsError::local("f", std::io::Error::from_raw_os_error(libc::ENOSPC));
+        assert_eq!(errno(&full), Errno::ENOSPC);
+        let broken = FsError::local("f", std::io::Error::from_raw_os_error(libc::EIO));
+        assert_eq!(errno(&broken), Errno::EIO);
+        assert_eq!(
+            errno(&FsError::io("f", std::io::Error::other("x"))),
+            Errno::EIO
+        );
+    }
 }

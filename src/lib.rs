@@ -1,7 +1,9 @@
 //! expressfs: a FUSE file system for S3 Express One Zone directory buckets (and general-purpose buckets).
 //!
 //! Layers, top to bottom:
-//! - [`cli`], [`bucket`], [`daemon`], [`logging`]: command line, bucket-name rules, process lifecycle.
+//! - [`cli`], [`config`], [`bucket`], [`daemon`], [`logging`], [`metrics`]: command line, what each flag
+//!   means for each layer, bucket-name rules, process lifecycle, logs and metric names.
+//! - [`stack`]: puts the object client and the caches together under the file system.
 //! - [`fuse`]: thin adapter from fuser callbacks to the core; the only place errno is chosen.
 //! - [`fs`]: the file system core (inodes, lookup, readdir, read and write handles). No fuser types.
 //! - [`buffers`]: spare multi-MiB buffers for GET bodies and upload parts.
@@ -12,9 +14,12 @@ pub mod bucket;
 pub mod buffers;
 pub mod cache;
 pub mod cli;
+pub mod config;
 pub mod daemon;
 pub mod fs;
 pub mod fuse;
 pub mod logging;
 pub mod memory;
+pub mod metrics;
 pub mod s3;
+pub mod stack;

@@ -426,7 +426,7 @@ impl Superblock {
                     listing::Listed::TooBig
                 }
                 Err(e) => {
-                    debug!(key = dir.key(), error = %e, "listing for a storm of lookups failed");
+                    debug!(key = dir.key(), error = %e.chain(), "listing for a storm of lookups failed");
                     listing::Listed::NotApplied
                 }
             };

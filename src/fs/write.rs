@@ -32,7 +32,7 @@ async fn wait_for_parts(mp: &mut Multipart, key: &str, keep: usize) -> FsResult<
         let task = mp.in_flight.pop_front().expect("non-empty");
         let part = task
             .await
-            .map_err(|e| FsError::Io(format!("part upload task: {e}")))?
+            .map_err(|e| FsError::task(&format!("{key}: part upload"), e))?
             .map_err(|e| FsError::client(key, e))?;
         mp.done.push(part);
     }
@@ -127,7 +127,7 @@ impl Writer {
     }
 
     fn fail(&mut self, e: FsError) -> FsError {
-        warn!(key = %self.key, error = %e, "upload failed");
+        warn!(key = %self.key, error = %e.chain(), "upload failed");
         self.failed = Some(e.clone());
         e
     }
@@ -375,6 +375,7 @@ impl Writer {
         let key = self.key.clone();
         let client = Arc::clone(&self.client);
         let err = |e| FsError::client(&key, e);
+        let staging = |e| FsError::io(&format!("{key}: staging file"), e);
         match &mut self.mode {
             Mode::Append { offset } => {
                 let body = self.buffer.split().freeze();
@@ -389,14 +390,12 @@ impl Writer {
             Mode::Staged { file, size } => {
                 // Staged files are bounded by the staging limit; upload them as one object or in parts.
                 let size = *size;
-                let mut file = file.try_clone().map_err(|e| FsError::Io(e.to_string()))?;
-                file.seek(SeekFrom::Start(0))
-                    .map_err(|e| FsError::Io(e.to_string()))?;
+                let mut file = file.try_clone().map_err(staging)?;
+                file.seek(SeekFrom::Start(0)).map_err(staging)?;
                 let part_size = self.part_size;
                 if size <= part_size as u64 {
                     let mut data = Vec::with_capacity(size as usize);
-                    file.read_to_end(&mut data)
-                        .map_err(|e| FsError::Io(e.to_string()))?;
+                    file.read_to_end(&mut data).map_err(staging)?;
                     return client
                         .put_object(&key, Bytes::from(data), self.condition.clone())
                         .await
@@ -415,9 +414,7 @@ impl Writer {
                     let mut chunk = vec![0u8; part_size];
                     let mut filled = 0;
                     while filled < part_size {
-                        let n = file
-                            .read(&mut chunk[filled..])
-                            .map_err(|e| FsError::Io(e.to_string()))?;
+                        let n = file.read(&mut chunk[filled..]).map_err(staging)?;
                         if n == 0 {
                             break;
                         }
@@ -473,7 +470,7 @@ impl Writer {
                         }
                         Err(e) => {
                             self.multipart = Some(mp);
-                            return Err(FsError::Io(format!("part upload task: {e}")));
+                            return Err(FsError::task(&format!("{key}: part upload"), e));
                         }
                     }
                 }
@@ -513,7 +510,8 @@ impl Writer {
             return Ok(());
         }
         if let Mode::Staged { file, size: staged } = &mut self.mode {
-            file.set_len(size).map_err(|e| FsError::Io(e.to_string()))?;
+            file.set_len(size)
+                .map_err(|e| FsError::io(&format!("{}: staging file", self.key), e))?;
             *staged = size;
             self.size = size;
             return Ok(());
@@ -538,7 +536,8 @@ impl Writer {
 
     pub fn flush_file(&mut self) -> FsResult<()> {
         if let Mode::Staged { file, .. } = &mut self.mode {
-            file.flush().map_err(|e| FsError::Io(e.to_string()))?;
+            file.flush()
+                .map_err(|e| FsError::io(&format!("{}: staging file", self.key), e))?;
         }
         Ok(())
     }

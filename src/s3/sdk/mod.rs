@@ -280,9 +280,7 @@ impl SdkClient {
             Ok(_) => "ok",
             Err(e) => e.code(),
         };
-        metrics::counter!("expressfs_s3_requests_total", "op" => op, "result" => outcome.to_string()).increment(1);
-        metrics::histogram!("expressfs_s3_request_seconds", "op" => op)
-            .record(elapsed.as_secs_f64());
+        crate::metrics::s3_request(op, outcome, elapsed);
         let _entered = span.enter();
         match &result {
             Ok(_) => debug!(ms, "s3 call done"),

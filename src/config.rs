@@ -1,0 +1,403 @@
+//! From flags to the configuration of each layer. The daemon only runs the process; what each flag means for
+//! the file system, the S3 clients and the caches is decided here, where unit tests can check it without a
+//! mount.
+
+use std::path::PathBuf;
+
+use crate::bucket::{self, BucketName};
+use crate::cli::Args;
+use crate::fs::FsConfig;
+use crate::s3::sdk::SdkClientConfig;
+
+/// The local block cache (`--cache`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DiskCacheConfig {
+    /// `DIR/blocks`.
+    pub dir: PathBuf,
+    /// `--max-cache-size` in bytes; u64::MAX when unset (the cache still keeps 5% of the disk free).
+    pub max_bytes: u64,
+    /// `--cache-block-size` in bytes.
+    pub block_size: u64,
+}
+
+/// The bucket a fleet shares as a cache of small objects (`--cache-xz`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SharedCacheConfig {
+    pub bucket: BucketName,
+    pub max_object_size: u64,
+}
+
+/// Which caches stand between the file system and the bucket.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct CacheConfig {
+    pub disk: Option<DiskCacheConfig>,
+    pub shared: Option<SharedCacheConfig>,
+}
+
+impl Args {
+    /// `--region`, else the region of a directory bucket's zone, else `AWS_REGION`/`AWS_DEFAULT_REGION`,
+    /// else us-east-1.
+    pub fn region(&self, name: &BucketName) -> Result<String, String> {
+        if let Some(r) = &self.region {
+            return Ok(r.clone());
+        }
+        if let Some(zone) = &name.zone {
+            return bucket::region_of_zone(zone).map(str::to_string).ok_or_else(|| {
+                format!("cannot tell the region of availability zone {zone:?} (bucket {}): pass --region", name.name)
+            });
+        }
+        Ok(std::env::var("AWS_REGION")
+            .or_else(|_| std::env::var("AWS_DEFAULT_REGION"))
+            .unwrap_or_else(|_| "us-east-1".into()))
+    }
+
+    /// The SDK client of one bucket: the mounted one, or the `--cache-xz` one (same endpoint, profile and
+    /// checksum, so both are reached the same way).
+    pub fn client_config(&self, bucket: &BucketName, region: &str) -> SdkClientConfig {
+        let mut config = SdkClientConfig::new(bucket.name.clone(), region);
+        config.endpoint_url = self.endpoint_url.clone();
+        config.force_path_style = self.force_path_style || self.endpoint_url.is_some();
+        config.profile = self.profile.clone();
+        config.is_directory_bucket = bucket.is_directory();
+        config.upload_checksum = self.upload_checksum();
+        config
+    }
+
+    /// The caches asked for; fails only on a `--cache-xz` that is not a bucket name.
+    pub fn cache_config(&self) -> Result<CacheConfig, String> {
+        let disk = self.cache.as_ref().map(|dir| DiskCacheConfig {
+            dir: dir.join("blocks"),
+            max_bytes: self
+                .max_cache_size
+                .map_or(u64::MAX, |mib| mib.saturating_mul(1024 * 1024)),
+            block_size: self.cache_block_size * 1024,
+        });
+        let shared = match &self.cache_xz {
+            None => None,
+            Some(xz) => Some(SharedCacheConfig {
+                bucket: bucket::parse(xz).map_err(|e| format!("--cache-xz: {e}"))?,
+                max_object_size: self.cache_xz_max_object_size,
+            }),
+        };
+        Ok(CacheConfig { disk, shared })
+    }
+
+    /// The file system core's settings. Pure: the staging directory is named, not created (see
+    /// [`prepare_host`]), and the memory target is resolved but not yet applied to the buffer pool.
+    pub fn fs_config(&self) -> FsConfig {
+        let mut config = FsConfig::new(
+            self.uid.unwrap_or_else(|| nix::unistd::getuid().as_raw()),
+            self.gid.unwrap_or_else(|| nix::unistd::getgid().as_raw()),
+        );
+        config.prefix = self.prefix.clone().unwrap_or_default();
+        config.dir_mode = self.dir_mode;
+        config.file_mode = self.file_mode;
+        config.read_only = self.read_only;
+        config.allow_overwrite = self.allow_overwrite;
+        config.allow_delete = self.allow_delete;
+        config.incremental_upload = self.incremental_upload;
+        config.read_part_size = self.read_part_size();
+        config.write_part_size = self.write_part_size();
+        config.max_prefetch = self.max_prefetch;
+        config.lookup_prefetch = self.lookup_prefetch;
+        config.direct_io_threshold = self.direct_io_threshold;
+        config.max_writers = self.max_open_writers;
+        config.memory = crate::memory::MemoryBudget::new(self.memory_target());
+        config.metadata_ttl = self.metadata_ttl();
+        config.negative_metadata_ttl = self.negative_metadata_ttl.unwrap_or(config.metadata_ttl);
+        config.staging_limit = self.max_staged_file_size;
+        config.staging_dir = if self.max_staged_file_size == 0 {
+            None
+        } else {
+            Some(
+                self.cache
+                    .as_ref()
+                    .map_or_else(std::env::temp_dir, |c| c.join("staging")),
+            )
+        };
+        config
+    }
+
+    /// `--memory-target`, else a quarter of the RAM or cgroup limit.
+    pub fn memory_target(&self) -> u64 {
+        self.memory_target
+            .unwrap_or_else(crate::memory::default_target)
+    }
+
+    /// The source shown by `mount` and `df`. The root mount path ignores the subtype (the type is plain
+    /// "fuse"), so the source names us and the bucket.
+    pub fn fs_name(&self, bucket: &BucketName) -> String {
+        match self.prefix.as_deref().unwrap_or_default() {
+            "" => format!("expressfs:{}", bucket.name),
+            prefix => format!("expressfs:{}/{}", bucket.name, prefix.trim_end_matches('/')),
+        }
+    }
+
+    pub fn fuse_options(&self, bucket: &BucketName) -> crate::fuse::FuseOptions {
+        crate::fuse::FuseOptions {
+            mountpoint: self.mountpoint.clone(),
+            fs_name: self.fs_name(bucket),
+            read_only: self.read_only,
+            allow_other: self.allow_other,
+            allow_root: self.allow_root,
+            auto_unmount: self.auto_unmount,
+            threads: self.max_threads,
+        }
+    }
+}
+
+/// The process-wide effects of a configuration: the buffer pool follows the memory target, glibc returns
+/// freed buffers at once under a tight one, and the staging directory exists. Returns whether the prompt
+/// release is on (for the startup log).
+pub fn prepare_host(config: &FsConfig) -> Result<bool, String> {
+    let target = config.memory.limit();
+    crate::buffers::limit_to(target);
+    let prompt_release = crate::memory::return_freed_buffers_promptly_if_tight(target);
+    if let Some(dir) = &config.staging_dir {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| format!("staging directory {}: {e}", dir.display()))?;
+    }
+    Ok(prompt_release)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use clap::Parser;
+
+    use super::*;
+    use crate::cli::expand_mount_options;
+    use crate::s3::UploadChecksum;
+
+    fn args(flags: &[&str]) -> Args {
+        let argv: Vec<String> = ["expressfs", "b--use1-az4--x-s3", "/mnt"]
+            .into_iter()
+            .chain(flags.iter().copied())
+            .map(String::from)
+            .collect();
+        let a = Args::try_parse_from(expand_mount_options(argv).unwrap()).unwrap();
+        a.validate().unwrap();
+        a
+    }
+
+    fn directory_bucket() -> BucketName {
+        bucket::parse("b--use1-az4--x-s3").unwrap()
+    }
+
+    #[test]
+    fn fs_defaults_are_the_documented_ones() {
+        let c = args(&[]).fs_config();
+        assert_eq!(c.uid, nix::unistd::getuid().as_raw());
+        assert_eq!(c.gid, nix::unistd::getgid().as_raw());
+        assert_eq!(c.prefix, "");
+        assert_eq!((c.dir_mode, c.file_mode), (0o755, 0o644));
+        assert!(!c.read_only && !c.allow_overwrite && !c.allow_delete && !c.incremental_upload);
+        assert_eq!((c.read_part_size, c.write_part_size), (8 << 20, 8 << 20));
+        assert_eq!(c.max_prefetch, 64 << 20);
+        assert_eq!(c.lookup_prefetch, 256 << 10);
+        assert_eq!(c.direct_io_threshold, 32 << 20);
+        assert_eq!(c.max_writers, 64);
+        assert_eq!(c.memory.limit(), crate::memory::default_target());
+        assert!(c.memory.limit() >= 256 << 20);
+        assert_eq!(c.metadata_ttl, Duration::from_secs(1));
+        assert_eq!(c.negative_metadata_ttl, Duration::from_secs(1));
+        assert_eq!(c.staging_limit, 256 << 20);
+        assert_eq!(c.staging_dir, Some(std::env::temp_dir()));
+    }
+
+    #[test]
+    fn every_fs_flag_lands_in_the_fs_config() {
+        let c = args(&[
+            "--uid=7",
+            "--gid=8",
+            "--prefix=data/",
+            "--dir-mode=0700",
+            "--file-mode=0600",
+            "--allow-overwrite",
+            "--allow-delete",
+            "--incremental-upload",
+            "--read-part-size=1M",
+            "--write-part-size=6M",
+            "--max-prefetch=2M",
+            "--lookup-prefetch=0",
+            "--direct-io-threshold=never",
+            "--max-open-writers=3",
+            "--memory-target=512",
+            "--metadata-ttl=5",
+            "--negative-metadata-ttl=minimal",
+            "--cache=/var/cache/x",
+            "--max-staged-file-size=1G",
+        ])
+        .fs_config();
+        assert_eq!((c.uid, c.gid), (7, 8));
+        assert_eq!(c.prefix, "data/");
+        assert_eq!((c.dir_mode, c.file_mode), (0o700, 0o600));
+        assert!(!c.read_only && c.allow_overwrite && c.allow_delete && c.incremental_upload);
+        assert_eq!((c.read_part_size, c.write_part_size), (1 << 20, 6 << 20));
+        assert_eq!(c.max_prefetch, 2 << 20);
+        assert_eq!(c.lookup_prefetch, 0);
+        assert_eq!(c.direct_io_threshold, u64::MAX);
+        assert_eq!(c.max_writers, 3);
+        assert_eq!(c.memory.limit(), 512 << 20);
+        assert_eq!(c.metadata_ttl, Duration::from_secs(5));
+        assert_eq!(c.negative_metadata_ttl, Duration::ZERO);
+        assert_eq!(c.staging_limit, 1 << 30);
+        assert_eq!(c.staging_dir, Some(PathBuf::from("/var/cache/x/staging")));
+
+        let ro = args(&["-o", "ro", "--part-size=16M"]).fs_config();
+        assert!(ro.read_only);
+        assert_eq!(
+            (ro.read_part_size, ro.write_part_size),
+            (16 << 20, 16 << 20)
+        );
+    }
+
+    #[test]
+    fn ttls_follow_the_cache_and_zero_staging_disables_it() {
+        let cached = args(&["--cache=/c"]).fs_config();
+        assert_eq!(cached.metadata_ttl, Duration::from_secs(60));
+        // The negative TTL follows the metadata TTL unless given.
+        assert_eq!(cached.negative_metadata_ttl, Duration::from_secs(60));
+        let indefinite = args(&["--metadata-ttl=indefinite"]).fs_config();
+        assert!(indefinite.metadata_ttl > Duration::from_secs(3600 * 24 * 365));
+        assert_eq!(indefinite.negative_metadata_ttl, indefinite.metadata_ttl);
+        assert_eq!(
+            args(&["--max-staged-file-size=0"]).fs_config().staging_dir,
+            None
+        );
+    }
+
+    #[test]
+    fn client_config_defaults_and_flags() {
+        let b = directory_bucket();
+        let c = args(&[]).client_config(&b, "us-east-1");
+        assert_eq!(c.bucket, "b--use1-az4--x-s3");
+        assert_eq!(c.region, "us-east-1");
+        assert!(c.is_directory_bucket);
+        assert_eq!(
+            (c.endpoint_url, c.profile, c.force_path_style),
+            (None, None, false)
+        );
+        assert_eq!(c.upload_checksum, UploadChecksum::Crc32c);
+
+        let a = args(&[
+            "--endpoint-url=http://127.0.0.1:9000",
+            "--profile=p",
+            "--upload-checksums=crc64nvme",
+        ]);
+        let c = a.client_config(&b, "eu-west-1");
+        assert_eq!(c.endpoint_url.as_deref(), Some("http://127.0.0.1:9000"));
+        assert!(c.force_path_style, "an endpoint implies path style");
+        assert_eq!(c.profile.as_deref(), Some("p"));
+        assert_eq!(c.region, "eu-west-1");
+        assert_eq!(c.upload_checksum, UploadChecksum::Crc64Nvme);
+
+        let general = bucket::parse("plain-bucket").unwrap();
+        let c = args(&["--force-path-style", "--upload-checksums=off"])
+            .client_config(&general, "us-east-1");
+        assert!(c.force_path_style && !c.is_directory_bucket);
+        assert_eq!(c.upload_checksum, UploadChecksum::Off);
+    }
+
+    #[test]
+    fn region_comes_from_the_flag_then_the_zone() {
+        let b = directory_bucket();
+        assert_eq!(args(&[]).region(&b).unwrap(), "us-east-1");
+        assert_eq!(
+            args(&["--region=us-west-2"]).region(&b).unwrap(),
+            "us-west-2"
+        );
+        let unknown = BucketName {
+            name: "b--zz9-az1--x-s3".into(),
+            zone: Some("zz9-az1".into()),
+        };
+        assert!(args(&[]).region(&unknown).unwrap_err().contains("--region"));
+    }
+
+    #[test]
+    fn cache_config_defaults_and_flags() {
+        assert_eq!(args(&[]).cache_config().unwrap(), CacheConfig::default());
+        let c = args(&["--cache=/c"]).cache_config().unwrap();
+        assert_eq!(
+            c.disk,
+            Some(DiskCacheConfig {
+                dir: PathBuf::from("/c/blocks"),
+                max_bytes: u64::MAX,
+                block_size: 1024 * 1024,
+            })
+        );
+        assert_eq!(c.shared, None);
+        let c = args(&[
+            "--cache=/c",
+            "--max-cache-size=100",
+            "--cache-block-size=128",
+            "--cache-xz=s3://shared--use1-az4--x-s3",
+            "--cache-xz-max-object-size=64K",
+        ])
+        .cache_config()
+        .unwrap();
+        let disk = c.disk.unwrap();
+        assert_eq!((disk.max_bytes, disk.block_size), (100 << 20, 128 << 10));
+        let shared = c.shared.unwrap();
+        assert_eq!(shared.bucket.name, "shared--use1-az4--x-s3");
+        assert!(shared.bucket.is_directory());
+        assert_eq!(shared.max_object_size, 64 << 10);
+        assert_eq!(
+            args(&["--cache-xz=cache-bucket"])
+                .cache_config()
+                .unwrap()
+                .shared
+                .unwrap()
+                .max_object_size,
+            1 << 20
+        );
+        assert!(
+            args(&["--cache-xz=Bad_Name"])
+                .cache_config()
+                .unwrap_err()
+                .starts_with("--cache-xz: ")
+        );
+    }
+
+    #[test]
+    fn process_flags_default_as_documented() {
+        let a = args(&[]);
+        assert_eq!(a.read_ahead_kb, 4096);
+        assert!(!a.foreground && !a.debug && !a.no_log);
+        assert_eq!((a.log_directory.as_ref(), a.metrics_addr), (None, None));
+        let a = args(&[
+            "-f",
+            "--debug",
+            "--log-directory=/var/log/x",
+            "--metrics-addr=127.0.0.1:9464",
+            "--read-ahead-kb=1024",
+        ]);
+        assert!(a.foreground && a.debug);
+        assert_eq!(a.log_directory, Some(PathBuf::from("/var/log/x")));
+        assert_eq!(a.metrics_addr, Some("127.0.0.1:9464".parse().unwrap()));
+        assert_eq!(a.read_ahead_kb, 1024);
+    }
+
+    #[test]
+    fn fuse_options_name_the_bucket_and_prefix() {
+        let b = directory_bucket();
+        let o = args(&[]).fuse_options(&b);
+        assert_eq!(o.fs_name, "expressfs:b--use1-az4--x-s3");
+        assert_eq!(o.mountpoint, PathBuf::from("/mnt"));
+        assert_eq!(o.threads, 16);
+        assert!(!o.read_only && !o.allow_other && !o.allow_root && !o.auto_unmount);
+        let o = args(&[
+            "--prefix=a/b/",
+            "--read-only",
+            "--allow-other",
+            "--allow-root",
+            "--auto-unmount",
+            "--max-threads=2",
+        ])
+        .fuse_options(&b);
+        assert_eq!(o.fs_name, "expressfs:b--use1-az4--x-s3/a/b");
+        assert!(o.read_only && o.allow_other && o.allow_root && o.auto_unmount);
+        assert_eq!(o.threads, 2);
+    }
+}

@@ -1,0 +1,173 @@
+//! The client stack under the file system: the S3 client of the mounted bucket (checked before mounting),
+//! the optional shared (`--cache-xz`) and disk (`--cache`) caches in front of it, and the uncached client
+//! O_DIRECT reads use. The one place that knows which layers exist; each registers its counters with the
+//! metrics probes here.
+
+use std::sync::Arc;
+
+use crate::bucket::BucketName;
+use crate::cli::Args;
+use crate::fs::{FsConfig, S3Filesystem};
+use crate::metrics::{CacheSample, Probes};
+use crate::s3::sdk::SdkClient;
+use crate::s3::{ClientError, ObjectClient};
+
+/// Connects to the bucket, stacks the caches the flags ask for and builds the file system on top. Errors
+/// are sentences for the user.
+pub async fn build_stack(
+    args: &Args,
+    name: &BucketName,
+    region: &str,
+    config: FsConfig,
+    probes: &Probes,
+) -> Result<S3Filesystem, String> {
+    let caches = args.cache_config()?;
+    let prefix = config.prefix.clone();
+    let client = async {
+        let client = SdkClient::new(args.client_config(name, region)).await?;
+        // A listing proves the session (CreateSession) and read access, not just that the bucket exists. Both
+        // checks run at once (one round trip less before the mount appears); the bucket's error is the
+        // clearer one, so it is reported first.
+        let (bucket, listing) = tokio::join!(
+            client.head_bucket(),
+            client.list_objects(&prefix, Some("/"), None, 1)
+        );
+        bucket?;
+        listing?;
+        Ok::<_, ClientError>(client)
+    };
+    let sdk_client = match client.await {
+        Ok(c) => Arc::new(c),
+        Err(e) => return Err(explain(&e, &name.name, region, name.is_directory())),
+    };
+    {
+        let sdk = Arc::clone(&sdk_client);
+        probes.add(move |s| {
+            let recovered = sdk.counters();
+            s.body_resumes = recovered.body_resumes;
+            s.session_renewals = recovered.session_renewals;
+        });
+    }
+    let mut client: Arc<dyn ObjectClient> = sdk_client.clone();
+    if let Some(shared) = &caches.shared {
+        let xz_name = &shared.bucket;
+        let xz_client = async {
+            let c = SdkClient::new(args.client_config(xz_name, region)).await?;
+            c.head_bucket().await?;
+            Ok::<_, ClientError>(c)
+        };
+        let xz_client: Arc<dyn ObjectClient> = match xz_client.await {
+            Ok(c) => Arc::new(c),
+            Err(e) => {
+                return Err(format!(
+                    "--cache-xz: {}",
+                    explain(&e, &xz_name.name, region, xz_name.is_directory())
+                ));
+            }
+        };
+        let shared =
+            crate::cache::shared::SharedCacheClient::new(client, xz_client, shared.max_object_size);
+        let counters = Arc::clone(&shared.counters);
+        probes.add(move |s| s.shared_cache = Some(counters.summary()));
+        client = Arc::new(shared);
+    }
+    let client: Arc<dyn ObjectClient> = match &caches.disk {
+        None => client,
+        Some(disk) => match crate::cache::disk::DiskCache::open(&disk.dir, disk.max_bytes) {
+            Ok(cache) => {
+                let cache = Arc::new(cache);
+                let sampled = Arc::clone(&cache);
+                probes.add(move |s| {
+                    use std::sync::atomic::Ordering::Relaxed;
+                    let counters = &sampled.counters;
+                    s.cache = Some(CacheSample {
+                        hits: counters.hits.load(Relaxed),
+                        misses: counters.misses.load(Relaxed),
+                        evictions: counters.evictions.load(Relaxed),
+                        corrupt: counters.corrupt.load(Relaxed),
+                        bytes: sampled.used_bytes(),
+                        summary: counters.summary(),
+                    });
+                });
+                Arc::new(crate::cache::CachingClient::new(
+                    client,
+                    cache,
+                    disk.block_size,
+                ))
+            }
+            Err(e) => {
+                // The directory the user named, not its `blocks` subdirectory.
+                let dir = disk.dir.parent().unwrap_or(&disk.dir);
+                return Err(format!("cache directory {}: {e}", dir.display()));
+            }
+        },
+    };
+    Ok(S3Filesystem::new(client, config).with_direct_client(sdk_client))
+}
+
+/// Registers the file system's own tables and buffers with the probes.
+pub fn probe_filesystem(fs: &Arc<S3Filesystem>, probes: &Probes) {
+    let fs = Arc::clone(fs);
+    probes.add(move |s| {
+        let (handles, writers, inodes) = fs.usage();
+        let memory = &fs.config().memory;
+        s.open_handles = handles;
+        s.open_writers = writers;
+        s.inodes = inodes;
+        s.buffer_bytes = memory.used();
+        s.buffer_peak = memory.peak();
+        s.budget_refusals = memory.refused();
+    });
+}
+
+/// Explains a failure of the startup checks in terms a user can act on.
+fn explain(e: &ClientError, bucket: &str, region: &str, directory: bool) -> String {
+    match e {
+        ClientError::NoSuchBucket { .. } => {
+            format!("bucket {bucket} does not exist (region {region})")
+        }
+        ClientError::NotFound { .. } => format!("bucket {bucket} does not exist (region {region})"),
+        ClientError::AccessDenied { code, message } => {
+            let hint = if directory {
+                "; directory buckets need the s3express:CreateSession permission on the bucket"
+            } else {
+                "; check s3:ListBucket and s3:GetObject permissions"
+            };
+            format!("access denied to bucket {bucket} ({code}: {message}){hint}")
+        }
+        ClientError::NoCredentials(m) => format!(
+            "no AWS credentials found ({m}): set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, use --profile, or run with an instance role"
+        ),
+        other => format!("cannot use bucket {bucket} (region {region}): {other}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn startup_failures_are_explained_in_user_terms() {
+        let missing = ClientError::NoSuchBucket { bucket: "b".into() };
+        assert_eq!(
+            explain(&missing, "b", "us-east-1", false),
+            "bucket b does not exist (region us-east-1)"
+        );
+        let denied = ClientError::AccessDenied {
+            code: "AccessDenied".into(),
+            message: "no".into(),
+        };
+        assert!(
+            explain(&denied, "b--use1-az4--x-s3", "us-east-1", true)
+                .contains("s3express:CreateSession")
+        );
+        assert!(explain(&denied, "b", "us-east-1", false).contains("s3:ListBucket"));
+        let none = ClientError::NoCredentials("empty chain".into());
+        assert!(explain(&none, "b", "us-east-1", false).contains("--profile"));
+        let other = ClientError::Malformed("xml".into());
+        assert_eq!(
+            explain(&other, "b", "eu-west-1", false),
+            "cannot use bucket b (region eu-west-1): malformed response: xml"
+        );
+    }
+}
