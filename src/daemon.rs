@@ -383,7 +383,8 @@ fn serve(args: Args, name: bucket::BucketName, region: String, mut reporter: Rep
         Ok(c) => Arc::new(c),
         Err(e) => return reporter.fail(&explain(&e, &name.name, &region, name.is_directory())),
     };
-    let mut client: Arc<dyn ObjectClient> = sdk_client.clone();
+    let bucket_source = crate::source::BucketSource::shared(sdk_client.clone());
+    let mut source = Arc::clone(&bucket_source);
     let mut shared_counters = None;
     if let Some(xz) = &args.cache_xz {
         let xz_name = match bucket::parse(xz) {
@@ -410,17 +411,14 @@ fn serve(args: Args, name: bucket::BucketName, region: String, mut reporter: Rep
                 ));
             }
         };
-        let shared = crate::cache::shared::SharedCacheClient::new(
-            client,
-            xz_client,
-            args.cache_xz_max_object_size,
-        );
+        let shared =
+            crate::cache::shared::SharedCache::new(xz_client, args.cache_xz_max_object_size);
         shared_counters = Some(Arc::clone(&shared.counters));
-        client = Arc::new(shared);
+        source = Arc::new(crate::source::Cached::new(shared, source));
     }
     let mut disk_cache = None;
-    let client: Arc<dyn ObjectClient> = match &args.cache {
-        None => client,
+    let source: Arc<dyn crate::source::ReadSource> = match &args.cache {
+        None => source,
         Some(dir) => {
             let max = args
                 .max_cache_size
@@ -429,11 +427,8 @@ fn serve(args: Args, name: bucket::BucketName, region: String, mut reporter: Rep
                 Ok(cache) => {
                     let cache = Arc::new(cache);
                     disk_cache = Some(Arc::clone(&cache));
-                    Arc::new(crate::cache::CachingClient::new(
-                        client,
-                        cache,
-                        args.cache_block_size * 1024,
-                    ))
+                    let blocks = crate::cache::BlockCache::new(cache, args.cache_block_size * 1024);
+                    Arc::new(crate::source::Cached::new(blocks, source))
                 }
                 Err(e) => return reporter.fail(&format!("cache directory {}: {e}", dir.display())),
             }
@@ -494,7 +489,11 @@ fn serve(args: Args, name: bucket::BucketName, region: String, mut reporter: Rep
             return reporter.fail(&format!("--metrics-addr {addr}: {e}"));
         }
     }
-    let fs = S3Filesystem::new(client, config).with_direct_client(sdk_client.clone());
+    let sources = crate::source::ReadSources {
+        cached: source,
+        direct: bucket_source,
+    };
+    let fs = S3Filesystem::new(sdk_client.clone(), config).with_read_sources(sources);
     // The root mount path ignores the subtype (the type is plain "fuse"), so the source names us and the bucket.
     let fs_name = if prefix.is_empty() {
         format!("expressfs:{}", name.name)

@@ -35,6 +35,7 @@ use write::{Writer, WriterOptions};
 
 use crate::memory::MemoryBudget;
 use crate::s3::{ObjectClient, WriteCondition};
+use crate::source::ReadSources;
 
 /// Listings of one readdir, when our own changes in the directory keep overtaking them.
 const LIST_ATTEMPTS: u32 = 3;
@@ -191,9 +192,10 @@ impl Handle {
 type CachedListing = (Instant, Arc<Vec<DirEntry>>);
 
 pub struct S3Filesystem {
+    /// Metadata and writes.
     client: Arc<dyn ObjectClient>,
-    /// The bucket without cache layers, for O_DIRECT reads.
-    direct_client: Arc<dyn ObjectClient>,
+    /// File data: through the caches, or around them for O_DIRECT.
+    sources: ReadSources,
     config: FsConfig,
     /// Shared with background listings (see [`listing`]).
     inodes: Arc<Mutex<InodeTable>>,
@@ -222,7 +224,7 @@ impl S3Filesystem {
             inodes: Arc::new(Mutex::new(InodeTable::new(&config.prefix))),
             storms: Arc::new(Storms::new(config.metadata_ttl)),
             lookups_in_flight: in_flight::InFlight::default(),
-            direct_client: Arc::clone(&client),
+            sources: ReadSources::bucket(Arc::clone(&client)),
             client,
             config,
             negative: Mutex::new(HashMap::new()),
@@ -235,9 +237,9 @@ impl S3Filesystem {
         }
     }
 
-    /// Reads opened with O_DIRECT use `client` (the bucket without the cache layers).
-    pub fn with_direct_client(mut self, client: Arc<dyn ObjectClient>) -> S3Filesystem {
-        self.direct_client = client;
+    /// File data comes from `sources` (with caches) instead of straight from the client's bucket.
+    pub fn with_read_sources(mut self, sources: ReadSources) -> S3Filesystem {
+        self.sources = sources;
         self
     }
 
@@ -335,7 +337,7 @@ impl S3Filesystem {
         let dir_prefix = format!("{key}/");
         let object = async {
             match self.config.lookup_prefetch {
-                n if n > 0 && first_bytes => self.client.head_with_first_bytes(&key, n).await,
+                n if n > 0 && first_bytes => self.sources.for_lookup().first_bytes(&key, n).await,
                 _ => self
                     .client
                     .head_object(&key)
@@ -779,11 +781,7 @@ impl S3Filesystem {
             .then(|| self.first_bytes.take(&node.key, &etag))
             .flatten();
         let reader = Reader::new(
-            if mode.direct {
-                Arc::clone(&self.direct_client)
-            } else {
-                Arc::clone(&self.client)
-            },
+            Arc::clone(self.sources.for_open(mode.direct)),
             node.key.clone(),
             etag.clone(),
             size,
