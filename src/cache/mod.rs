@@ -33,57 +33,53 @@ impl BlockCache {
         &self.cache
     }
 
-    async fn cached_blocks(
-        &self,
-        bucket: &str,
-        key: &str,
-        etag: &str,
-        first: u64,
-        last: u64,
-    ) -> Vec<Option<Bytes>> {
-        let (cache, bucket, key, etag, bs) = (
-            Arc::clone(&self.cache),
-            bucket.to_string(),
-            key.to_string(),
-            etag.to_string(),
-            self.block_size,
-        );
+    /// The blocks of one version of one object, owned so that blocking tasks can take them.
+    fn blocks_of(&self, bucket: &str, key: &str, etag: &str) -> ObjectBlocks {
+        ObjectBlocks {
+            cache: Arc::clone(&self.cache),
+            bucket: bucket.to_string(),
+            key: key.to_string(),
+            etag: etag.to_string(),
+            block_size: self.block_size,
+        }
+    }
+}
+
+struct ObjectBlocks {
+    cache: Arc<DiskCache>,
+    bucket: String,
+    key: String,
+    etag: String,
+    block_size: u64,
+}
+
+impl ObjectBlocks {
+    fn id(&self, index: u64) -> BlockId<'_> {
+        BlockId {
+            bucket: &self.bucket,
+            key: &self.key,
+            etag: &self.etag,
+            index,
+            block_size: self.block_size,
+        }
+    }
+
+    /// Blocks `first..=last` as the disk holds them (read off the async threads).
+    async fn cached(self: Arc<Self>, first: u64, last: u64) -> Vec<Option<Bytes>> {
         tokio::task::spawn_blocking(move || {
             (first..=last)
-                .map(|index| {
-                    cache.get(&BlockId {
-                        bucket: &bucket,
-                        key: &key,
-                        etag: &etag,
-                        index,
-                        block_size: bs,
-                    })
-                })
+                .map(|index| self.cache.get(&self.id(index)))
                 .collect()
         })
         .await
         .unwrap_or_else(|_| vec![None; (last - first + 1) as usize])
     }
 
-    /// Stores fetched blocks in the background, off the read's critical path.
-    fn store_blocks(&self, bucket: &str, key: &str, etag: &str, first: u64, data: Bytes) {
-        let (cache, bucket, key, etag, bs) = (
-            Arc::clone(&self.cache),
-            bucket.to_string(),
-            key.to_string(),
-            etag.to_string(),
-            self.block_size,
-        );
+    /// Stores fetched blocks from `first` on in the background, off the read's critical path.
+    fn store(self: Arc<Self>, first: u64, data: Bytes) {
         tokio::task::spawn_blocking(move || {
-            for (i, chunk) in data.chunks(bs as usize).enumerate() {
-                let id = BlockId {
-                    bucket: &bucket,
-                    key: &key,
-                    etag: &etag,
-                    index: first + i as u64,
-                    block_size: bs,
-                };
-                cache.put(&id, chunk);
+            for (i, chunk) in data.chunks(self.block_size as usize).enumerate() {
+                self.cache.put(&self.id(first + i as u64), chunk);
             }
         });
     }
@@ -108,8 +104,8 @@ impl CacheLayer for BlockCache {
         }
         let bs = self.block_size;
         let (first, last) = (range.start / bs, (range.end - 1) / bs);
-        let bucket = below.bucket();
-        let mut blocks = self.cached_blocks(bucket, key, etag, first, last).await;
+        let object = Arc::new(self.blocks_of(below.bucket(), key, etag));
+        let mut blocks = Arc::clone(&object).cached(first, last).await;
         // Fetch each run of missing blocks with one GET.
         let mut i = 0;
         while i < blocks.len() {
@@ -124,7 +120,7 @@ impl CacheLayer for BlockCache {
             let start = (first + i as u64) * bs;
             let end = (first + j as u64 + 1) * bs;
             let data = below.read(key, start..end, etag).await?;
-            self.store_blocks(bucket, key, etag, first + i as u64, data.clone());
+            Arc::clone(&object).store(first + i as u64, data.clone());
             for (n, slot) in blocks[i..=j].iter_mut().enumerate() {
                 let from = (n as u64 * bs) as usize;
                 let to = ((n as u64 + 1) * bs) as usize;
