@@ -206,6 +206,16 @@ mod tests {
         )
     }
 
+    /// Hosts running other versions share the bucket: an entry's name must not change with the code.
+    #[test]
+    fn entry_keys_are_the_ones_other_hosts_compute() {
+        let layer = SharedCache::new(Arc::new(FakeClient::new("cache", true)), 4096);
+        assert_eq!(
+            layer.entry_key("src", "img/1.jpg", "\"abc\""),
+            "expressfs-cache/v1/7554889127223ec45187a2c435478476baf8b83aa946c90b3f8621744236aae2"
+        );
+    }
+
     #[tokio::test(flavor = "multi_thread")]
     async fn small_objects_are_shared_and_bad_entries_ignored() {
         let source = Arc::new(FakeClient::new("src", true));
