@@ -4,8 +4,9 @@
 //! The bucket is a source ([`BucketSource`]); a cache is a [`CacheLayer`] stacked on the source below it by
 //! [`Cached`], itself a source, so caches stack in any order without posing as object clients. The file system
 //! core holds a [`ReadSources`] pair and picks one at open (O_DIRECT skips the caches), so it never knows
-//! which caches exist. This module sits above both [`crate::cache`] (whose layers implement [`CacheLayer`])
-//! and [`crate::fs`] (which reads through [`ReadSource`]) and below neither: that is why it is not in either.
+//! which caches exist. It is its own module, not part of [`crate::cache`] or [`crate::fs`], because both
+//! depend on it (the caches implement [`CacheLayer`], the core reads through [`ReadSource`]) and the core must
+//! not depend on the caches.
 
 use std::ops::Range;
 use std::sync::Arc;
