@@ -7,7 +7,8 @@
 //! - [`fuse`]: thin adapter from fuser callbacks to the core; the only place errno is chosen.
 //! - [`fs`]: the file system core (inodes, lookup, readdir, read and write handles). No fuser types.
 //! - [`buffers`]: spare multi-MiB buffers for GET bodies and upload parts.
-//! - [`cache`]: the local block cache, a layer around the object client for reads.
+//! - [`source`]: where the read path gets file data: the bucket, or caches stacked on it.
+//! - [`cache`]: the caches (local blocks on disk, small objects in a shared bucket), layers of [`source`].
 //! - [`s3`]: the object client trait, its aws-sdk-s3 implementation and an in-memory fake for unit tests.
 
 pub mod bucket;
@@ -22,4 +23,5 @@ pub mod logging;
 pub mod memory;
 pub mod metrics;
 pub mod s3;
+pub mod source;
 pub mod stack;

@@ -1,16 +1,19 @@
 //! The client stack under the file system: the S3 client of the mounted bucket (checked before mounting),
-//! the optional shared (`--cache-xz`) and disk (`--cache`) caches in front of it, and the uncached client
-//! O_DIRECT reads use. The one place that knows which layers exist; each registers its counters with the
+//! the read sources stacked on it (the optional shared `--cache-xz` and disk `--cache` caches), and the
+//! uncached source O_DIRECT reads use. The one place that knows which layers exist; each registers its counters with the
 //! metrics probes here.
 
 use std::sync::Arc;
 
 use crate::bucket::BucketName;
+use crate::cache::BlockCache;
+use crate::cache::shared::SharedCache;
 use crate::cli::Args;
 use crate::fs::{FsConfig, S3Filesystem};
 use crate::metrics::{CacheSample, Probes};
 use crate::s3::sdk::SdkClient;
 use crate::s3::{ClientError, ObjectClient};
+use crate::source::{BucketSource, Cached, ReadSource, ReadSources};
 
 /// Connects to the bucket, stacks the caches the flags ask for and builds the file system on top. Errors
 /// are sentences for the user.
@@ -48,7 +51,8 @@ pub async fn build_stack(
             s.session_renewals = recovered.session_renewals;
         });
     }
-    let mut client: Arc<dyn ObjectClient> = sdk_client.clone();
+    let bucket_source = BucketSource::shared(sdk_client.clone());
+    let mut source = Arc::clone(&bucket_source);
     if let Some(shared) = &caches.shared {
         let xz_name = &shared.bucket;
         let xz_client = async {
@@ -65,14 +69,13 @@ pub async fn build_stack(
                 ));
             }
         };
-        let shared =
-            crate::cache::shared::SharedCacheClient::new(client, xz_client, shared.max_object_size);
+        let shared = SharedCache::new(xz_client, shared.max_object_size);
         let counters = Arc::clone(&shared.counters);
         probes.add(move |s| s.shared_cache = Some(counters.summary()));
-        client = Arc::new(shared);
+        source = Arc::new(Cached::new(shared, source));
     }
-    let client: Arc<dyn ObjectClient> = match &caches.disk {
-        None => client,
+    let source: Arc<dyn ReadSource> = match &caches.disk {
+        None => source,
         Some(disk) => match crate::cache::disk::DiskCache::open(&disk.dir, disk.max_bytes) {
             Ok(cache) => {
                 let cache = Arc::new(cache);
@@ -89,11 +92,7 @@ pub async fn build_stack(
                         summary: counters.summary(),
                     });
                 });
-                Arc::new(crate::cache::CachingClient::new(
-                    client,
-                    cache,
-                    disk.block_size,
-                ))
+                Arc::new(Cached::new(BlockCache::new(cache, disk.block_size), source))
             }
             Err(e) => {
                 // The directory the user named, not its `blocks` subdirectory.
@@ -102,7 +101,11 @@ pub async fn build_stack(
             }
         },
     };
-    Ok(S3Filesystem::new(client, config).with_direct_client(sdk_client))
+    let sources = ReadSources {
+        cached: source,
+        direct: bucket_source,
+    };
+    Ok(S3Filesystem::new(sdk_client, config).with_read_sources(sources))
 }
 
 /// Registers the file system's own tables and buffers with the probes.

@@ -1,6 +1,6 @@
-//! Caches as layers around reads: [`CachingClient`] wraps any [`ObjectClient`] and serves ETag-pinned
-//! ranged GETs from the local block cache, fetching only the missing runs of blocks from the bucket.
-//! Everything but `get_object` passes straight through.
+//! Caches as layers under the read path (see [`crate::source`]): [`BlockCache`] serves ETag-pinned ranged
+//! reads from the local block cache, fetching only the missing runs of blocks from the source below it;
+//! [`shared::SharedCache`] keeps small objects whole in a second bucket.
 
 pub mod disk;
 pub mod shared;
@@ -11,25 +11,19 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use bytes::{Bytes, BytesMut};
 
-use crate::s3::{
-    ClientError, ListPage, ObjectClient, ObjectInfo, PutResult, UploadedPart, WriteCondition,
-};
+use crate::s3::ClientError;
+use crate::source::{CacheLayer, ReadSource};
 use disk::{BlockId, DiskCache};
 
-pub struct CachingClient {
-    inner: Arc<dyn ObjectClient>,
+/// The disk block cache as a layer: stack it with [`crate::source::Cached`].
+pub struct BlockCache {
     cache: Arc<DiskCache>,
     block_size: u64,
 }
 
-impl CachingClient {
-    pub fn new(
-        inner: Arc<dyn ObjectClient>,
-        cache: Arc<DiskCache>,
-        block_size: u64,
-    ) -> CachingClient {
-        CachingClient {
-            inner,
+impl BlockCache {
+    pub fn new(cache: Arc<DiskCache>, block_size: u64) -> BlockCache {
+        BlockCache {
             cache,
             block_size: block_size.max(64 * 1024),
         }
@@ -39,107 +33,79 @@ impl CachingClient {
         &self.cache
     }
 
-    async fn cached_blocks(
-        &self,
-        key: &str,
-        etag: &str,
-        first: u64,
-        last: u64,
-    ) -> Vec<Option<Bytes>> {
-        let (cache, bucket, key, etag, bs) = (
-            Arc::clone(&self.cache),
-            self.inner.bucket().to_string(),
-            key.to_string(),
-            etag.to_string(),
-            self.block_size,
-        );
+    /// The blocks of one version of one object, owned so that blocking tasks can take them.
+    fn blocks_of(&self, bucket: &str, key: &str, etag: &str) -> ObjectBlocks {
+        ObjectBlocks {
+            cache: Arc::clone(&self.cache),
+            bucket: bucket.to_string(),
+            key: key.to_string(),
+            etag: etag.to_string(),
+            block_size: self.block_size,
+        }
+    }
+}
+
+struct ObjectBlocks {
+    cache: Arc<DiskCache>,
+    bucket: String,
+    key: String,
+    etag: String,
+    block_size: u64,
+}
+
+impl ObjectBlocks {
+    fn id(&self, index: u64) -> BlockId<'_> {
+        BlockId {
+            bucket: &self.bucket,
+            key: &self.key,
+            etag: &self.etag,
+            index,
+            block_size: self.block_size,
+        }
+    }
+
+    /// Blocks `first..=last` as the disk holds them (read off the async threads).
+    async fn cached(self: Arc<Self>, first: u64, last: u64) -> Vec<Option<Bytes>> {
         tokio::task::spawn_blocking(move || {
             (first..=last)
-                .map(|index| {
-                    cache.get(&BlockId {
-                        bucket: &bucket,
-                        key: &key,
-                        etag: &etag,
-                        index,
-                        block_size: bs,
-                    })
-                })
+                .map(|index| self.cache.get(&self.id(index)))
                 .collect()
         })
         .await
         .unwrap_or_else(|_| vec![None; (last - first + 1) as usize])
     }
 
-    /// Stores fetched blocks in the background, off the read's critical path.
-    fn store_blocks(&self, key: &str, etag: &str, first: u64, data: Bytes) {
-        let (cache, bucket, key, etag, bs) = (
-            Arc::clone(&self.cache),
-            self.inner.bucket().to_string(),
-            key.to_string(),
-            etag.to_string(),
-            self.block_size,
-        );
+    /// Stores fetched blocks from `first` on in the background, off the read's critical path.
+    fn store(self: Arc<Self>, first: u64, data: Bytes) {
         tokio::task::spawn_blocking(move || {
-            for (i, chunk) in data.chunks(bs as usize).enumerate() {
-                let id = BlockId {
-                    bucket: &bucket,
-                    key: &key,
-                    etag: &etag,
-                    index: first + i as u64,
-                    block_size: bs,
-                };
-                cache.put(&id, chunk);
+            for (i, chunk) in data.chunks(self.block_size as usize).enumerate() {
+                self.cache.put(&self.id(first + i as u64), chunk);
             }
         });
     }
 }
 
+#[deny(clippy::missing_trait_methods)]
 #[async_trait]
-impl ObjectClient for CachingClient {
-    fn bucket(&self) -> &str {
-        self.inner.bucket()
-    }
-
-    fn is_directory_bucket(&self) -> bool {
-        self.inner.is_directory_bucket()
-    }
-
-    async fn head_bucket(&self) -> Result<(), ClientError> {
-        self.inner.head_bucket().await
-    }
-
-    async fn head_object(&self, key: &str) -> Result<ObjectInfo, ClientError> {
-        self.inner.head_object(key).await
-    }
-
-    async fn list_objects(
+impl CacheLayer for BlockCache {
+    async fn read(
         &self,
-        prefix: &str,
-        delimiter: Option<&str>,
-        token: Option<&str>,
-        max_keys: i32,
-    ) -> Result<ListPage, ClientError> {
-        self.inner
-            .list_objects(prefix, delimiter, token, max_keys)
-            .await
-    }
-
-    async fn get_object(
-        &self,
+        below: &dyn ReadSource,
         key: &str,
         range: Range<u64>,
-        if_match: Option<&str>,
+        etag: &str,
     ) -> Result<Bytes, ClientError> {
         // Only reads pinned to an ETag can be cached safely.
-        let Some(etag) = if_match.filter(|e| !e.is_empty()) else {
-            return self.inner.get_object(key, range, if_match).await;
-        };
+        if etag.is_empty() {
+            return below.read(key, range, etag).await;
+        }
         if range.is_empty() {
             return Ok(Bytes::new());
         }
         let bs = self.block_size;
         let (first, last) = (range.start / bs, (range.end - 1) / bs);
-        let mut blocks = self.cached_blocks(key, etag, first, last).await;
+        let object = Arc::new(self.blocks_of(below.bucket(), key, etag));
+        let mut blocks = Arc::clone(&object).cached(first, last).await;
         // Fetch each run of missing blocks with one GET.
         let mut i = 0;
         while i < blocks.len() {
@@ -153,8 +119,8 @@ impl ObjectClient for CachingClient {
             }
             let start = (first + i as u64) * bs;
             let end = (first + j as u64 + 1) * bs;
-            let data = self.inner.get_object(key, start..end, Some(etag)).await?;
-            self.store_blocks(key, etag, first + i as u64, data.clone());
+            let data = below.read(key, start..end, etag).await?;
+            Arc::clone(&object).store(first + i as u64, data.clone());
             for (n, slot) in blocks[i..=j].iter_mut().enumerate() {
                 let from = (n as u64 * bs) as usize;
                 let to = ((n as u64 + 1) * bs) as usize;
@@ -181,78 +147,14 @@ impl ObjectClient for CachingClient {
         }
         Ok(out.freeze())
     }
-
-    async fn put_object(
-        &self,
-        key: &str,
-        body: Bytes,
-        condition: WriteCondition,
-    ) -> Result<PutResult, ClientError> {
-        self.inner.put_object(key, body, condition).await
-    }
-
-    async fn append_object(
-        &self,
-        key: &str,
-        offset: u64,
-        body: Bytes,
-        condition: WriteCondition,
-    ) -> Result<PutResult, ClientError> {
-        self.inner.append_object(key, offset, body, condition).await
-    }
-
-    async fn create_multipart_upload(&self, key: &str) -> Result<String, ClientError> {
-        self.inner.create_multipart_upload(key).await
-    }
-
-    async fn upload_part(
-        &self,
-        key: &str,
-        upload_id: &str,
-        part_number: i32,
-        body: Bytes,
-    ) -> Result<UploadedPart, ClientError> {
-        self.inner
-            .upload_part(key, upload_id, part_number, body)
-            .await
-    }
-
-    async fn complete_multipart_upload(
-        &self,
-        key: &str,
-        upload_id: &str,
-        parts: Vec<UploadedPart>,
-        condition: WriteCondition,
-    ) -> Result<PutResult, ClientError> {
-        self.inner
-            .complete_multipart_upload(key, upload_id, parts, condition)
-            .await
-    }
-
-    async fn abort_multipart_upload(&self, key: &str, upload_id: &str) -> Result<(), ClientError> {
-        self.inner.abort_multipart_upload(key, upload_id).await
-    }
-
-    async fn delete_object(&self, key: &str) -> Result<(), ClientError> {
-        self.inner.delete_object(key).await
-    }
-
-    async fn rename_object(
-        &self,
-        source_key: &str,
-        destination_key: &str,
-        condition: WriteCondition,
-    ) -> Result<(), ClientError> {
-        self.inner
-            .rename_object(source_key, destination_key, condition)
-            .await
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::s3::fake::FakeClient;
+    use crate::s3::{ObjectClient, WriteCondition};
+    use crate::source::{BucketSource, Cached};
     use std::sync::atomic::Ordering;
 
     #[tokio::test(flavor = "multi_thread")]
@@ -266,10 +168,13 @@ mod tests {
             .etag;
         let dir = tempfile::tempdir().unwrap();
         let cache = Arc::new(DiskCache::open_with(dir.path(), 1 << 30, false).unwrap());
-        let c = CachingClient::new(fake.clone(), Arc::clone(&cache), 64 * 1024);
+        let c = Cached::new(
+            BlockCache::new(Arc::clone(&cache), 64 * 1024),
+            BucketSource::shared(fake.clone()),
+        );
         for (s, e) in [(0u64, 300_000u64), (70_000, 200_001), (299_990, 300_000)] {
             assert_eq!(
-                &c.get_object("k", s..e, Some(&etag)).await.unwrap()[..],
+                &c.read("k", s..e, &etag).await.unwrap()[..],
                 &data[s as usize..e as usize]
             );
         }
@@ -277,7 +182,7 @@ mod tests {
         tokio::time::sleep(std::time::Duration::from_millis(200)).await;
         let before = fake.requests.load(Ordering::Relaxed);
         assert_eq!(
-            &c.get_object("k", 5..299_999, Some(&etag)).await.unwrap()[..],
+            &c.read("k", 5..299_999, &etag).await.unwrap()[..],
             &data[5..299_999]
         );
         assert_eq!(
@@ -286,5 +191,6 @@ mod tests {
             "went to the bucket"
         );
         assert!(cache.counters.hits.load(Ordering::Relaxed) >= 5);
+        assert!(Arc::ptr_eq(c.layer().cache(), &cache));
     }
 }

@@ -16,9 +16,8 @@ use sha2::{Digest, Sha256};
 use tokio::sync::Semaphore;
 use tracing::{debug, warn};
 
-use crate::s3::{
-    ClientError, ListPage, ObjectClient, ObjectInfo, PutResult, UploadedPart, WriteCondition,
-};
+use crate::s3::{ClientError, ObjectClient, WriteCondition};
+use crate::source::{CacheLayer, ReadSource};
 
 const MAGIC: &[u8; 8] = b"XFSSHR01";
 const PREFIX: &str = "expressfs-cache/v1/";
@@ -48,22 +47,18 @@ impl SharedCounters {
     }
 }
 
-pub struct SharedCacheClient {
-    source: Arc<dyn ObjectClient>,
+/// The shared cache as a layer: stack it with [`crate::source::Cached`]. Its entries live in the cache bucket,
+/// reached through that bucket's own client (a client, not a source: the layer writes entries too).
+pub struct SharedCache {
     cache: Arc<dyn ObjectClient>,
     max_object_size: u64,
     fills: Arc<Semaphore>,
     pub counters: Arc<SharedCounters>,
 }
 
-impl SharedCacheClient {
-    pub fn new(
-        source: Arc<dyn ObjectClient>,
-        cache: Arc<dyn ObjectClient>,
-        max_object_size: u64,
-    ) -> SharedCacheClient {
-        SharedCacheClient {
-            source,
+impl SharedCache {
+    pub fn new(cache: Arc<dyn ObjectClient>, max_object_size: u64) -> SharedCache {
+        SharedCache {
             cache,
             max_object_size,
             fills: Arc::new(Semaphore::new(MAX_FILLS)),
@@ -71,24 +66,20 @@ impl SharedCacheClient {
         }
     }
 
-    fn header(&self, key: &str, etag: &str) -> Vec<u8> {
-        format!(
-            "{}\0{key}\0{etag}\00\0{}",
-            self.source.bucket(),
-            self.max_object_size
-        )
-        .into_bytes()
+    /// `bucket` is the source bucket the object is read from.
+    fn header(&self, bucket: &str, key: &str, etag: &str) -> Vec<u8> {
+        format!("{bucket}\0{key}\0{etag}\00\0{}", self.max_object_size).into_bytes()
     }
 
-    fn entry_key(&self, key: &str, etag: &str) -> String {
+    fn entry_key(&self, bucket: &str, key: &str, etag: &str) -> String {
         format!(
             "{PREFIX}{}",
-            hex::encode(Sha256::digest(self.header(key, etag)))
+            hex::encode(Sha256::digest(self.header(bucket, key, etag)))
         )
     }
 
-    fn encode(&self, key: &str, etag: &str, data: &[u8]) -> Bytes {
-        let header = self.header(key, etag);
+    fn encode(&self, bucket: &str, key: &str, etag: &str, data: &[u8]) -> Bytes {
+        let header = self.header(bucket, key, etag);
         let mut out = BytesMut::with_capacity(data.len() + header.len() + 24);
         out.extend_from_slice(MAGIC);
         out.extend_from_slice(&(header.len() as u32).to_le_bytes());
@@ -100,8 +91,8 @@ impl SharedCacheClient {
     }
 
     /// The object's bytes if the entry is exactly what it claims to be.
-    fn decode(&self, key: &str, etag: &str, raw: &Bytes) -> Option<Bytes> {
-        let header = self.header(key, etag);
+    fn decode(&self, bucket: &str, key: &str, etag: &str, raw: &Bytes) -> Option<Bytes> {
+        let header = self.header(bucket, key, etag);
         let fixed = MAGIC.len() + 4;
         if raw.len() < fixed || &raw[..MAGIC.len()] != MAGIC {
             return None;
@@ -121,12 +112,13 @@ impl SharedCacheClient {
         (data.len() == len && crc32c::crc32c(&data) == crc).then_some(data)
     }
 
-    fn fill_in_background(&self, key: &str, etag: &str, data: Bytes) {
+    fn fill_in_background(&self, bucket: &str, key: &str, etag: &str, data: Bytes) {
         let Ok(permit) = Arc::clone(&self.fills).try_acquire_owned() else {
             return;
         };
         let (cache, counters) = (Arc::clone(&self.cache), Arc::clone(&self.counters));
-        let (entry, body) = (self.entry_key(key, etag), self.encode(key, etag, &data));
+        let entry = self.entry_key(bucket, key, etag);
+        let body = self.encode(bucket, key, etag, &data);
         tokio::spawn(async move {
             let _permit = permit;
             match cache
@@ -153,54 +145,28 @@ fn slice(data: &Bytes, range: &Range<u64>) -> Bytes {
     data.slice(range.start.min(len) as usize..range.end.min(len) as usize)
 }
 
+#[deny(clippy::missing_trait_methods)]
 #[async_trait]
-impl ObjectClient for SharedCacheClient {
-    fn bucket(&self) -> &str {
-        self.source.bucket()
-    }
-
-    fn is_directory_bucket(&self) -> bool {
-        self.source.is_directory_bucket()
-    }
-
-    async fn head_bucket(&self) -> Result<(), ClientError> {
-        self.source.head_bucket().await
-    }
-
-    async fn head_object(&self, key: &str) -> Result<ObjectInfo, ClientError> {
-        self.source.head_object(key).await
-    }
-
-    async fn list_objects(
+impl CacheLayer for SharedCache {
+    async fn read(
         &self,
-        prefix: &str,
-        delimiter: Option<&str>,
-        token: Option<&str>,
-        max_keys: i32,
-    ) -> Result<ListPage, ClientError> {
-        self.source
-            .list_objects(prefix, delimiter, token, max_keys)
-            .await
-    }
-
-    async fn get_object(
-        &self,
+        below: &dyn ReadSource,
         key: &str,
         range: Range<u64>,
-        if_match: Option<&str>,
+        etag: &str,
     ) -> Result<Bytes, ClientError> {
         // Only reads pinned to an ETag within the first `max_object_size` bytes can be served from an entry.
-        let etag = match if_match {
-            Some(e) if !e.is_empty() && range.end <= self.max_object_size => e,
-            _ => return self.source.get_object(key, range, if_match).await,
-        };
-        let entry = self.entry_key(key, etag);
+        if etag.is_empty() || range.end > self.max_object_size {
+            return below.read(key, range, etag).await;
+        }
+        let bucket = below.bucket();
+        let entry = self.entry_key(bucket, key, etag);
         match self
             .cache
             .get_object(&entry, 0..self.max_object_size + 4096, None)
             .await
         {
-            Ok(raw) => match self.decode(key, etag, &raw) {
+            Ok(raw) => match self.decode(bucket, key, etag, &raw) {
                 Some(data) => {
                     self.counters.hits.fetch_add(1, Ordering::Relaxed);
                     return Ok(slice(&data, &range));
@@ -218,82 +184,11 @@ impl ObjectClient for SharedCacheClient {
         }
         self.counters.misses.fetch_add(1, Ordering::Relaxed);
         // One byte more than the limit tells whether the whole object fits.
-        let data = self
-            .source
-            .get_object(key, 0..self.max_object_size + 1, Some(etag))
-            .await?;
+        let data = below.read(key, 0..self.max_object_size + 1, etag).await?;
         if data.len() as u64 <= self.max_object_size {
-            self.fill_in_background(key, etag, data.clone());
+            self.fill_in_background(bucket, key, etag, data.clone());
         }
         Ok(slice(&data, &range))
-    }
-
-    async fn put_object(
-        &self,
-        key: &str,
-        body: Bytes,
-        condition: WriteCondition,
-    ) -> Result<PutResult, ClientError> {
-        self.source.put_object(key, body, condition).await
-    }
-
-    async fn append_object(
-        &self,
-        key: &str,
-        offset: u64,
-        body: Bytes,
-        condition: WriteCondition,
-    ) -> Result<PutResult, ClientError> {
-        self.source
-            .append_object(key, offset, body, condition)
-            .await
-    }
-
-    async fn create_multipart_upload(&self, key: &str) -> Result<String, ClientError> {
-        self.source.create_multipart_upload(key).await
-    }
-
-    async fn upload_part(
-        &self,
-        key: &str,
-        upload_id: &str,
-        part_number: i32,
-        body: Bytes,
-    ) -> Result<UploadedPart, ClientError> {
-        self.source
-            .upload_part(key, upload_id, part_number, body)
-            .await
-    }
-
-    async fn complete_multipart_upload(
-        &self,
-        key: &str,
-        upload_id: &str,
-        parts: Vec<UploadedPart>,
-        condition: WriteCondition,
-    ) -> Result<PutResult, ClientError> {
-        self.source
-            .complete_multipart_upload(key, upload_id, parts, condition)
-            .await
-    }
-
-    async fn abort_multipart_upload(&self, key: &str, upload_id: &str) -> Result<(), ClientError> {
-        self.source.abort_multipart_upload(key, upload_id).await
-    }
-
-    async fn delete_object(&self, key: &str) -> Result<(), ClientError> {
-        self.source.delete_object(key).await
-    }
-
-    async fn rename_object(
-        &self,
-        source_key: &str,
-        destination_key: &str,
-        condition: WriteCondition,
-    ) -> Result<(), ClientError> {
-        self.source
-            .rename_object(source_key, destination_key, condition)
-            .await
     }
 }
 
@@ -301,6 +196,25 @@ impl ObjectClient for SharedCacheClient {
 mod tests {
     use super::*;
     use crate::s3::fake::FakeClient;
+    use crate::source::{BucketSource, Cached};
+
+    /// One host's shared cache in front of `source`.
+    fn host(source: &Arc<FakeClient>, cache: &Arc<FakeClient>) -> Cached<SharedCache> {
+        Cached::new(
+            SharedCache::new(cache.clone(), 4096),
+            BucketSource::shared(source.clone()),
+        )
+    }
+
+    /// Hosts running other versions share the bucket: an entry's name must not change with the code.
+    #[test]
+    fn entry_keys_are_the_ones_other_hosts_compute() {
+        let layer = SharedCache::new(Arc::new(FakeClient::new("cache", true)), 4096);
+        assert_eq!(
+            layer.entry_key("src", "img/1.jpg", "\"abc\""),
+            "expressfs-cache/v1/7554889127223ec45187a2c435478476baf8b83aa946c90b3f8621744236aae2"
+        );
+    }
 
     #[tokio::test(flavor = "multi_thread")]
     async fn small_objects_are_shared_and_bad_entries_ignored() {
@@ -317,35 +231,31 @@ mod tests {
             .await
             .unwrap()
             .etag;
-        let c = SharedCacheClient::new(source.clone(), cache.clone(), 4096);
-        assert_eq!(
-            &c.get_object("s", 0..5000, Some(&etag)).await.unwrap()[..],
-            &small[..]
-        );
+        let c = host(&source, &cache);
+        assert_eq!(&c.read("s", 0..5000, &etag).await.unwrap()[..], &small[..]);
         // 5000 bytes > 4096: not cached. 3000 bytes: cached.
-        assert_eq!(
-            c.get_object("b", 0..3000, Some(&big_etag))
-                .await
-                .unwrap()
-                .len(),
-            3000
-        );
+        assert_eq!(c.read("b", 0..3000, &big_etag).await.unwrap().len(), 3000);
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-        assert!(cache.object(&c.entry_key("s", &etag)).is_none());
-        assert!(cache.object(&c.entry_key("b", &big_etag)).is_some());
+        assert!(
+            cache
+                .object(&c.layer().entry_key("src", "s", &etag))
+                .is_none()
+        );
+        assert!(
+            cache
+                .object(&c.layer().entry_key("src", "b", &big_etag))
+                .is_some()
+        );
         // A second host reads from the cache bucket.
-        let other = SharedCacheClient::new(source.clone(), cache.clone(), 4096);
+        let other = host(&source, &cache);
         let before = source.requests.load(Ordering::Relaxed);
         assert_eq!(
-            other
-                .get_object("b", 100..200, Some(&big_etag))
-                .await
-                .unwrap(),
+            other.read("b", 100..200, &big_etag).await.unwrap(),
             Bytes::from(vec![1u8; 100])
         );
         assert_eq!(source.requests.load(Ordering::Relaxed), before);
         // A tampered entry is ignored.
-        let entry = other.entry_key("b", &big_etag);
+        let entry = other.layer().entry_key("src", "b", &big_etag);
         let mut raw = cache.object(&entry).unwrap().to_vec();
         let last = raw.len() - 1;
         raw[last] ^= 0xff;
@@ -354,12 +264,9 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(
-            other
-                .get_object("b", 0..3000, Some(&big_etag))
-                .await
-                .unwrap(),
+            other.read("b", 0..3000, &big_etag).await.unwrap(),
             Bytes::from(vec![1u8; 3000])
         );
-        assert_eq!(other.counters.rejected.load(Ordering::Relaxed), 1);
+        assert_eq!(other.layer().counters.rejected.load(Ordering::Relaxed), 1);
     }
 }

@@ -287,11 +287,7 @@ impl S3Filesystem {
             .then(|| self.sb.take_first_bytes(node.key(), &etag))
             .flatten();
         let reader = Reader::new(
-            if mode.direct {
-                Arc::clone(&self.direct_client)
-            } else {
-                Arc::clone(&self.client)
-            },
+            Arc::clone(self.sources.for_open(mode.direct)),
             node.key().to_string(),
             etag.clone(),
             size,

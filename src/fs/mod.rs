@@ -38,6 +38,7 @@ use superblock::Superblock;
 
 use crate::memory::MemoryBudget;
 use crate::s3::ObjectClient;
+use crate::source::ReadSources;
 
 /// Configuration of the core, built by the CLI layer from flags.
 #[derive(Debug, Clone)]
@@ -152,8 +153,8 @@ pub struct OpenMode {
 
 pub struct S3Filesystem {
     client: Arc<dyn ObjectClient>,
-    /// The bucket without cache layers, for O_DIRECT reads.
-    direct_client: Arc<dyn ObjectClient>,
+    /// Where file data is read from: through the caches, or (O_DIRECT) the bucket itself.
+    sources: ReadSources,
     config: Arc<FsConfig>,
     /// Names, attributes and listings.
     sb: Superblock,
@@ -169,20 +170,27 @@ pub struct S3Filesystem {
 impl S3Filesystem {
     pub fn new(client: Arc<dyn ObjectClient>, config: FsConfig) -> S3Filesystem {
         let config = Arc::new(config);
+        let sources = ReadSources::bucket(Arc::clone(&client));
         S3Filesystem {
-            sb: Superblock::new(Arc::clone(&client), Arc::clone(&config)),
+            sb: Superblock::new(
+                Arc::clone(&client),
+                Arc::clone(&sources.cached),
+                Arc::clone(&config),
+            ),
             handles: HandleTable::new(),
             writer_slots: WriterSlots::new(config.max_writers),
-            direct_client: Arc::clone(&client),
+            sources,
             client,
             config,
             direct_io_for_big_files: AtomicBool::new(true),
         }
     }
 
-    /// Reads opened with O_DIRECT use `client` (the bucket without the cache layers).
-    pub fn with_direct_client(mut self, client: Arc<dyn ObjectClient>) -> S3Filesystem {
-        self.direct_client = client;
+    /// File data (and the first bytes lookups fetch) comes from `sources`, caches stacked on the bucket,
+    /// instead of straight from the client's bucket.
+    pub fn with_read_sources(mut self, sources: ReadSources) -> S3Filesystem {
+        self.sb.set_first_bytes_source(Arc::clone(&sources.cached));
+        self.sources = sources;
         self
     }
 

@@ -16,7 +16,8 @@ use tokio::task::JoinHandle;
 
 use super::error::{FsError, FsResult};
 use crate::memory::{MemoryBudget, Reservation};
-use crate::s3::{ClientError, ObjectClient};
+use crate::s3::ClientError;
+use crate::source::ReadSource;
 
 /// Smallest GET a random read makes: the kernel asks in whole pages, and one 64 KiB GET costs the same
 /// round trip as one 4 KiB GET.
@@ -58,7 +59,8 @@ impl Drop for Chunk {
 }
 
 pub struct Reader {
-    client: Arc<dyn ObjectClient>,
+    /// Chosen at open: through the caches, or straight from the bucket for O_DIRECT.
+    source: Arc<dyn ReadSource>,
     key: String,
     etag: String,
     size: u64,
@@ -80,7 +82,7 @@ pub struct Reader {
 
 impl Reader {
     pub fn new(
-        client: Arc<dyn ObjectClient>,
+        source: Arc<dyn ReadSource>,
         key: String,
         etag: String,
         size: u64,
@@ -90,7 +92,7 @@ impl Reader {
     ) -> Reader {
         let part_size = part_size.max(64 * 1024);
         Reader {
-            client,
+            source,
             key,
             etag,
             size,
@@ -127,11 +129,10 @@ impl Reader {
 
     /// Starts a GET of `start..end`; `memory` is what it holds against the budget.
     fn spawn_fetch(&mut self, start: u64, end: u64, memory: Reservation) {
-        let client = Arc::clone(&self.client);
+        let source = Arc::clone(&self.source);
         let key = self.key.clone();
         let etag = self.etag.clone();
-        let task =
-            tokio::spawn(async move { client.get_object(&key, start..end, Some(&etag)).await });
+        let task = tokio::spawn(async move { source.read(&key, start..end, &etag).await });
         self.bytes_fetched += end - start;
         self.chunks.push_back(Chunk {
             start,
@@ -180,8 +181,8 @@ impl Reader {
             // stream, a jump back is a random read like any other.
             self.bytes_fetched += end - offset;
             return self
-                .client
-                .get_object(&self.key, offset..end, Some(&self.etag))
+                .source
+                .read(&self.key, offset..end, &self.etag)
                 .await
                 .map_err(|e| FsError::client(&self.key, e));
         }
@@ -303,8 +304,9 @@ impl Reader {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::s3::WriteCondition;
     use crate::s3::fake::FakeClient;
+    use crate::s3::{ObjectClient, WriteCondition};
+    use crate::source::BucketSource;
     use std::sync::atomic::Ordering;
 
     /// A fake bucket holding `data` as "k", and a reader of it.
@@ -322,7 +324,7 @@ mod tests {
             .await
             .unwrap();
         let r = Reader::new(
-            fake.clone(),
+            BucketSource::shared(fake.clone()),
             "k".into(),
             put.etag,
             size,
@@ -378,7 +380,7 @@ mod tests {
             .await
             .unwrap();
         let mut r = Reader::new(
-            fake,
+            BucketSource::shared(fake),
             "k".into(),
             put.etag,
             1000,
@@ -508,7 +510,7 @@ mod tests {
         let etag = fake.head_object("k").await.unwrap().etag;
         let first = Some((Bytes::from(small.clone()), budget.reserve(100_000)));
         let mut r = Reader::new(
-            fake.clone(),
+            BucketSource::shared(fake.clone()),
             "k".into(),
             etag,
             100_000,
@@ -534,7 +536,7 @@ mod tests {
             budget.reserve(256 << 10),
         ));
         let mut r = Reader::new(
-            fake,
+            BucketSource::shared(fake),
             "k".into(),
             etag,
             big.len() as u64,

@@ -21,6 +21,7 @@ use super::negative::NegativeCache;
 use super::{Attr, DirEntry, FileKind, FsConfig, FsError, FsResult, names};
 use crate::memory::Reservation;
 use crate::s3::{ObjectClient, WriteCondition};
+use crate::source::ReadSource;
 
 #[cfg(test)]
 mod tests;
@@ -43,6 +44,8 @@ pub fn check_name(name: &str) -> FsResult<()> {
 
 pub struct Superblock {
     client: Arc<dyn ObjectClient>,
+    /// Where a lookup's first bytes come from: the cached read source, so the caches see them.
+    first_bytes_source: Arc<dyn ReadSource>,
     config: Arc<FsConfig>,
     /// Shared with background listings (see [`listing`]).
     inodes: Arc<Mutex<InodeTable>>,
@@ -59,8 +62,13 @@ pub struct Superblock {
 }
 
 impl Superblock {
-    pub fn new(client: Arc<dyn ObjectClient>, config: Arc<FsConfig>) -> Superblock {
+    pub fn new(
+        client: Arc<dyn ObjectClient>,
+        first_bytes_source: Arc<dyn ReadSource>,
+        config: Arc<FsConfig>,
+    ) -> Superblock {
         Superblock {
+            first_bytes_source,
             inodes: Arc::new(Mutex::new(InodeTable::new(&config.prefix))),
             storms: Arc::new(Storms::new(config.metadata_ttl)),
             lookups_in_flight: InFlight::default(),
@@ -70,6 +78,11 @@ impl Superblock {
             client,
             config,
         }
+    }
+
+    /// Lookups fetch first bytes from `source` from now on (set once, before the mount serves).
+    pub fn set_first_bytes_source(&mut self, source: Arc<dyn ReadSource>) {
+        self.first_bytes_source = source;
     }
 
     pub fn table(&self) -> MutexGuard<'_, InodeTable> {
@@ -133,7 +146,7 @@ impl Superblock {
         let dir_prefix = format!("{key}/");
         let object = async {
             match self.config.lookup_prefetch {
-                n if n > 0 && first_bytes => self.client.head_with_first_bytes(&key, n).await,
+                n if n > 0 && first_bytes => self.first_bytes_source.first_bytes(&key, n).await,
                 _ => self
                     .client
                     .head_object(&key)

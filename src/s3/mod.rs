@@ -81,16 +81,24 @@ pub async fn head_then_first_bytes<C: ObjectClient + ?Sized>(
     len: u64,
 ) -> Result<(ObjectInfo, Bytes), ClientError> {
     let info = client.head_object(key).await?;
-    let end = len.min(info.size);
-    let bytes = if end == 0 {
-        Bytes::new()
-    } else {
-        client
-            .get_object(key, 0..end, Some(&info.etag))
-            .await
-            .unwrap_or_default()
-    };
+    let bytes = first_bytes_of(&info, len, |range| {
+        client.get_object(key, range, Some(&info.etag))
+    })
+    .await;
     Ok((info, bytes))
+}
+
+/// The first `len` bytes of the object `info` describes, fetched by `get` (which pins them to its ETag): none
+/// asked for an empty object, and none kept when the GET fails (the caller keeps the HEAD's answer).
+pub async fn first_bytes_of<F, Fut>(info: &ObjectInfo, len: u64, get: F) -> Bytes
+where
+    F: FnOnce(Range<u64>) -> Fut,
+    Fut: std::future::Future<Output = Result<Bytes, ClientError>>,
+{
+    match len.min(info.size) {
+        0 => Bytes::new(),
+        end => get(0..end).await.unwrap_or_default(),
+    }
 }
 
 /// The object-storage operations the file system needs, for one bucket.
