@@ -1,7 +1,7 @@
 //! The client stack under the file system: the S3 client of the mounted bucket (checked before mounting),
 //! the read sources stacked on it (the optional shared `--cache-xz` and disk `--cache` caches), and the
-//! uncached source O_DIRECT reads use. The one place that knows which layers exist; each registers its counters with the
-//! metrics probes here.
+//! uncached source O_DIRECT reads use. The one place that knows which layers exist; each registers its
+//! counters with the metrics probes here.
 
 use std::sync::Arc;
 
