@@ -69,12 +69,51 @@ impl CacheCounters {
     }
 }
 
+/// File name -> size on disk, least recently used first out, and their total. One lock covers both, so
+/// the total cannot drift from the entries (it once did: a block evicted between another thread's insert
+/// and its addition to a separate counter took the counter below zero).
+struct BlockIndex {
+    blocks: LruCache<String, u64>,
+    used: u64,
+}
+
+impl BlockIndex {
+    fn new() -> BlockIndex {
+        BlockIndex {
+            blocks: LruCache::unbounded(),
+            used: 0,
+        }
+    }
+
+    fn insert(&mut self, name: String, size: u64) {
+        if let Some(old) = self.blocks.put(name, size) {
+            self.used -= old;
+        }
+        self.used += size;
+    }
+
+    /// Whether the block is indexed; marks it recently used.
+    fn touch(&mut self, name: &str) -> bool {
+        self.blocks.get(name).is_some()
+    }
+
+    fn remove(&mut self, name: &str) {
+        if let Some(size) = self.blocks.pop(name) {
+            self.used -= size;
+        }
+    }
+
+    fn pop_oldest(&mut self) -> Option<String> {
+        let (name, size) = self.blocks.pop_lru()?;
+        self.used -= size;
+        Some(name)
+    }
+}
+
 pub struct DiskCache {
     dir: PathBuf,
     max_bytes: u64,
-    /// File name -> size on disk, least recently used first out.
-    index: Mutex<LruCache<String, u64>>,
-    used: AtomicU64,
+    index: Mutex<BlockIndex>,
     pub counters: CacheCounters,
     warned: std::sync::atomic::AtomicBool,
     keep_disk_free: bool,
@@ -112,17 +151,14 @@ impl DiskCache {
             ));
         }
         existing.sort();
-        let mut index = LruCache::unbounded();
-        let mut used = 0;
+        let mut index = BlockIndex::new();
         for (_, name, len) in existing {
-            used += len;
-            index.put(name, len);
+            index.insert(name, len);
         }
         let cache = DiskCache {
             dir: dir.to_path_buf(),
             max_bytes,
             index: Mutex::new(index),
-            used: AtomicU64::new(used),
             counters: CacheCounters::default(),
             warned: false.into(),
             keep_disk_free,
@@ -138,12 +174,7 @@ impl DiskCache {
     /// The block's data if it is cached and intact. Blocking (file I/O): call from a blocking thread.
     pub fn get(&self, id: &BlockId<'_>) -> Option<Bytes> {
         let name = id.file_name();
-        let known = self
-            .index
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&name)
-            .is_some();
+        let known = self.index().touch(&name);
         if !known {
             self.counters.misses.fetch_add(1, Ordering::Relaxed);
             return None;
@@ -230,15 +261,7 @@ impl DiskCache {
         match result {
             Ok(()) => {
                 self.counters.writes.fetch_add(1, Ordering::Relaxed);
-                let old = self
-                    .index
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .put(name, size);
-                self.used.fetch_add(size, Ordering::Relaxed);
-                if let Some(old) = old {
-                    self.used.fetch_sub(old, Ordering::Relaxed);
-                }
+                self.index().insert(name, size);
             }
             Err(e) => {
                 let _ = fs::remove_file(&tmp);
@@ -251,14 +274,7 @@ impl DiskCache {
     }
 
     fn remove(&self, name: &str) {
-        if let Some(size) = self
-            .index
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .pop(name)
-        {
-            self.used.fetch_sub(size, Ordering::Relaxed);
-        }
+        self.index().remove(name);
         let _ = fs::remove_file(self.path(name));
     }
 
@@ -266,17 +282,12 @@ impl DiskCache {
     /// 5% free.
     fn evict(&self, incoming: u64) {
         loop {
-            let over_limit = self.used.load(Ordering::Relaxed) + incoming > self.max_bytes;
+            let over_limit = self.used_bytes().saturating_add(incoming) > self.max_bytes;
             if !over_limit && !self.disk_nearly_full() {
                 return;
             }
-            let victim = self
-                .index
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .pop_lru();
-            let Some((name, size)) = victim else { return };
-            self.used.fetch_sub(size, Ordering::Relaxed);
+            let victim = self.index().pop_oldest();
+            let Some(name) = victim else { return };
             let _ = fs::remove_file(self.path(&name));
             self.counters.evictions.fetch_add(1, Ordering::Relaxed);
             debug!(name, "evicted cache block");
@@ -294,7 +305,11 @@ impl DiskCache {
     }
 
     pub fn used_bytes(&self) -> u64 {
-        self.used.load(Ordering::Relaxed)
+        self.index().used
+    }
+
+    fn index(&self) -> std::sync::MutexGuard<'_, BlockIndex> {
+        self.index.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
