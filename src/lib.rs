@@ -6,7 +6,8 @@
 //! - [`fs`]: the file system core (inodes, lookup, readdir, read and write handles). No fuser types.
 //! - [`buffers`]: spare multi-MiB buffers for GET bodies and upload parts.
 //! - [`cache`]: the local block cache, a layer around the object client for reads.
-//! - [`s3`]: the object client trait, its aws-sdk-s3 implementation and an in-memory fake for unit tests.
+//! - [`s3`]: the object client trait, its aws-sdk-s3 implementation and an in-memory fake for tests
+//!   (the fake and `fs::model_ops` exist only under `cfg(test)` or the `testing` feature).
 
 pub mod bucket;
 pub mod buffers;

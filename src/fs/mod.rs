@@ -10,8 +10,8 @@ pub mod names;
 pub mod read;
 pub mod write;
 
-#[cfg(test)]
-mod model_ops;
+#[cfg(any(test, feature = "testing"))]
+pub mod model_ops;
 #[cfg(test)]
 mod model_test;
 
