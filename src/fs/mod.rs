@@ -1314,7 +1314,7 @@ fn tgid_of(pid: u32) -> Option<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::s3::fake::FakeClient;
+    use crate::s3::fake::{FakeClient, Op};
 
     async fn fs_with(
         keys: &[(&str, &[u8])],
@@ -1343,14 +1343,14 @@ mod tests {
             read: true,
             ..Default::default()
         };
-        let before = fake.requests.load(Ordering::SeqCst);
+        let before = fake.counts();
         let opened = fs.open(attr.ino, read_mode, 1).await.unwrap();
         assert!(!opened.keep_cache, "nothing cached yet");
         assert_eq!(
             &fs.read(opened.fh, 0, 8192).await.unwrap()[..],
             &[7u8; 5000][..]
         );
-        assert_eq!(fake.requests.load(Ordering::SeqCst), before);
+        assert_eq!(fake.counts(), before);
         // The bytes were handed over once: a second open reads from the bucket.
         let opened = fs.open(attr.ino, read_mode, 1).await.unwrap();
         assert!(opened.keep_cache, "same version: the page cache is kept");
@@ -1358,7 +1358,7 @@ mod tests {
             &fs.read(opened.fh, 0, 8192).await.unwrap()[..],
             &[7u8; 5000][..]
         );
-        assert!(fake.requests.load(Ordering::SeqCst) > before);
+        assert!(fake.counts().since(&before).get(Op::Get) > 0);
     }
 
     #[tokio::test]
@@ -1516,21 +1516,21 @@ mod tests {
     async fn lookups_of_one_name_at_once_send_one_pair_of_requests() {
         let (fake, fs) = fs_with(&[("d/a.jpg", b"x")], config(), true).await;
         let fs = Arc::new(fs);
-        let gate = fake.hold_lists();
-        let before = fake.requests.load(Ordering::SeqCst);
+        let gate = fake.faults().hold(Op::List);
+        let before = fake.counts();
         let lookup = |name: &'static str| {
             let fs = Arc::clone(&fs);
             tokio::spawn(async move { fs.lookup(ROOT_INO, name).await })
         };
         let first = lookup("d");
         // The first has sent its GET and its LIST (held at the gate); the others join while it waits.
-        while fake.requests.load(Ordering::SeqCst) < before + 2 {
+        while fake.counts().since(&before).total() < 2 {
             tokio::task::yield_now().await;
         }
         let others: Vec<_> = (0..7).map(|_| lookup("d")).collect();
         let missing: Vec<_> = (0..3).map(|_| lookup("nothing")).collect();
         tokio::time::sleep(Duration::from_millis(50)).await;
-        gate.add_permits(100);
+        gate.open();
         let ino = first.await.unwrap().unwrap().ino;
         for other in others {
             assert_eq!(other.await.unwrap().unwrap().ino, ino);
@@ -1539,7 +1539,11 @@ mod tests {
             assert!(matches!(m.await.unwrap(), Err(FsError::NotFound)));
         }
         // One pair for "d" and one for "nothing"; each lookup on its own would have sent a pair: 20.
-        assert_eq!(fake.requests.load(Ordering::SeqCst) - before, 4);
+        let sent = fake.counts().since(&before);
+        assert_eq!(
+            (sent.get(Op::Head), sent.get(Op::List), sent.total()),
+            (2, 2, 4)
+        );
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1551,20 +1555,19 @@ mod tests {
         let fs = Arc::new(fs);
         let dir = fs.lookup(ROOT_INO, "d").await.unwrap().ino;
         fs.lookup(dir, "gone").await.unwrap();
-        let gate = fake.hold_lists();
-        let before = fake.requests.load(Ordering::SeqCst);
+        let gate = fake.faults().hold(Op::List);
         let fh = fs.opendir(dir).unwrap();
         let listing = tokio::spawn({
             let fs = Arc::clone(&fs);
             async move { fs.readdir(fh, 0).await }
         });
         // The listing has read the bucket (both files) and waits; the unlink now completes.
-        while fake.requests.load(Ordering::SeqCst) == before {
+        while gate.held() == 0 {
             tokio::task::yield_now().await;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
         fs.unlink(dir, "gone").await.unwrap();
-        gate.add_permits(10);
+        gate.open();
         let names: Vec<String> = listing
             .await
             .unwrap()
@@ -1594,12 +1597,16 @@ mod tests {
             v
         };
         let change = fs.storms.changing(dir);
-        let before = fake.requests.load(Ordering::SeqCst);
+        let before = fake.counts();
         let fh = fs.opendir(dir).unwrap();
         let listed = names(fs.readdir(fh, 0).await.unwrap());
         assert_eq!(listed, [".", "..", "known"]);
-        let lists = fake.requests.load(Ordering::SeqCst) - before;
-        assert_eq!(lists, u64::from(LIST_ATTEMPTS), "each attempt lists once");
+        let sent = fake.counts().since(&before);
+        assert_eq!(
+            (sent.get(Op::List), sent.total()),
+            (u64::from(LIST_ATTEMPTS), u64::from(LIST_ATTEMPTS)),
+            "each attempt lists once"
+        );
         drop(change);
         let fh = fs.opendir(dir).unwrap();
         let listed = names(fs.readdir(fh, 0).await.unwrap());
