@@ -547,3 +547,63 @@ impl ObjectClient for FakeClient {
         self.answer(Op::Rename, result).await
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn planned_failures_hit_the_next_requests_of_their_operation_only() {
+        let fake = FakeClient::new("b", true);
+        fake.put_object("k", Bytes::from_static(b"v"), WriteCondition::None)
+            .await
+            .unwrap();
+        fake.faults().fail_next(Op::Get, 2, transient());
+        assert_eq!(fake.head_object("k").await.unwrap().size, 1);
+        for _ in 0..2 {
+            assert_eq!(fake.get_object("k", 0..1, None).await, Err(transient()));
+        }
+        assert_eq!(&fake.get_object("k", 0..1, None).await.unwrap()[..], b"v");
+        // Failed requests were sent all the same; assertion helpers send none.
+        fake.object("k");
+        let counts = fake.counts();
+        assert_eq!(
+            (
+                counts.get(Op::Put),
+                counts.get(Op::Head),
+                counts.get(Op::Get)
+            ),
+            (1, 1, 3)
+        );
+        assert_eq!(counts.total(), 5);
+        assert_eq!(fake.count(Op::List), 0);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_held_operation_answers_when_its_gate_lets_it() {
+        let fake = Arc::new(FakeClient::new("b", true));
+        let gate = fake.faults().hold(Op::List);
+        let list = |fake: &Arc<FakeClient>| {
+            let fake = Arc::clone(fake);
+            tokio::spawn(async move { fake.list_objects("", Some("/"), None, 10).await })
+        };
+        let first = list(&fake);
+        while gate.held() == 0 {
+            tokio::task::yield_now().await;
+        }
+        // The listing read the bucket before this write: it answers without the new key.
+        fake.put_object("late", Bytes::new(), WriteCondition::None)
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(!first.is_finished(), "answered through a closed gate");
+        gate.release(1);
+        assert!(first.await.unwrap().unwrap().objects.is_empty());
+        gate.open();
+        assert_eq!(list(&fake).await.unwrap().unwrap().objects.len(), 1);
+        assert_eq!(gate.held(), 0);
+    }
+}
