@@ -376,6 +376,8 @@ async fn listing_pages_and_delimiters(c: Arc<dyn ObjectClient>) {
         files(&[("l/b", 3), ("l/c", 4), ("l/e", 6), ("l/f", 7)])
     );
     assert_eq!(prefixes, ["l/a/", "l/d/"]);
+    let one_by_one = list_all(c, "l/", Some("/"), 1).await;
+    assert_eq!((one_by_one.0, one_by_one.1), (objects, prefixes));
     // From the root, and one level down.
     let (objects, prefixes, _) = list_all(c, "", Some("/"), 1000).await;
     assert_eq!(objects, files(&[("other", 8)]));

@@ -136,50 +136,67 @@ impl FakeClient {
             }
         }
         let state = self.state();
-        // Keys in order, each with its object; on directory buckets a delimited listing also shows the keys
-        // of uploads in progress, as prefixes only.
-        let mut walk: Vec<(&str, Option<&Stored>)> = state
+        // Directory buckets list in an order of their own (here a hash of the key), not by name, so the core
+        // cannot come to rely on sorted listings; general-purpose buckets list by key.
+        let order = |key: &str| if self.directory { fnv1a(key) } else { 0 };
+        let mut walk: Vec<(u64, &str, Option<&Stored>)> = state
             .objects
             .range(prefix.to_string()..)
             .take_while(|(k, _)| k.starts_with(prefix))
-            .map(|(k, s)| (k.as_str(), Some(s)))
+            .map(|(k, s)| (order(k), k.as_str(), Some(s)))
             .collect();
+        // A delimited listing of a directory bucket also shows the keys of uploads in progress, as prefixes.
         if self.directory && delimiter.is_some() {
             for upload in state.uploads.values() {
                 if upload.key.starts_with(prefix) && !state.objects.contains_key(&upload.key) {
-                    walk.push((upload.key.as_str(), None));
+                    walk.push((order(&upload.key), upload.key.as_str(), None));
                 }
             }
-            walk.sort_by(|a, b| a.0.cmp(b.0));
-            walk.dedup_by(|a, b| a.0 == b.0);
         }
-        // Tokens are the last key a page took: the next page starts after it.
-        let after = continuation_token.unwrap_or("");
-        let mut i = walk.partition_point(|(k, _)| *k <= after);
+        walk.sort_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
+        walk.dedup_by(|a, b| a.1 == b.1);
+        // A token is the position of the last entry a page took: the next page starts after it.
+        let mut i = match continuation_token {
+            None => 0,
+            Some(token) => {
+                let (o, k) = token
+                    .split_once(':')
+                    .and_then(|(o, k)| Some((u64::from_str_radix(o, 16).ok()?, k)))
+                    .ok_or_else(|| {
+                        invalid_argument("The continuation token provided is incorrect")
+                    })?;
+                walk.partition_point(|e| (e.0, e.1) <= (o, k))
+            }
+        };
         let max_keys = max_keys.clamp(0, MAX_LIST_KEYS as i32) as usize;
         let mut page = ListPage::default();
         let mut taken = 0;
         while i < walk.len() && max_keys > 0 {
             if taken == max_keys {
-                page.next_continuation_token = Some(walk[i - 1].0.to_string());
+                let (o, k, _) = walk[i - 1];
+                page.next_continuation_token = Some(format!("{o:016x}:{k}"));
                 break;
             }
-            let (key, stored) = walk[i];
+            let (_, key, stored) = walk[i];
+            i += 1;
             match common_prefix(key, prefix, delimiter) {
+                // In key order the prefix stands for the run of keys under it: take them all, so no later page
+                // repeats it. In hash order they are scattered, and a later page may repeat it (as the service
+                // does on directory buckets).
                 Some(cp) => {
-                    // The prefix stands for every key under it: take them all, so no later page repeats it.
-                    while i < walk.len() && walk[i].0.starts_with(&cp) {
+                    while !self.directory && i < walk.len() && walk[i].1.starts_with(&cp) {
                         i += 1;
                     }
-                    page.common_prefixes.push(cp);
-                    taken += 1;
+                    if !page.common_prefixes.contains(&cp) {
+                        page.common_prefixes.push(cp);
+                        taken += 1;
+                    }
                 }
                 None => {
                     if let Some(s) = stored {
                         page.objects.push(info(key, s));
                         taken += 1;
                     }
-                    i += 1;
                 }
             }
         }
@@ -372,6 +389,13 @@ fn info(key: &str, s: &Stored) -> ObjectInfo {
         etag: s.etag.clone(),
         last_modified: s.modified,
     }
+}
+
+/// A stable hash of a key (FNV-1a): the listing order of the fake's directory buckets.
+fn fnv1a(key: &str) -> u64 {
+    key.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
 }
 
 /// Where `key` rolls up under the delimiter, if it does.
@@ -580,6 +604,22 @@ mod tests {
         );
         assert_eq!(counts.total(), 5);
         assert_eq!(fake.count(Op::List), 0);
+    }
+
+    #[tokio::test]
+    async fn directory_buckets_list_out_of_key_order() {
+        let keys: Vec<String> = (b'a'..=b'z').map(|c| format!("{}", c as char)).collect();
+        for directory in [true, false] {
+            let fake = FakeClient::new("b", directory);
+            for k in &keys {
+                fake.put_object(k, Bytes::new(), WriteCondition::None)
+                    .await
+                    .unwrap();
+            }
+            let page = fake.list_objects("", Some("/"), None, 1000).await.unwrap();
+            let listed: Vec<String> = page.objects.into_iter().map(|o| o.key).collect();
+            assert_eq!(listed != keys, directory, "{listed:?}");
+        }
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
