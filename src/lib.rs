@@ -9,7 +9,8 @@
 //! - [`buffers`]: spare multi-MiB buffers for GET bodies and upload parts.
 //! - [`source`]: where the read path gets file data: the bucket, or caches stacked on it.
 //! - [`cache`]: the caches (local blocks on disk, small objects in a shared bucket), layers of [`source`].
-//! - [`s3`]: the object client trait, its aws-sdk-s3 implementation and an in-memory fake for unit tests.
+//! - [`s3`]: the object client trait, its aws-sdk-s3 implementation and an in-memory fake for tests
+//!   (the fake and `fs::model_ops` exist only under `cfg(test)` or the `testing` feature).
 
 pub mod bucket;
 pub mod buffers;

@@ -153,9 +153,8 @@ impl ReadSources {
 mod tests {
     use super::*;
     use crate::s3::WriteCondition;
-    use crate::s3::fake::FakeClient;
+    use crate::s3::fake::{FakeClient, Op, transient};
     use std::sync::Mutex;
-    use std::sync::atomic::Ordering;
 
     /// A cache that holds nothing and records what it was asked for.
     #[derive(Default)]
@@ -224,10 +223,11 @@ mod tests {
     async fn first_bytes_of_an_empty_object_ask_only_the_head() {
         let (fake, _) = bucket_with(b"").await;
         let cached = Cached::new(Recorder::default(), BucketSource::shared(fake.clone()));
-        let before = fake.requests.load(Ordering::SeqCst);
+        let before = fake.counts();
         let (info, first) = cached.first_bytes("k", 4).await.unwrap();
         assert_eq!((info.size, first.len()), (0, 0));
-        assert_eq!(fake.requests.load(Ordering::SeqCst) - before, 1);
+        let sent = fake.counts().since(&before);
+        assert_eq!((sent.get(Op::Head), sent.total()), (1, 1));
         assert!(cached.layer().reads.lock().unwrap().is_empty());
     }
 
@@ -235,7 +235,7 @@ mod tests {
     async fn a_failed_read_of_the_first_bytes_keeps_the_head() {
         let (fake, etag) = bucket_with(b"abc").await;
         let cached = Cached::new(Recorder::default(), BucketSource::shared(fake.clone()));
-        fake.fail_next_gets(1);
+        fake.faults().fail_next(Op::Get, 1, transient());
         let (info, first) = cached.first_bytes("k", 4).await.unwrap();
         assert_eq!((info.size, info.etag, first.len()), (3, etag, 0));
         assert!(matches!(

@@ -10,11 +10,8 @@ use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use common::{Mount, fresh_bucket};
-use model_ops::{FILES, Op, expected_listing, op};
+use expressfs::fs::model_ops::{FILES, Op, expected_listing, op};
 use proptest::prelude::*;
-
-#[path = "../src/fs/model_ops.rs"]
-mod model_ops;
 
 fn listing(dir: &Path) -> Vec<String> {
     let mut names: Vec<String> = std::fs::read_dir(dir)

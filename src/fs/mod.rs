@@ -19,8 +19,8 @@ pub mod read;
 mod superblock;
 pub mod write;
 
-#[cfg(test)]
-mod model_ops;
+#[cfg(any(test, feature = "testing"))]
+pub mod model_ops;
 #[cfg(test)]
 mod model_test;
 #[cfg(test)]

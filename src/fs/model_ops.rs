@@ -1,5 +1,6 @@
 //! The random file operations both property tests draw from: `model_test.rs` (through the core, fake
-//! client) and `tests/model_mount.rs` (through a real mount; it includes this file by path).
+//! client) and `tests/model_mount.rs` (through a real mount). Built only for tests (`cfg(test)` or the
+//! `testing` feature).
 
 use std::collections::BTreeMap;
 

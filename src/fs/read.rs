@@ -304,10 +304,9 @@ impl Reader {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::s3::fake::FakeClient;
+    use crate::s3::fake::{FakeClient, Op, transient};
     use crate::s3::{ObjectClient, WriteCondition};
     use crate::source::BucketSource;
-    use std::sync::atomic::Ordering;
 
     /// A fake bucket holding `data` as "k", and a reader of it.
     async fn reader(
@@ -437,15 +436,16 @@ mod tests {
         )
         .await;
         for off in [9 * mib + 123, 3 * mib + 77, 20 * mib] {
-            let before = fake.requests.load(Ordering::SeqCst);
+            let before = fake.counts();
             let fetched = r.bytes_fetched;
             let head = r.read(off as u64, (mib - 16) as u32).await.unwrap();
             let tail = r.read((off + mib - 16) as u64, 16).await.unwrap();
             assert_eq!(&head[..], &data[off..off + mib - 16]);
             assert_eq!(&tail[..], &data[off + mib - 16..off + mib]);
+            let sent = fake.counts().since(&before);
             assert_eq!(
-                fake.requests.load(Ordering::SeqCst) - before,
-                1,
+                (sent.get(Op::Get), sent.total()),
+                (1, 1),
                 "one GET at {off}"
             );
             assert_eq!(r.bytes_fetched - fetched, (mib - 16) as u64 + RANDOM_TAIL);
@@ -519,13 +519,9 @@ mod tests {
             Arc::clone(&budget),
         )
         .with_first_bytes(first);
-        let before = fake.requests.load(Ordering::SeqCst);
+        let before = fake.counts();
         assert_eq!(&r.read(0, 131_072).await.unwrap()[..], &small[..]);
-        assert_eq!(
-            fake.requests.load(Ordering::SeqCst),
-            before,
-            "no GET needed"
-        );
+        assert_eq!(fake.counts(), before, "no GET needed");
         drop(r);
 
         let big = pattern((3 << 20) + 17);
@@ -564,7 +560,7 @@ mod tests {
             MemoryBudget::unlimited(),
         )
         .await;
-        fake.fail_next_gets(1);
+        fake.faults().fail_next(Op::Get, 1, transient());
         assert!(r.read(0, 4096).await.is_err());
         // Same handle again: no panic from re-polling a finished fetch, and the right bytes.
         let got = r.read(0, 4096).await.unwrap();

@@ -1,10 +1,12 @@
 //! Object client layer: the only part of the daemon that talks to S3.
 //!
 //! The file system core depends on the [`ObjectClient`] trait, never on aws-sdk-s3 directly, so unit tests can
-//! run the core against [`fake::FakeClient`] and caches can wrap any client as a layer.
+//! run the core against the in-memory `fake::FakeClient` (built only for tests: `cfg(test)` or the `testing`
+//! feature) and caches can wrap any client as a layer.
 //! One client instance serves exactly one bucket.
 
 pub mod error;
+#[cfg(any(test, feature = "testing"))]
 pub mod fake;
 pub mod sdk;
 

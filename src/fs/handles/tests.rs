@@ -1,6 +1,5 @@
 //! Open, read, write and release through the core, with the fake client.
 
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -9,6 +8,7 @@ use super::{WriterMark, WriterSlots};
 use crate::fs::inode::{InodeTable, Kind, Stat};
 use crate::fs::test_support::{config, fs_with};
 use crate::fs::{FsError, OpenMode, ROOT_INO};
+use crate::s3::fake::Op;
 use crate::s3::{ObjectClient, WriteCondition};
 
 #[tokio::test]
@@ -19,14 +19,14 @@ async fn open_and_read_after_a_lookup_need_no_request() {
         read: true,
         ..Default::default()
     };
-    let before = fake.requests.load(Ordering::SeqCst);
+    let before = fake.counts();
     let opened = fs.open(attr.ino, read_mode, 1).await.unwrap();
     assert!(!opened.keep_cache, "nothing cached yet");
     assert_eq!(
         &fs.read(opened.fh, 0, 8192).await.unwrap()[..],
         &[7u8; 5000][..]
     );
-    assert_eq!(fake.requests.load(Ordering::SeqCst), before);
+    assert_eq!(fake.counts(), before);
     // The bytes were handed over once: a second open reads from the bucket.
     let opened = fs.open(attr.ino, read_mode, 1).await.unwrap();
     assert!(opened.keep_cache, "same version: the page cache is kept");
@@ -34,7 +34,7 @@ async fn open_and_read_after_a_lookup_need_no_request() {
         &fs.read(opened.fh, 0, 8192).await.unwrap()[..],
         &[7u8; 5000][..]
     );
-    assert!(fake.requests.load(Ordering::SeqCst) > before);
+    assert!(fake.counts().since(&before).get(Op::Get) > 0);
 }
 
 #[tokio::test]

@@ -1,7 +1,6 @@
 //! Lookups, listings and changes of names through the core, with the fake client.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -10,6 +9,7 @@ use super::LIST_ATTEMPTS;
 use crate::fs::negative::MAX_ENTRIES;
 use crate::fs::test_support::{config, fs_with};
 use crate::fs::{DirEntry, FileKind, FsError, ROOT_INO};
+use crate::s3::fake::Op;
 use crate::s3::{ObjectClient, WriteCondition};
 
 #[tokio::test]
@@ -61,21 +61,21 @@ async fn lookup_prefers_directories_and_lists_without_duplicates() {
 async fn lookups_of_one_name_at_once_send_one_pair_of_requests() {
     let (fake, fs) = fs_with(&[("d/a.jpg", b"x")], config(), true).await;
     let fs = Arc::new(fs);
-    let gate = fake.hold_lists();
-    let before = fake.requests.load(Ordering::SeqCst);
+    let gate = fake.faults().hold(Op::List);
+    let before = fake.counts();
     let lookup = |name: &'static str| {
         let fs = Arc::clone(&fs);
         tokio::spawn(async move { fs.lookup(ROOT_INO, name).await })
     };
     let first = lookup("d");
     // The first has sent its GET and its LIST (held at the gate); the others join while it waits.
-    while fake.requests.load(Ordering::SeqCst) < before + 2 {
+    while fake.counts().since(&before).total() < 2 {
         tokio::task::yield_now().await;
     }
     let others: Vec<_> = (0..7).map(|_| lookup("d")).collect();
     let missing: Vec<_> = (0..3).map(|_| lookup("nothing")).collect();
     tokio::time::sleep(Duration::from_millis(50)).await;
-    gate.add_permits(100);
+    gate.open();
     let ino = first.await.unwrap().unwrap().ino;
     for other in others {
         assert_eq!(other.await.unwrap().unwrap().ino, ino);
@@ -84,7 +84,11 @@ async fn lookups_of_one_name_at_once_send_one_pair_of_requests() {
         assert!(matches!(m.await.unwrap(), Err(FsError::NotFound)));
     }
     // One pair for "d" and one for "nothing"; each lookup on its own would have sent a pair: 20.
-    assert_eq!(fake.requests.load(Ordering::SeqCst) - before, 4);
+    let sent = fake.counts().since(&before);
+    assert_eq!(
+        (sent.get(Op::Head), sent.get(Op::List), sent.total()),
+        (2, 2, 4)
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -96,20 +100,19 @@ async fn a_listing_from_before_an_unlink_does_not_bring_the_file_back() {
     let fs = Arc::new(fs);
     let dir = fs.lookup(ROOT_INO, "d").await.unwrap().ino;
     fs.lookup(dir, "gone").await.unwrap();
-    let gate = fake.hold_lists();
-    let before = fake.requests.load(Ordering::SeqCst);
+    let gate = fake.faults().hold(Op::List);
     let fh = fs.opendir(dir).unwrap();
     let listing = tokio::spawn({
         let fs = Arc::clone(&fs);
         async move { fs.readdir(fh, 0).await }
     });
     // The listing has read the bucket (both files) and waits; the unlink now completes.
-    while fake.requests.load(Ordering::SeqCst) == before {
+    while gate.held() == 0 {
         tokio::task::yield_now().await;
     }
     tokio::time::sleep(Duration::from_millis(20)).await;
     fs.unlink(dir, "gone").await.unwrap();
-    gate.add_permits(10);
+    gate.open();
     let names: Vec<String> = listing
         .await
         .unwrap()
@@ -139,12 +142,16 @@ async fn a_directory_that_keeps_changing_lists_only_names_already_known() {
         v
     };
     let change = fs.sb.storms.changing(dir);
-    let before = fake.requests.load(Ordering::SeqCst);
+    let before = fake.counts();
     let fh = fs.opendir(dir).unwrap();
     let listed = names(fs.readdir(fh, 0).await.unwrap());
     assert_eq!(listed, [".", "..", "known"]);
-    let lists = fake.requests.load(Ordering::SeqCst) - before;
-    assert_eq!(lists, u64::from(LIST_ATTEMPTS), "each attempt lists once");
+    let sent = fake.counts().since(&before);
+    assert_eq!(
+        (sent.get(Op::List), sent.total()),
+        (u64::from(LIST_ATTEMPTS), u64::from(LIST_ATTEMPTS)),
+        "each attempt lists once"
+    );
     drop(change);
     let fh = fs.opendir(dir).unwrap();
     let listed = names(fs.readdir(fh, 0).await.unwrap());
@@ -209,17 +216,17 @@ async fn a_hundred_thousand_missing_names_stay_within_the_negative_bound() {
     }
     assert_eq!(fs.sb.negative.len(), MAX_ENTRIES);
     // The newest names are still known to be missing; the oldest were evicted and are asked again.
-    let before = fake.requests.load(Ordering::SeqCst);
+    let before = fake.counts();
     assert!(matches!(
         fs.lookup(ROOT_INO, "missing-99999").await,
         Err(FsError::NotFound)
     ));
-    assert_eq!(fake.requests.load(Ordering::SeqCst), before);
+    assert_eq!(fake.counts(), before);
     assert!(matches!(
         fs.lookup(ROOT_INO, "missing-0").await,
         Err(FsError::NotFound)
     ));
-    assert!(fake.requests.load(Ordering::SeqCst) > before);
+    assert!(fake.counts().since(&before).get(Op::Head) > 0);
 }
 
 #[tokio::test]
@@ -231,17 +238,16 @@ async fn a_missing_name_is_asked_again_once_its_negative_entry_expires() {
         fs.lookup(ROOT_INO, "late").await,
         Err(FsError::NotFound)
     ));
-    let before = fake.requests.load(Ordering::SeqCst);
     fake.put_object("late", Bytes::from_static(b"here"), WriteCondition::None)
         .await
         .unwrap();
-    let writes = fake.requests.load(Ordering::SeqCst);
+    let writes = fake.counts();
     assert!(
         matches!(fs.lookup(ROOT_INO, "late").await, Err(FsError::NotFound)),
         "still trusted"
     );
-    assert_eq!(fake.requests.load(Ordering::SeqCst), writes, "no request");
+    assert_eq!(fake.counts(), writes, "no request");
     tokio::time::sleep(Duration::from_millis(400)).await;
     assert_eq!(fs.lookup(ROOT_INO, "late").await.unwrap().size, 4);
-    assert!(fake.requests.load(Ordering::SeqCst) > before);
+    assert!(fake.counts().since(&writes).get(Op::Head) > 0);
 }
