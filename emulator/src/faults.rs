@@ -24,10 +24,14 @@ pub enum Fault {
     UnexpectedStatus,
     /// The request is held for 20 s before it is answered: a stalled server, for client timeouts.
     Stall,
+    /// 409 ConditionalRequestConflict for a conditional write (PutObject, CompleteMultipartUpload, CopyObject
+    /// with If-Match / If-None-Match; a Complete also loses its upload), as if another writer had raced it.
+    /// Requests without a write condition pass untouched.
+    ConditionalConflict,
 }
 
 impl Fault {
-    pub const ALL: [(&'static str, Fault); 10] = [
+    pub const ALL: [(&'static str, Fault); 11] = [
         ("internal-error", Fault::InternalError),
         ("slow-down", Fault::SlowDown),
         ("reset-before-body", Fault::ResetBeforeBody),
@@ -38,6 +42,7 @@ impl Fault {
         ("malformed-xml", Fault::MalformedXml),
         ("unexpected-status", Fault::UnexpectedStatus),
         ("stall", Fault::Stall),
+        ("conditional-conflict", Fault::ConditionalConflict),
     ];
 
     /// Kinds a plain `--fault-rate` mixes: the ones a client is expected to absorb by retrying. Malformed XML,
@@ -139,6 +144,15 @@ impl Faults {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn conditional_conflict_is_opt_in() {
+        assert_eq!(
+            Fault::parse("conditional-conflict"),
+            Some(Fault::ConditionalConflict)
+        );
+        assert!(!Fault::RETRYABLE.contains(&Fault::ConditionalConflict));
+    }
 
     #[test]
     fn same_seed_same_faults_and_filters_apply() {
