@@ -355,6 +355,23 @@ mod tests {
     }
 
     #[test]
+    fn a_range_of_slices_keeps_each_slice_offset() {
+        let dir = Path::new("/nonexistent-expressfs-blobs");
+        let (a, b) = (Blob::new(dir.join("a"), 100), Blob::new(dir.join("b"), 100));
+        // Bytes 30..70 of a, then 0..10 of b: what a part copied from ranges looks like.
+        let o = Object {
+            data: vec![(Arc::clone(&a), 30, 40), (Arc::clone(&b), 0, 10)],
+            size: 50,
+            ..object(&[], dir)
+        };
+        assert_eq!(
+            spans(o.pieces(35, 10)),
+            [("a".into(), 65, 5), ("b".into(), 0, 5)]
+        );
+        assert_eq!(spans(o.pieces(0, 1)), [("a".into(), 30, 1)]);
+    }
+
+    #[test]
     fn a_blob_is_deleted_when_its_last_holder_lets_go() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("blob");
