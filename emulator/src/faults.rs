@@ -122,6 +122,18 @@ impl Faults {
         Some(fault)
     }
 
+    /// Takes back a picked fault that did not apply to the request (a `conditional-conflict` for a request
+    /// without write conditions), so the report counts only what was injected.
+    pub fn not_applied(&mut self, fault: Fault, operation: &str) {
+        let key = (fault.name(), operation.to_string());
+        if let Some(n) = self.injected.get_mut(&key) {
+            *n -= 1;
+            if *n == 0 {
+                self.injected.remove(&key);
+            }
+        }
+    }
+
     /// The configuration and the faults injected under it, as JSON.
     pub fn report(&self) -> serde_json::Value {
         let injected: Vec<serde_json::Value> = self

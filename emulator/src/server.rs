@@ -519,7 +519,12 @@ async fn run(
             }
             return Err(crate::objects::conditional_conflict().into());
         }
-        Some(Fault::ConditionalConflict) | None => {}
+        Some(Fault::ConditionalConflict) => state
+            .faults
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .not_applied(Fault::ConditionalConflict, op),
+        None => {}
     }
 
     let ctx = Ctx {

@@ -941,6 +941,10 @@ async fn upload_part_copy_patches_without_sending_the_rest() {
             files + 1,
             "{bucket}: only the uploaded part is a new file"
         );
+        // Changing the metadata of the 24 MiB source in place (a self-copy) sends no bytes either.
+        let req = c.copy_object().bucket(bucket).key("big").copy_source(&src);
+        let req = req.metadata_directive(aws_sdk_s3::types::MetadataDirective::Replace);
+        req.metadata("mode", "33261").send().await.unwrap();
         let parts = vec![copied_part(1, &r1), p2, copied_part(3, &r3)];
         complete(&c, bucket, "patched", &id, parts).await.unwrap();
         let want = [&original[..8 * MIB], &patch[..], &original[13 * MIB..]].concat();
@@ -953,6 +957,9 @@ async fn upload_part_copy_patches_without_sending_the_rest() {
             serde_json::from_str(&admin(&env, "/_emulator/stats")).unwrap();
         let op = &stats[bucket]["UploadPartCopy"];
         assert_eq!(op["requests"], 2, "{bucket}: {stats}");
+        assert!(op["bytes_in"].as_u64().unwrap() < 1024, "{bucket}: {stats}");
+        let op = &stats[bucket]["CopyObject"];
+        assert_eq!(op["requests"], 1, "{bucket}: {stats}");
         assert!(op["bytes_in"].as_u64().unwrap() < 1024, "{bucket}: {stats}");
         let sent: u64 = stats[bucket]
             .as_object()
@@ -1036,12 +1043,16 @@ async fn upload_part_copy_patches_without_sending_the_rest() {
 }
 
 fn admin_post(env: &Env, path: &str) {
+    admin_post_json(env, path, "");
+}
+
+fn admin_post_json(env: &Env, path: &str, body: &str) {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(env.emu.addr()).unwrap();
-    let host = env.emu.addr();
+    let (host, len) = (env.emu.addr(), body.len());
     write!(
         s,
-        "POST {path} HTTP/1.0\r\nHost: {host}\r\nContent-Length: 0\r\n\r\n"
+        "POST {path} HTTP/1.0\r\nHost: {host}\r\nContent-Length: {len}\r\n\r\n{body}"
     )
     .unwrap();
     let mut out = String::new();
@@ -1206,4 +1217,47 @@ async fn conditional_writes_on_complete_copy_and_conflicts() {
         );
         assert_eq!(get(&c, bucket, "race").await, b"other writer");
     }
+}
+
+/// The opt-in `conditional-conflict` fault: conditional writes get 409 (a Complete loses its upload), the
+/// same requests without conditions pass.
+#[tokio::test(flavor = "multi_thread")]
+async fn conditional_conflict_fault_hits_only_conditional_writes() {
+    let env = start(Duration::from_secs(300));
+    let c = client(&env);
+    let faults = r#"{"rate":1.0,"seed":1,"kinds":["conditional-conflict"]}"#;
+    admin_post_json(&env, "/_emulator/faults", faults);
+    for bucket in [DIR, GP] {
+        let etag = put(&c, bucket, "k", b"plain puts pass".to_vec()).await;
+        let req = c.put_object().bucket(bucket).key("k").if_match(&etag);
+        let r = req.body(ByteStream::from_static(b"x")).send().await;
+        expect(r, (409, "ConditionalRequestConflict"), bucket);
+        let id = create_upload(&c, bucket, "k").await;
+        let p = upload_part(&c, bucket, "k", &id, 1, b"part".to_vec()).await;
+        let doc = CompletedMultipartUpload::builder().parts(p).build();
+        let req = c
+            .complete_multipart_upload()
+            .bucket(bucket)
+            .key("k")
+            .upload_id(&id);
+        let r = req
+            .if_match(&etag)
+            .multipart_upload(doc.clone())
+            .send()
+            .await;
+        expect(r, (409, "ConditionalRequestConflict"), bucket);
+        let r = c
+            .list_parts()
+            .bucket(bucket)
+            .key("k")
+            .upload_id(&id)
+            .send()
+            .await;
+        expect(r, (404, "NoSuchUpload"), "upload after a 409");
+        assert_eq!(get(&c, bucket, "k").await, b"plain puts pass");
+    }
+    // Only the four conditional writes count as injected, not the requests the fault let through.
+    let report: serde_json::Value =
+        serde_json::from_str(&admin(&env, "/_emulator/faults")).unwrap();
+    assert_eq!(report["injected_total"], 4, "{report}");
 }
