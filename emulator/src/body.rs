@@ -208,6 +208,36 @@ impl Hashers {
     }
 }
 
+/// Digests of bytes already stored (slices of blobs), read in 1 MiB pieces: for a part copied server-side,
+/// whose ETag (MD5) and checksum the service computes over the copied range. Blocking: call it from
+/// `spawn_blocking`. Memory stays at one buffer whatever the range.
+pub fn digest_pieces(
+    pieces: &[crate::store::Piece],
+    plan: DigestPlan,
+) -> std::io::Result<Received> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut hashers = Hashers::new(plan);
+    let mut buf = vec![0u8; 1024 * 1024];
+    for (blob, offset, len) in pieces {
+        let mut file = std::fs::File::open(&blob.path)?;
+        file.seek(SeekFrom::Start(*offset))?;
+        let mut left = *len;
+        while left > 0 {
+            let want = left.min(buf.len() as u64) as usize;
+            let n = file.read(&mut buf[..want])?;
+            if n == 0 {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    "blob shorter than recorded",
+                ));
+            }
+            hashers.update(&buf[..n]);
+            left -= n as u64;
+        }
+    }
+    Ok(hashers.finish(Vec::new()))
+}
+
 /// Incremental decoder of the `aws-chunked` content encoding (signed or unsigned chunks, optional trailers).
 #[derive(Default)]
 struct ChunkDecoder {

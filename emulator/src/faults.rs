@@ -24,10 +24,14 @@ pub enum Fault {
     UnexpectedStatus,
     /// The request is held for 20 s before it is answered: a stalled server, for client timeouts.
     Stall,
+    /// 409 ConditionalRequestConflict for a conditional write (PutObject, CompleteMultipartUpload, CopyObject
+    /// with If-Match / If-None-Match; a Complete also loses its upload), as if another writer had raced it.
+    /// Requests without a write condition pass untouched.
+    ConditionalConflict,
 }
 
 impl Fault {
-    pub const ALL: [(&'static str, Fault); 10] = [
+    pub const ALL: [(&'static str, Fault); 11] = [
         ("internal-error", Fault::InternalError),
         ("slow-down", Fault::SlowDown),
         ("reset-before-body", Fault::ResetBeforeBody),
@@ -38,6 +42,7 @@ impl Fault {
         ("malformed-xml", Fault::MalformedXml),
         ("unexpected-status", Fault::UnexpectedStatus),
         ("stall", Fault::Stall),
+        ("conditional-conflict", Fault::ConditionalConflict),
     ];
 
     /// Kinds a plain `--fault-rate` mixes: the ones a client is expected to absorb by retrying. Malformed XML,
@@ -117,6 +122,18 @@ impl Faults {
         Some(fault)
     }
 
+    /// Takes back a picked fault that did not apply to the request (a `conditional-conflict` for a request
+    /// without write conditions), so the report counts only what was injected.
+    pub fn not_applied(&mut self, fault: Fault, operation: &str) {
+        let key = (fault.name(), operation.to_string());
+        if let Some(n) = self.injected.get_mut(&key) {
+            *n -= 1;
+            if *n == 0 {
+                self.injected.remove(&key);
+            }
+        }
+    }
+
     /// The configuration and the faults injected under it, as JSON.
     pub fn report(&self) -> serde_json::Value {
         let injected: Vec<serde_json::Value> = self
@@ -139,6 +156,15 @@ impl Faults {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn conditional_conflict_is_opt_in() {
+        assert_eq!(
+            Fault::parse("conditional-conflict"),
+            Some(Fault::ConditionalConflict)
+        );
+        assert!(!Fault::RETRYABLE.contains(&Fault::ConditionalConflict));
+    }
 
     #[test]
     fn same_seed_same_faults_and_filters_apply() {

@@ -8,9 +8,11 @@
 
 pub mod body;
 pub mod buckets;
+pub mod copy;
 pub mod error;
 pub mod faults;
 pub mod listing;
+pub mod meta;
 pub mod multipart;
 pub mod objects;
 pub mod server;

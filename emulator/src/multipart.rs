@@ -10,7 +10,10 @@ use md5::{Digest, Md5};
 
 use crate::body::ResponseBody;
 use crate::error::S3Error;
-use crate::objects::{check_write_conditions, commit, new_etag, receive_verified, validate_key};
+use crate::objects::{
+    check_write_conditions, commit_seen, has_write_conditions, new_etag, receive_verified,
+    validate_key,
+};
 use crate::server::{Answer, Ctx, State, respond, set_header, small_body, xml_response};
 use crate::store::{Blob, Object, Part, Upload};
 use crate::xml::{self, HEADER, NS, el};
@@ -20,6 +23,8 @@ pub const MAX_PARTS: u32 = 10_000;
 
 pub fn create(state: &Arc<State>, ctx: &Ctx) -> Answer {
     validate_key(&ctx.key)?;
+    // The completed object gets the metadata given here (CompleteMultipartUpload takes none).
+    let meta = crate::meta::from_request(&ctx.headers)?;
     let id = base64_id(state.store.unique());
     {
         let mut buckets = state.store.buckets();
@@ -38,6 +43,11 @@ pub fn create(state: &Arc<State>, ctx: &Ctx) -> Answer {
                     .header("x-amz-checksum-algorithm")
                     .map(|a| a.to_ascii_lowercase()),
                 parts: Default::default(),
+                content_type: ctx
+                    .header("content-type")
+                    .unwrap_or("binary/octet-stream")
+                    .to_string(),
+                meta,
             },
         );
     }
@@ -58,14 +68,14 @@ fn base64_id(raw: String) -> String {
     base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(format!("upload-{raw}"))
 }
 
-fn upload_id(ctx: &Ctx) -> Result<String, S3Error> {
+pub fn upload_id(ctx: &Ctx) -> Result<String, S3Error> {
     ctx.q("uploadId")
         .filter(|s| !s.is_empty())
         .map(str::to_string)
         .ok_or_else(S3Error::no_such_upload)
 }
 
-fn check_upload(state: &Arc<State>, ctx: &Ctx, id: &str) -> Result<bool, S3Error> {
+pub fn check_upload(state: &Arc<State>, ctx: &Ctx, id: &str) -> Result<bool, S3Error> {
     let buckets = state.store.buckets();
     let b = buckets
         .get(&ctx.bucket)
@@ -78,34 +88,18 @@ fn check_upload(state: &Arc<State>, ctx: &Ctx, id: &str) -> Result<bool, S3Error
 
 pub async fn upload_part(state: &Arc<State>, ctx: &Ctx, body: Incoming) -> Answer {
     let id = upload_id(ctx)?;
-    let number: u32 = ctx
-        .q("partNumber")
-        .and_then(|n| n.parse().ok())
-        .filter(|n| (1..=MAX_PARTS).contains(n))
-        .ok_or_else(|| {
-            S3Error::invalid_argument(
-                "Part number must be an integer between 1 and 10000, inclusive",
-            )
-        })?;
+    let number = part_number(ctx)?;
     let directory = check_upload(state, ctx, &id)?;
     let (path, received, checksum) = receive_verified(state, ctx, body, "part", directory).await?;
     let part = Part {
-        blob: Blob::new(path, received.size),
+        data: vec![(Blob::new(path, received.size), 0, received.size)],
         size: received.size,
         etag: new_etag(directory, received.md5),
         md5: received.md5,
         checksums: checksum.clone().into_iter().collect(),
     };
     let etag = part.etag.clone();
-    // A part uploaded again replaces the old one, whose blob goes with it (outside the lock).
-    let _replaced = {
-        let mut buckets = state.store.buckets();
-        let upload = buckets
-            .get_mut(&ctx.bucket)
-            .and_then(|b| b.uploads.get_mut(&id))
-            .ok_or_else(S3Error::no_such_upload)?;
-        upload.parts.insert(number, part)
-    };
+    store_part(state, ctx, &id, number, part)?;
     let mut r = respond(200, ResponseBody::empty());
     set_header(&mut r, "etag", &etag);
     if let Some((alg, value)) = checksum
@@ -119,12 +113,42 @@ pub async fn upload_part(state: &Arc<State>, ctx: &Ctx, body: Incoming) -> Answe
     Ok(r)
 }
 
+pub fn part_number(ctx: &Ctx) -> Result<u32, S3Error> {
+    ctx.q("partNumber")
+        .and_then(|n| n.parse().ok())
+        .filter(|n| (1..=MAX_PARTS).contains(n))
+        .ok_or_else(|| {
+            S3Error::invalid_argument(
+                "Part number must be an integer between 1 and 10000, inclusive",
+            )
+        })
+}
+
+/// Stores a part (a part uploaded again replaces the old one, whose blobs go with it, outside the lock).
+pub fn store_part(
+    state: &Arc<State>,
+    ctx: &Ctx,
+    id: &str,
+    number: u32,
+    part: Part,
+) -> Result<(), S3Error> {
+    let _replaced = {
+        let mut buckets = state.store.buckets();
+        let upload = buckets
+            .get_mut(&ctx.bucket)
+            .and_then(|b| b.uploads.get_mut(id))
+            .ok_or_else(S3Error::no_such_upload)?;
+        upload.parts.insert(number, part)
+    };
+    Ok(())
+}
+
 pub async fn complete(state: &Arc<State>, ctx: &Ctx, body: Incoming) -> Answer {
     let id = upload_id(ctx)?;
     let body = small_body(ctx, body, 4 * 1024 * 1024).await?;
     let requested = xml::parse_complete(&body)?;
     // Validate against the stored parts and collect the files to concatenate.
-    let (directory, parts) = {
+    let (directory, parts, content_type, meta, seen) = {
         let buckets = state.store.buckets();
         let b = buckets
             .get(&ctx.bucket)
@@ -171,9 +195,18 @@ pub async fn complete(state: &Arc<State>, ctx: &Ctx, body: Incoming) -> Answer {
             }
             parts.push(stored.clone());
         }
-        // Conditions are checked now (fail fast) and again at commit.
-        check_write_conditions(ctx, b.objects.get(&ctx.key).map(|o| o.as_ref()))?;
-        (b.directory, parts)
+        // Conditions are checked now (fail fast) and again at commit, where a change in between is a
+        // conflict (409), not a failed condition.
+        let current = b.objects.get(&ctx.key).cloned();
+        check_write_conditions(ctx, current.as_deref())?;
+        let seen = has_write_conditions(ctx).then_some(current);
+        (
+            b.directory,
+            parts,
+            upload.content_type.clone(),
+            upload.meta.clone(),
+            seen,
+        )
     };
 
     let size = parts.iter().map(|p| p.size).sum();
@@ -188,15 +221,22 @@ pub async fn complete(state: &Arc<State>, ctx: &Ctx, body: Incoming) -> Answer {
     };
     // The object is made of the part blobs themselves: completing copies no bytes (as in the service).
     let object = Object {
-        data: parts.iter().map(|p| Arc::clone(&p.blob)).collect(),
+        data: parts.iter().flat_map(|p| p.data.iter().cloned()).collect(),
         size,
         etag: etag.clone(),
         last_modified: SystemTime::now(),
-        content_type: "binary/octet-stream".into(),
+        content_type,
         checksum: None,
         parts: parts.len() as u32,
+        meta,
     };
-    commit(state, ctx, object)?;
+    if let Err(e) = commit_seen(state, ctx, object, seen) {
+        // After a conflict the service wants a new upload ("re-initiate the multipart upload"): this one is gone.
+        if e.code == "ConditionalRequestConflict" {
+            remove_upload(state, &ctx.bucket, &id);
+        }
+        return Err(e);
+    }
     remove_upload(state, &ctx.bucket, &id);
 
     let mut out = format!("{HEADER}<CompleteMultipartUploadResult xmlns=\"{NS}\">");
@@ -222,7 +262,7 @@ fn invalid_part(n: u32) -> S3Error {
     )
 }
 
-fn remove_upload(state: &Arc<State>, bucket: &str, id: &str) -> bool {
+pub fn remove_upload(state: &Arc<State>, bucket: &str, id: &str) -> bool {
     let removed = state
         .store
         .buckets()

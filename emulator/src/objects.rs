@@ -164,7 +164,7 @@ pub fn check_write_conditions(ctx: &Ctx, current: Option<&Object>) -> Result<(),
     Ok(())
 }
 
-fn etag_matches(condition: &str, etag: &str) -> bool {
+pub fn etag_matches(condition: &str, etag: &str) -> bool {
     condition.split(',').any(|c| {
         let c = c.trim();
         c == "*" || c.trim_matches('"') == etag.trim_matches('"')
@@ -284,6 +284,7 @@ pub fn get_object(state: &Arc<State>, ctx: &Ctx) -> Answer {
     );
     set_header(&mut r, "content-type", &object.content_type);
     set_header(&mut r, "accept-ranges", "bytes");
+    crate::meta::to_response(&mut r, &object.meta);
     if status == 206 {
         set_header(
             &mut r,
@@ -317,7 +318,7 @@ pub fn get_object(state: &Arc<State>, ctx: &Ctx) -> Answer {
     Ok(r)
 }
 
-fn truncate_secs(t: SystemTime) -> SystemTime {
+pub fn truncate_secs(t: SystemTime) -> SystemTime {
     let secs = t
         .duration_since(SystemTime::UNIX_EPOCH)
         .unwrap_or_default()
@@ -356,9 +357,11 @@ pub async fn put_object(state: &Arc<State>, ctx: &Ctx, body: Incoming) -> Answer
         })?;
         return append(state, ctx, body, offset).await;
     }
+    let meta = crate::meta::from_request(&ctx.headers)?;
+    let seen = conditions_at_start(state, ctx)?;
     let (path, received, checksum) = receive_verified(state, ctx, body, "obj", directory).await?;
     let object = Object {
-        data: vec![Blob::new(path, received.size)],
+        data: vec![(Blob::new(path, received.size), 0, received.size)],
         size: received.size,
         etag: new_etag(directory, received.md5),
         last_modified: SystemTime::now(),
@@ -368,9 +371,10 @@ pub async fn put_object(state: &Arc<State>, ctx: &Ctx, body: Incoming) -> Answer
             .to_string(),
         checksum: checksum.clone(),
         parts: 1,
+        meta,
     };
     let etag = object.etag.clone();
-    commit(state, ctx, object)?;
+    commit_seen(state, ctx, object, seen)?;
     let mut r = respond(200, ResponseBody::empty());
     set_header(&mut r, "etag", &etag);
     checksum_header(&mut r, &checksum);
@@ -380,20 +384,76 @@ pub async fn put_object(state: &Arc<State>, ctx: &Ctx, body: Incoming) -> Answer
 /// Swaps a new object in if the write conditions still hold. The replaced object's blobs (and, on failure,
 /// the new one's) are deleted once nothing holds them, outside the lock.
 pub fn commit(state: &Arc<State>, ctx: &Ctx, object: Object) -> Result<(), S3Error> {
+    commit_seen(state, ctx, object, None)
+}
+
+/// The object a conditional write found when it started (`Some(None)`: no object), so that its commit can tell
+/// a concurrent change from a failed condition. `None` when the request carries no write condition.
+pub type Seen = Option<Option<Arc<Object>>>;
+
+/// Checks the write conditions when a request starts (a failed condition answers before the body is read)
+/// and remembers the object they were checked against.
+pub fn conditions_at_start(state: &Arc<State>, ctx: &Ctx) -> Result<Seen, S3Error> {
+    if !has_write_conditions(ctx) {
+        return Ok(None);
+    }
+    let buckets = state.store.buckets();
+    let b = buckets
+        .get(&ctx.bucket)
+        .ok_or_else(S3Error::no_such_bucket)?;
+    let current = b.objects.get(&ctx.key).cloned();
+    check_write_conditions(ctx, current.as_deref())?;
+    Ok(Some(current))
+}
+
+pub fn has_write_conditions(ctx: &Ctx) -> bool {
+    ctx.headers.contains_key("if-match") || ctx.headers.contains_key("if-none-match")
+}
+
+/// The service's answer when another write to the key lands while a conditional write is in flight
+/// (PutObject, CompleteMultipartUpload and CopyObject API references: "If a conflicting operation occurs
+/// during the upload S3 returns a 409 ConditionalRequestConflict response").
+pub fn conditional_conflict() -> S3Error {
+    S3Error::new(
+        409,
+        "ConditionalRequestConflict",
+        "A conflicting operation occurred. If using PutObject you can retry the request. If using multipart upload you should initiate another CreateMultipartUpload request and re-upload each part.",
+    )
+}
+
+/// [`commit`], answering 409 ConditionalRequestConflict when the key changed since `seen` was taken.
+pub fn commit_seen(
+    state: &Arc<State>,
+    ctx: &Ctx,
+    object: Object,
+    seen: Seen,
+) -> Result<(), S3Error> {
     let _replaced = {
         let mut buckets = state.store.buckets();
         let b = buckets
             .get_mut(&ctx.bucket)
             .ok_or_else(S3Error::no_such_bucket)?;
-        check_write_conditions(ctx, b.objects.get(&ctx.key).map(|o| o.as_ref()))?;
+        let current = b.objects.get(&ctx.key);
+        if let Some(seen) = &seen {
+            let same = match (seen, current) {
+                (None, None) => true,
+                (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+                _ => false,
+            };
+            if !same {
+                return Err(conditional_conflict());
+            }
+        }
+        check_write_conditions(ctx, current.map(|o| o.as_ref()))?;
         b.objects.insert(ctx.key.clone(), Arc::new(object))
     };
     Ok(())
 }
 
 async fn append(state: &Arc<State>, ctx: &Ctx, body: Incoming, offset: u64) -> Answer {
+    let meta = crate::meta::from_request(&ctx.headers)?;
     let (tmp, received, _) = receive_verified(state, ctx, body, "append", true).await?;
-    let blob = Blob::new(tmp, received.size);
+    let blob = (Blob::new(tmp, received.size), 0, received.size);
     let (etag, size, _replaced) = {
         let mut buckets = state.store.buckets();
         let b = buckets
@@ -421,6 +481,7 @@ async fn append(state: &Arc<State>, ctx: &Ctx, body: Incoming, offset: u64) -> A
                     .to_string(),
                 checksum: None,
                 parts: 1,
+                meta,
             },
             Some(current) if offset != current.size => return Err(wrong_offset()),
             Some(current) if current.parts >= MAX_APPENDS => {
@@ -431,7 +492,8 @@ async fn append(state: &Arc<State>, ctx: &Ctx, body: Incoming, offset: u64) -> A
                 ));
             }
             // The appended bytes become one more blob of the object: nothing is copied, and readers of the
-            // previous version keep their blobs.
+            // previous version keep their blobs. An append keeps the object's metadata (the S3 Express
+            // append is a write to the existing object, not a new one).
             Some(current) => Object {
                 data: current.data.iter().cloned().chain([blob]).collect(),
                 size: current.size + received.size,
@@ -440,6 +502,7 @@ async fn append(state: &Arc<State>, ctx: &Ctx, body: Incoming, offset: u64) -> A
                 content_type: current.content_type.clone(),
                 checksum: None,
                 parts: current.parts + 1,
+                meta: current.meta.clone(),
             },
         };
         let (etag, size) = (object.etag.clone(), object.size);
@@ -465,56 +528,6 @@ pub fn validate_key(key: &str) -> Result<(), S3Error> {
         ));
     }
     Ok(())
-}
-
-pub async fn copy_object(state: &Arc<State>, ctx: &Ctx) -> Answer {
-    validate_key(&ctx.key)?;
-    let source = ctx.header("x-amz-copy-source").unwrap_or("");
-    let source = percent_decode_str(source.split('?').next().unwrap_or(""))
-        .decode_utf8_lossy()
-        .into_owned();
-    let source = source.trim_start_matches('/');
-    let (src_bucket, src_key) = source.split_once('/').ok_or_else(|| {
-        S3Error::invalid_argument(
-            "Copy Source must mention the source bucket and key: sourcebucket/sourcekey",
-        )
-    })?;
-    let (src, directory) = {
-        let buckets = state.store.buckets();
-        let sb = buckets
-            .get(src_bucket)
-            .ok_or_else(S3Error::no_such_bucket)?;
-        let o = Arc::clone(sb.objects.get(src_key).ok_or_else(S3Error::no_such_key)?);
-        let directory = buckets
-            .get(&ctx.bucket)
-            .ok_or_else(S3Error::no_such_bucket)?
-            .directory;
-        (o, directory)
-    };
-    if let Some(v) = ctx.header("x-amz-copy-source-if-match")
-        && !etag_matches(v, &src.etag)
-    {
-        return Err(S3Error::precondition_failed("x-amz-copy-source-if-match"));
-    }
-    // Blobs are never modified, so the copy shares the source's: like the service's server-side copy, no
-    // bytes pass through the client, and none are duplicated here.
-    let etag = if directory {
-        new_etag(true, None)
-    } else {
-        src.etag.clone()
-    };
-    let object = Object {
-        etag: etag.clone(),
-        last_modified: SystemTime::now(),
-        ..(*src).clone()
-    };
-    let modified = object.last_modified;
-    commit(state, ctx, object)?;
-    let mut out = format!("{HEADER}<CopyObjectResult xmlns=\"{NS}\">");
-    el(&mut out, "ETag", &etag);
-    el(&mut out, "LastModified", &xml::iso8601(modified));
-    out.push_str("</CopyObjectResult>");
-    Ok(xml_response(out))
 }
 
 /// RenameObject (directory buckets): atomically moves `x-amz-rename-source` to the request key.

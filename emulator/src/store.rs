@@ -72,10 +72,14 @@ impl Drop for Blob {
 /// `len` bytes of `blob` from `offset`: one piece of a ranged read.
 pub type Piece = (Arc<Blob>, u64, u64);
 
+/// User metadata (`x-amz-meta-*`): lower-case names without the prefix, in name order.
+pub type UserMeta = Vec<(String, String)>;
+
 #[derive(Debug, Clone)]
 pub struct Object {
-    /// The object's bytes, in order.
-    pub data: Vec<Arc<Blob>>,
+    /// The object's bytes, in order: slices of blobs. A whole upload is one whole blob; a part copied from a
+    /// range of another object is a slice of that object's blobs, so server-side copies copy no bytes.
+    pub data: Vec<Piece>,
     pub size: u64,
     pub etag: String,
     pub last_modified: SystemTime,
@@ -84,18 +88,19 @@ pub struct Object {
     pub checksum: Option<(String, String)>,
     /// Number of appends/parts the object is made of (directory buckets cap appends at 10,000).
     pub parts: u32,
+    pub meta: UserMeta,
 }
 
 impl Object {
     /// The pieces of blobs that hold bytes `start..start + len`.
     pub fn pieces(&self, start: u64, len: u64) -> Vec<Piece> {
         let (end, mut at, mut out) = (start + len, 0u64, Vec::new());
-        for blob in &self.data {
-            let (from, to) = (start.max(at), end.min(at + blob.len));
+        for (blob, offset, piece_len) in &self.data {
+            let (from, to) = (start.max(at), end.min(at + piece_len));
             if from < to {
-                out.push((Arc::clone(blob), from - at, to - from));
+                out.push((Arc::clone(blob), offset + from - at, to - from));
             }
-            at += blob.len;
+            at += piece_len;
         }
         out
     }
@@ -103,7 +108,8 @@ impl Object {
 
 #[derive(Debug, Clone)]
 pub struct Part {
-    pub blob: Arc<Blob>,
+    /// Slices of blobs: one whole blob for UploadPart, slices of the source's blobs for UploadPartCopy.
+    pub data: Vec<Piece>,
     pub size: u64,
     pub etag: String,
     pub md5: Option<[u8; 16]>,
@@ -117,6 +123,9 @@ pub struct Upload {
     pub initiated: SystemTime,
     pub checksum_algorithm: Option<String>,
     pub parts: BTreeMap<u32, Part>,
+    /// Content type and user metadata given at CreateMultipartUpload, for the completed object.
+    pub content_type: String,
+    pub meta: UserMeta,
 }
 
 pub struct Bucket {
@@ -294,7 +303,7 @@ mod tests {
         let data = lens
             .iter()
             .enumerate()
-            .map(|(i, &len)| Blob::new(dir.join(format!("b{i}")), len))
+            .map(|(i, &len)| (Blob::new(dir.join(format!("b{i}")), len), 0, len))
             .collect();
         Object {
             data,
@@ -304,6 +313,7 @@ mod tests {
             content_type: String::new(),
             checksum: None,
             parts: lens.len() as u32,
+            meta: Vec::new(),
         }
     }
 
@@ -342,6 +352,23 @@ mod tests {
         );
         assert_eq!(spans(o.pieces(16, 4)), [("b3".into(), 1, 4)]);
         assert!(o.pieces(35, 0).is_empty());
+    }
+
+    #[test]
+    fn a_range_of_slices_keeps_each_slice_offset() {
+        let dir = Path::new("/nonexistent-expressfs-blobs");
+        let (a, b) = (Blob::new(dir.join("a"), 100), Blob::new(dir.join("b"), 100));
+        // Bytes 30..70 of a, then 0..10 of b: what a part copied from ranges looks like.
+        let o = Object {
+            data: vec![(Arc::clone(&a), 30, 40), (Arc::clone(&b), 0, 10)],
+            size: 50,
+            ..object(&[], dir)
+        };
+        assert_eq!(
+            spans(o.pieces(35, 10)),
+            [("a".into(), 65, 5), ("b".into(), 0, 5)]
+        );
+        assert_eq!(spans(o.pieces(0, 1)), [("a".into(), 30, 1)]);
     }
 
     #[test]

@@ -727,3 +727,537 @@ async fn stream_64_mib() {
 async fn stream_2_gib() {
     stream_large(16, 128, 600).await;
 }
+
+// ---- Writers' groundwork: user metadata, server-side copies, conditional writes (issue 18) ----
+
+/// Object bytes that differ at every offset modulo 251, so a misplaced range shows.
+fn numbered(len: usize, salt: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i % 251) as u8 ^ salt)
+        .collect::<Vec<u8>>()
+}
+
+async fn head_meta(c: &Client, bucket: &str, key: &str) -> Vec<(String, String)> {
+    let out = c.head_object().bucket(bucket).key(key).send().await;
+    let out = out.unwrap_or_else(|e| panic!("head {bucket}/{key}: {e:?}"));
+    let mut meta: Vec<_> = out.metadata.unwrap_or_default().into_iter().collect();
+    meta.sort();
+    meta
+}
+
+fn pairs(list: &[(&str, &str)]) -> Vec<(String, String)> {
+    list.iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn user_metadata_is_kept_returned_and_limited() {
+    let env = start(Duration::from_secs(300));
+    let c = client(&env);
+    let attrs = pairs(&[("mode", "33188"), ("mtime", "1700000000")]);
+    for bucket in [DIR, GP] {
+        // PutObject stores it; HEAD and GET return it.
+        let req = c
+            .put_object()
+            .bucket(bucket)
+            .key("m")
+            .metadata("mtime", "1700000000");
+        let req = req.metadata("mode", "33188").content_type("text/plain");
+        req.body(ByteStream::from_static(b"data"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(head_meta(&c, bucket, "m").await, attrs, "{bucket}: head");
+        let got = c.get_object().bucket(bucket).key("m").send().await.unwrap();
+        assert_eq!(got.metadata.unwrap().get("mode").unwrap(), "33188");
+        assert_eq!(got.content_type.as_deref(), Some("text/plain"));
+
+        // More than 2 KB of user metadata is refused, and nothing is written.
+        let big = "x".repeat(2100);
+        let req = c.put_object().bucket(bucket).key("big").metadata("k", &big);
+        let r = req.body(ByteStream::from_static(b"data")).send().await;
+        expect(r, (400, "MetadataTooLarge"), bucket);
+        let r = c.head_object().bucket(bucket).key("big").send().await;
+        expect(r, (404, ""), "refused put wrote");
+
+        // CreateMultipartUpload's metadata and content type go to the completed object.
+        let req = c.create_multipart_upload().bucket(bucket).key("mp");
+        let req = req
+            .metadata("mode", "33188")
+            .metadata("mtime", "1700000000");
+        let out = req.content_type("application/x-test").send().await.unwrap();
+        let id = out.upload_id.unwrap();
+        let p = upload_part(&c, bucket, "mp", &id, 1, b"part".to_vec()).await;
+        complete(&c, bucket, "mp", &id, vec![p]).await.unwrap();
+        assert_eq!(head_meta(&c, bucket, "mp").await, attrs, "{bucket}: mpu");
+        let head = c
+            .head_object()
+            .bucket(bucket)
+            .key("mp")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(head.content_type.as_deref(), Some("application/x-test"));
+
+        // CopyObject copies the source's metadata by default, or takes the request's with REPLACE.
+        let copy = || {
+            c.copy_object()
+                .bucket(bucket)
+                .key("copy")
+                .copy_source(format!("{bucket}/m"))
+        };
+        copy().metadata("ignored", "1").send().await.unwrap();
+        assert_eq!(head_meta(&c, bucket, "copy").await, attrs, "{bucket}: COPY");
+        let replace = aws_sdk_s3::types::MetadataDirective::Replace;
+        let req = copy()
+            .metadata_directive(replace.clone())
+            .metadata("mode", "33261");
+        req.send().await.unwrap();
+        let want = pairs(&[("mode", "33261")]);
+        assert_eq!(
+            head_meta(&c, bucket, "copy").await,
+            want,
+            "{bucket}: REPLACE"
+        );
+        assert_eq!(get(&c, bucket, "copy").await, b"data");
+
+        // Copying an object onto itself needs REPLACE; with it, the metadata changes and the bytes stay.
+        let self_copy = || {
+            let req = c.copy_object().bucket(bucket).key("m");
+            req.copy_source(format!("{bucket}/m"))
+        };
+        expect(self_copy().send().await, (400, "InvalidRequest"), bucket);
+        let r = self_copy()
+            .metadata_directive(aws_sdk_s3::types::MetadataDirective::Copy)
+            .send()
+            .await;
+        expect(r, (400, "InvalidRequest"), bucket);
+        let req = self_copy().metadata_directive(replace.clone());
+        req.metadata("mtime", "1800000000").send().await.unwrap();
+        let want = pairs(&[("mtime", "1800000000")]);
+        assert_eq!(head_meta(&c, bucket, "m").await, want, "{bucket}: self");
+        assert_eq!(get(&c, bucket, "m").await, b"data");
+        let r = self_copy()
+            .metadata_directive(replace.clone())
+            .metadata("k", &big)
+            .send()
+            .await;
+        expect(r, (400, "MetadataTooLarge"), bucket);
+    }
+
+    // Appends and RenameObject (directory buckets) keep the object's metadata.
+    let req = c
+        .put_object()
+        .bucket(DIR)
+        .key("log")
+        .metadata("mode", "33188");
+    req.body(ByteStream::from_static(b"one "))
+        .send()
+        .await
+        .unwrap();
+    let append = c.put_object().bucket(DIR).key("log").write_offset_bytes(4);
+    append
+        .body(ByteStream::from_static(b"two"))
+        .send()
+        .await
+        .unwrap();
+    let mode = pairs(&[("mode", "33188")]);
+    assert_eq!(head_meta(&c, DIR, "log").await, mode, "append");
+    let rename = c
+        .rename_object()
+        .bucket(DIR)
+        .key("log2")
+        .rename_source("log");
+    rename.send().await.unwrap();
+    assert_eq!(head_meta(&c, DIR, "log2").await, mode, "rename");
+    assert_eq!(get(&c, DIR, "log2").await, b"one two");
+}
+
+async fn upload_part_copy(
+    c: &Client,
+    bucket: &str,
+    key: &str,
+    id: &str,
+    n: i32,
+    source: &str,
+    range: Option<String>,
+) -> Result<
+    aws_sdk_s3::operation::upload_part_copy::UploadPartCopyOutput,
+    SdkError<aws_sdk_s3::operation::upload_part_copy::UploadPartCopyError, HttpResponse>,
+> {
+    let req = c.upload_part_copy().bucket(bucket).key(key).upload_id(id);
+    let req = req
+        .part_number(n)
+        .copy_source(source)
+        .set_copy_source_range(range);
+    req.send().await
+}
+
+fn copied_part(
+    n: i32,
+    out: &aws_sdk_s3::operation::upload_part_copy::UploadPartCopyOutput,
+) -> CompletedPart {
+    let etag = out.copy_part_result.as_ref().unwrap().e_tag.clone();
+    CompletedPart::builder()
+        .part_number(n)
+        .set_e_tag(etag)
+        .build()
+}
+
+/// Patching the middle of a large object by UploadPartCopy of its unchanged ranges plus one uploaded part:
+/// the result is byte-exact, the copies add no files to the store and bring (near) zero bytes in.
+#[tokio::test(flavor = "multi_thread")]
+async fn upload_part_copy_patches_without_sending_the_rest() {
+    use md5::Digest;
+    let env = start(Duration::from_secs(300));
+    let c = client(&env);
+    let size = 24 * MIB;
+    let original = numbered(size, 0);
+    for bucket in [DIR, GP] {
+        put(&c, bucket, "big", original.clone()).await;
+        let src = format!("{bucket}/big");
+        let files = stored_files(&env);
+        admin_post(&env, "/_emulator/stats/reset");
+
+        let id = create_upload(&c, bucket, "patched").await;
+        let r1 = upload_part_copy(
+            &c,
+            bucket,
+            "patched",
+            &id,
+            1,
+            &src,
+            Some(format!("bytes=0-{}", 8 * MIB - 1)),
+        );
+        let r1 = r1.await.unwrap();
+        let patch = numbered(5 * MIB, 0x5a);
+        let p2 = upload_part(&c, bucket, "patched", &id, 2, patch.clone()).await;
+        let range = format!("bytes={}-{}", 13 * MIB, size - 1);
+        let r3 = upload_part_copy(&c, bucket, "patched", &id, 3, &src, Some(range)).await;
+        let r3 = r3.unwrap();
+        assert_eq!(
+            stored_files(&env),
+            files + 1,
+            "{bucket}: only the uploaded part is a new file"
+        );
+        // Changing the metadata of the 24 MiB source in place (a self-copy) sends no bytes either.
+        let req = c.copy_object().bucket(bucket).key("big").copy_source(&src);
+        let req = req.metadata_directive(aws_sdk_s3::types::MetadataDirective::Replace);
+        req.metadata("mode", "33261").send().await.unwrap();
+        let parts = vec![copied_part(1, &r1), p2, copied_part(3, &r3)];
+        complete(&c, bucket, "patched", &id, parts).await.unwrap();
+        let want = [&original[..8 * MIB], &patch[..], &original[13 * MIB..]].concat();
+        assert!(
+            get(&c, bucket, "patched").await == want,
+            "{bucket}: patched bytes differ"
+        );
+
+        let stats: serde_json::Value =
+            serde_json::from_str(&admin(&env, "/_emulator/stats")).unwrap();
+        let op = &stats[bucket]["UploadPartCopy"];
+        assert_eq!(op["requests"], 2, "{bucket}: {stats}");
+        assert!(op["bytes_in"].as_u64().unwrap() < 1024, "{bucket}: {stats}");
+        let op = &stats[bucket]["CopyObject"];
+        assert_eq!(op["requests"], 1, "{bucket}: {stats}");
+        assert!(op["bytes_in"].as_u64().unwrap() < 1024, "{bucket}: {stats}");
+        let sent: u64 = stats[bucket]
+            .as_object()
+            .unwrap()
+            .values()
+            .map(|o| o["bytes_in"].as_u64().unwrap())
+            .sum();
+        assert!(
+            sent < 5 * MIB as u64 + 64 * 1024,
+            "{bucket}: {sent} bytes in to patch {size}"
+        );
+
+        // A whole-object copy (no range) of a general-purpose object has the MD5 of its bytes as ETag.
+        let id = create_upload(&c, bucket, "whole").await;
+        let out = upload_part_copy(&c, bucket, "whole", &id, 1, &src, None)
+            .await
+            .unwrap();
+        if bucket == GP {
+            let md5 = format!("\"{}\"", hex::encode(md5::Md5::digest(&original)));
+            assert_eq!(out.copy_part_result.unwrap().e_tag.unwrap(), md5);
+        }
+
+        // Errors: bad range, range past the end, a range of a small source, conditions, missing things.
+        let r =
+            upload_part_copy(&c, bucket, "whole", &id, 2, &src, Some("bytes=10-5".into())).await;
+        expect(r, (400, "InvalidArgument"), "reversed range");
+        let past = Some(format!("bytes=0-{size}"));
+        let r = upload_part_copy(&c, bucket, "whole", &id, 2, &src, past).await;
+        expect(r, (400, "InvalidArgument"), "range past the end");
+        put(&c, bucket, "small", vec![7u8; MIB]).await;
+        let small = format!("{bucket}/small");
+        let r = upload_part_copy(
+            &c,
+            bucket,
+            "whole",
+            &id,
+            2,
+            &small,
+            Some("bytes=0-9".into()),
+        )
+        .await;
+        expect(r, (400, "InvalidRequest"), "range of a 1 MiB source");
+        upload_part_copy(&c, bucket, "whole", &id, 2, &small, None)
+            .await
+            .unwrap();
+        let req = c
+            .upload_part_copy()
+            .bucket(bucket)
+            .key("whole")
+            .upload_id(&id);
+        let r = req
+            .part_number(3)
+            .copy_source(&src)
+            .copy_source_if_match("\"nope\"")
+            .send()
+            .await;
+        expect(r, (412, "PreconditionFailed"), "source if-match");
+        let gone = format!("{bucket}/missing");
+        let r = upload_part_copy(&c, bucket, "whole", &id, 3, &gone, None).await;
+        expect(r, (404, "NoSuchKey"), "missing source");
+        let r = upload_part_copy(&c, bucket, "whole", "bm9uZQ", 1, &src, None).await;
+        expect(r, (404, "NoSuchUpload"), "missing upload");
+        let abort = c.abort_multipart_upload().bucket(bucket).key("whole");
+        abort.upload_id(&id).send().await.unwrap();
+    }
+
+    // A checksum asked for at CreateMultipartUpload comes back for a copied part, over the copied range.
+    let req = c.create_multipart_upload().bucket(GP).key("sum");
+    let req = req.checksum_algorithm(aws_sdk_s3::types::ChecksumAlgorithm::Crc32C);
+    let id = req.send().await.unwrap().upload_id.unwrap();
+    let range = Some(format!("bytes={}-{}", MIB, 3 * MIB - 1));
+    let src = format!("{GP}/big");
+    let out = upload_part_copy(&c, GP, "sum", &id, 1, &src, range)
+        .await
+        .unwrap();
+    use base64::Engine;
+    let want = base64::engine::general_purpose::STANDARD
+        .encode(crc32c::crc32c(&original[MIB..3 * MIB]).to_be_bytes());
+    let got = out.copy_part_result.unwrap().checksum_crc32_c;
+    assert_eq!(got.as_deref(), Some(want.as_str()));
+}
+
+fn admin_post(env: &Env, path: &str) {
+    admin_post_json(env, path, "");
+}
+
+fn admin_post_json(env: &Env, path: &str, body: &str) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(env.emu.addr()).unwrap();
+    let (host, len) = (env.emu.addr(), body.len());
+    write!(
+        s,
+        "POST {path} HTTP/1.0\r\nHost: {host}\r\nContent-Length: {len}\r\n\r\n{body}"
+    )
+    .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    assert!(out.contains(" 200 "), "{out}");
+}
+
+/// A request body fed by the test through a channel, with its length declared up front: a PUT that stays
+/// in flight while the test does something else.
+struct FedBody {
+    rx: tokio::sync::mpsc::Receiver<bytes::Bytes>,
+    len: u64,
+}
+
+impl http_body::Body for FedBody {
+    type Data = bytes::Bytes;
+    type Error = std::io::Error;
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<bytes::Bytes>, Self::Error>>> {
+        self.rx
+            .poll_recv(cx)
+            .map(|chunk| chunk.map(|b| Ok(http_body::Frame::data(b))))
+    }
+    fn size_hint(&self) -> http_body::SizeHint {
+        http_body::SizeHint::with_exact(self.len)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn conditional_writes_on_complete_copy_and_conflicts() {
+    let env = start(Duration::from_secs(300));
+    let c = client(&env);
+    for bucket in [DIR, GP] {
+        let etag = put(&c, bucket, "k", b"first".to_vec()).await;
+
+        // CompleteMultipartUpload: If-None-Match * on an existing key and a stale If-Match fail with 412
+        // (the upload stays, so the right condition can still complete it); If-Match on a missing key is 404.
+        let id = create_upload(&c, bucket, "k").await;
+        let p = upload_part(&c, bucket, "k", &id, 1, b"second".to_vec()).await;
+        let doc = CompletedMultipartUpload::builder().parts(p).build();
+        let done = |none: Option<&str>, any: Option<&str>, key: &str, id: &str| {
+            let req = c
+                .complete_multipart_upload()
+                .bucket(bucket)
+                .key(key)
+                .upload_id(id);
+            let req = req.set_if_none_match(none.map(str::to_string));
+            req.set_if_match(any.map(str::to_string))
+                .multipart_upload(doc.clone())
+                .send()
+        };
+        expect(
+            done(Some("*"), None, "k", &id).await,
+            (412, "PreconditionFailed"),
+            bucket,
+        );
+        expect(
+            done(None, Some("\"0\""), "k", &id).await,
+            (412, "PreconditionFailed"),
+            bucket,
+        );
+        assert_eq!(get(&c, bucket, "k").await, b"first");
+        done(None, Some(&etag), "k", &id).await.unwrap();
+        assert_eq!(get(&c, bucket, "k").await, b"second");
+        let id = create_upload(&c, bucket, "absent").await;
+        let p = upload_part(&c, bucket, "absent", &id, 1, b"x".to_vec()).await;
+        let doc2 = CompletedMultipartUpload::builder().parts(p).build();
+        let req = c
+            .complete_multipart_upload()
+            .bucket(bucket)
+            .key("absent")
+            .upload_id(&id);
+        let r = req
+            .if_match("\"0\"")
+            .multipart_upload(doc2.clone())
+            .send()
+            .await;
+        expect(r, (404, "NoSuchKey"), "if-match on a missing key");
+        let req = c
+            .complete_multipart_upload()
+            .bucket(bucket)
+            .key("absent")
+            .upload_id(&id);
+        req.if_none_match("*")
+            .multipart_upload(doc2)
+            .send()
+            .await
+            .unwrap();
+
+        // PutObject If-Match on a missing key: 404 NoSuchKey.
+        let req = c
+            .put_object()
+            .bucket(bucket)
+            .key("nothing")
+            .if_match("\"0\"");
+        let r = req.body(ByteStream::from_static(b"x")).send().await;
+        expect(r, (404, "NoSuchKey"), "put if-match on a missing key");
+
+        // CopyObject's destination conditions (If-Match / If-None-Match, as for PutObject).
+        let current = c
+            .head_object()
+            .bucket(bucket)
+            .key("k")
+            .send()
+            .await
+            .unwrap()
+            .e_tag
+            .unwrap();
+        let copy = |none: Option<&str>, any: Option<&str>, key: &str| {
+            let req = c
+                .copy_object()
+                .bucket(bucket)
+                .key(key)
+                .copy_source(format!("{bucket}/absent"));
+            req.set_if_none_match(none.map(str::to_string))
+                .set_if_match(any.map(str::to_string))
+                .send()
+        };
+        expect(
+            copy(Some("*"), None, "k").await,
+            (412, "PreconditionFailed"),
+            bucket,
+        );
+        expect(
+            copy(None, Some("\"0\""), "k").await,
+            (412, "PreconditionFailed"),
+            bucket,
+        );
+        expect(
+            copy(None, Some("\"0\""), "none").await,
+            (404, "NoSuchKey"),
+            bucket,
+        );
+        assert_eq!(get(&c, bucket, "k").await, b"second");
+        copy(None, Some(&current), "k").await.unwrap();
+        assert_eq!(get(&c, bucket, "k").await, b"x");
+        copy(Some("*"), None, "fresh").await.unwrap();
+
+        // A conditional PutObject whose key is overwritten while its body is still arriving: 409
+        // ConditionalRequestConflict, and the other writer's object stays.
+        let etag = put(&c, bucket, "race", b"before".to_vec()).await;
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        let body = ByteStream::from_body_1_x(FedBody { rx, len: 8 });
+        let req = c
+            .put_object()
+            .bucket(bucket)
+            .key("race")
+            .if_match(&etag)
+            .body(body);
+        let writer = tokio::spawn(req.send());
+        tx.send(bytes::Bytes::from_static(b"slow")).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        put(&c, bucket, "race", b"other writer".to_vec()).await;
+        tx.send(bytes::Bytes::from_static(b"body")).await.unwrap();
+        drop(tx);
+        expect(
+            writer.await.unwrap(),
+            (409, "ConditionalRequestConflict"),
+            bucket,
+        );
+        assert_eq!(get(&c, bucket, "race").await, b"other writer");
+    }
+}
+
+/// The opt-in `conditional-conflict` fault: conditional writes get 409 (a Complete loses its upload), the
+/// same requests without conditions pass.
+#[tokio::test(flavor = "multi_thread")]
+async fn conditional_conflict_fault_hits_only_conditional_writes() {
+    let env = start(Duration::from_secs(300));
+    let c = client(&env);
+    let faults = r#"{"rate":1.0,"seed":1,"kinds":["conditional-conflict"]}"#;
+    admin_post_json(&env, "/_emulator/faults", faults);
+    for bucket in [DIR, GP] {
+        let etag = put(&c, bucket, "k", b"plain puts pass".to_vec()).await;
+        let req = c.put_object().bucket(bucket).key("k").if_match(&etag);
+        let r = req.body(ByteStream::from_static(b"x")).send().await;
+        expect(r, (409, "ConditionalRequestConflict"), bucket);
+        let id = create_upload(&c, bucket, "k").await;
+        let p = upload_part(&c, bucket, "k", &id, 1, b"part".to_vec()).await;
+        let doc = CompletedMultipartUpload::builder().parts(p).build();
+        let req = c
+            .complete_multipart_upload()
+            .bucket(bucket)
+            .key("k")
+            .upload_id(&id);
+        let r = req
+            .if_match(&etag)
+            .multipart_upload(doc.clone())
+            .send()
+            .await;
+        expect(r, (409, "ConditionalRequestConflict"), bucket);
+        let r = c
+            .list_parts()
+            .bucket(bucket)
+            .key("k")
+            .upload_id(&id)
+            .send()
+            .await;
+        expect(r, (404, "NoSuchUpload"), "upload after a 409");
+        assert_eq!(get(&c, bucket, "k").await, b"plain puts pass");
+    }
+    // Only the four conditional writes count as injected, not the requests the fault let through.
+    let report: serde_json::Value =
+        serde_json::from_str(&admin(&env, "/_emulator/faults")).unwrap();
+    assert_eq!(report["injected_total"], 4, "{report}");
+}

@@ -471,6 +471,52 @@ def check_session_refresh(t, exe):
 # ---------------------------------------------------------------------------------------------------------
 
 
+def check_metadata_and_copy(t, s3, bucket, kind):
+    key = t.prefix + "meta/obj"
+    attrs = {"mode": "33188", "mtime": "1700000000"}
+    s3.put_object(Bucket=bucket, Key=key, Body=b"data", Metadata=attrs)
+    assert s3.head_object(Bucket=bucket, Key=key)["Metadata"] == attrs, "metadata not returned by HEAD"
+    assert s3.get_object(Bucket=bucket, Key=key)["Metadata"] == attrs, "metadata not returned by GET"
+    expect_error(lambda: s3.put_object(Bucket=bucket, Key=key + ".big", Body=b"x", Metadata={"k": "v" * 2100}),
+                 400, ["MetadataTooLarge"])
+    src = {"Bucket": bucket, "Key": key}
+    # Copy onto itself: refused without REPLACE; with it the metadata changes and the bytes stay.
+    expect_error(lambda: s3.copy_object(Bucket=bucket, Key=key, CopySource=src), 400, ["InvalidRequest"])
+    s3.copy_object(Bucket=bucket, Key=key, CopySource=src, MetadataDirective="REPLACE",
+                   Metadata={"mtime": "1800000000"})
+    assert s3.head_object(Bucket=bucket, Key=key)["Metadata"] == {"mtime": "1800000000"}
+    assert read_all(s3, bucket, key) == b"data"
+    # Default COPY keeps the source's metadata; destination If-None-Match on an existing key is refused.
+    s3.copy_object(Bucket=bucket, Key=key + ".copy", CopySource=src)
+    assert s3.head_object(Bucket=bucket, Key=key + ".copy")["Metadata"] == {"mtime": "1800000000"}
+    expect_error(lambda: s3.copy_object(Bucket=bucket, Key=key + ".copy", CopySource=src, IfNoneMatch="*"),
+                 412, ["PreconditionFailed"])
+
+
+def check_upload_part_copy(t, s3, bucket, kind):
+    key, src_key = t.prefix + "upc/patched", t.prefix + "upc/source"
+    original = bytes(i % 251 for i in range(12 * MIB))
+    s3.put_object(Bucket=bucket, Key=src_key, Body=original)
+    src = {"Bucket": bucket, "Key": src_key}
+    up = s3.create_multipart_upload(Bucket=bucket, Key=key, Metadata={"mode": "33188"})["UploadId"]
+    p1 = s3.upload_part_copy(Bucket=bucket, Key=key, UploadId=up, PartNumber=1, CopySource=src,
+                             CopySourceRange=f"bytes=0-{5 * MIB - 1}")["CopyPartResult"]["ETag"]
+    patch = b"\x5a" * (5 * MIB)
+    p2 = s3.upload_part(Bucket=bucket, Key=key, UploadId=up, PartNumber=2, Body=patch)["ETag"]
+    p3 = s3.upload_part_copy(Bucket=bucket, Key=key, UploadId=up, PartNumber=3, CopySource=src,
+                             CopySourceRange=f"bytes={10 * MIB}-{12 * MIB - 1}")["CopyPartResult"]["ETag"]
+    expect_error(lambda: s3.upload_part_copy(Bucket=bucket, Key=key, UploadId=up, PartNumber=4, CopySource=src,
+                                             CopySourceRange=f"bytes=0-{12 * MIB}"), 400, ["InvalidArgument"])
+    # Complete: If-Match on a key that does not exist is 404; without conditions it completes.
+    parts = {"Parts": [{"PartNumber": 1, "ETag": p1}, {"PartNumber": 2, "ETag": p2}, {"PartNumber": 3, "ETag": p3}]}
+    expect_error(lambda: s3.complete_multipart_upload(Bucket=bucket, Key=key, UploadId=up, MultipartUpload=parts,
+                                                      IfMatch='"0"'), 404, ["NoSuchKey"])
+    s3.complete_multipart_upload(Bucket=bucket, Key=key, UploadId=up, MultipartUpload=parts, IfNoneMatch="*")
+    want = original[:5 * MIB] + patch + original[10 * MIB:]
+    assert read_all(s3, bucket, key) == want, "patched object differs"
+    assert s3.head_object(Bucket=bucket, Key=key)["Metadata"] == {"mode": "33188"}, "upload metadata lost"
+
+
 def run(name, kind, fn, *args):
     """Runs one check, prints its verdict at once (long checks show progress), records it."""
     started = time.monotonic()
@@ -543,6 +589,9 @@ def main():
             else:
                 skip(f"9 large object {large_mib} MiB", kind, "set EXPRESSFS_CONFORMANCE_LARGE=1")
             run("10 append with WriteOffsetBytes", kind, check_append, t, s3, bucket, kind)
+            run("11 user metadata, CopyObject directives and conditions", kind, check_metadata_and_copy,
+                t, s3, bucket, kind)
+            run("12 UploadPartCopy ranges, conditional complete", kind, check_upload_part_copy, t, s3, bucket, kind)
         if any(k == "directory" for _, k in buckets):
             if emulator:
                 run("4 session refresh (2 s TTL, 10 s of traffic)", "directory", check_session_refresh, t, exe)
