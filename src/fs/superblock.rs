@@ -23,6 +23,8 @@ use crate::memory::Reservation;
 use crate::s3::{ObjectClient, WriteCondition};
 use crate::source::ReadSource;
 
+#[cfg(test)]
+mod link_tests;
 mod links;
 #[cfg(test)]
 mod tests;
