@@ -397,7 +397,7 @@ impl S3Filesystem {
         {
             return Err(FsError::Exists);
         }
-        let condition = match self.sb.resolve(&parent_node, name, false).await? {
+        let condition = match self.sb.resolve_file_or_dir(&parent_node, name).await? {
             Some((Kind::Directory | Kind::Symlink, _)) => return Err(FsError::Exists),
             Some((Kind::File, _)) if !self.config.allow_overwrite => return Err(FsError::Exists),
             Some((Kind::File, _)) => WriteCondition::None,

@@ -239,3 +239,16 @@ async fn a_link_cannot_be_opened() {
         Err(FsError::SymlinkLoop)
     ));
 }
+
+#[tokio::test]
+async fn a_create_sends_no_request_about_links() {
+    let (fake, fs) = fs_with(&[], config(), true).await;
+    let before = fake.counts();
+    fs.create(ROOT_INO, "new.bin", 1).await.unwrap();
+    let sent = fake.counts().since(&before);
+    // The object and the prefix, as before links existed.
+    assert_eq!(
+        (sent.get(Op::Head), sent.get(Op::List), sent.total()),
+        (1, 1, 2)
+    );
+}
