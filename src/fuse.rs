@@ -2,7 +2,8 @@
 //! no FUSE worker thread ever waits on the network. The only place an errno is chosen is [`errno`].
 
 use std::ffi::OsStr;
-use std::path::PathBuf;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -46,6 +47,7 @@ pub fn errno(e: &FsError) -> Errno {
         FsError::Busy(_) => Errno::EBUSY,
         FsError::TooManyWriters(_) => Errno::EMFILE,
         FsError::CrossDevice(_) => Errno::EXDEV,
+        FsError::SymlinkLoop => Errno::ELOOP,
         FsError::BadHandle => Errno::EBADF,
         FsError::NoSpace(_) => Errno::ENOSPC,
         FsError::AccessDenied { .. } => Errno::EACCES,
@@ -89,6 +91,7 @@ fn file_type(kind: FileKind) -> FileType {
     match kind {
         FileKind::File => FileType::RegularFile,
         FileKind::Directory => FileType::Directory,
+        FileKind::Symlink => FileType::Symlink,
     }
 }
 
@@ -286,6 +289,30 @@ impl Filesystem for Adapter {
         let (fs, name) = (Arc::clone(&self.fs), name_str(name));
         let work = async move { fs.mkdir(parent.0, &name?).await };
         self.serve("mkdir", span, reply, work, self.entry());
+    }
+
+    fn symlink(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        link_name: &OsStr,
+        target: &Path,
+        reply: ReplyEntry,
+    ) {
+        let span = debug_span!("symlink", parent = parent.0, name = %link_name.to_string_lossy());
+        let (fs, name) = (Arc::clone(&self.fs), name_str(link_name));
+        let target = target.as_os_str().as_bytes().to_vec();
+        let work = async move { fs.symlink(parent.0, &name?, &target).await };
+        self.serve("symlink", span, reply, work, self.entry());
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        let fs = Arc::clone(&self.fs);
+        let work = async move { fs.readlink(ino.0).await };
+        let span = debug_span!("readlink", ino = ino.0);
+        self.serve("readlink", span, reply, work, |reply, target| {
+            reply.data(&target)
+        });
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {

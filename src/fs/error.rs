@@ -37,6 +37,9 @@ pub enum FsError {
     TooManyWriters(usize),
     #[error("not supported here: {0}")]
     CrossDevice(&'static str),
+    /// O_NOFOLLOW open of a symbolic link.
+    #[error("too many levels of symbolic links")]
+    SymlinkLoop,
     #[error("bad file handle")]
     BadHandle,
     #[error("{key}: the object changed since it was opened")]

@@ -235,8 +235,11 @@ impl S3Filesystem {
 
     pub async fn open(&self, ino: u64, mode: OpenMode, pid: u32) -> FsResult<Opened> {
         let node = self.sb.node(ino)?;
-        if node.kind() == Kind::Directory {
-            return Err(FsError::IsADirectory);
+        match node.kind() {
+            Kind::Directory => return Err(FsError::IsADirectory),
+            // The kernel follows links itself; it opens one only when asked not to follow it.
+            Kind::Symlink => return Err(FsError::SymlinkLoop),
+            Kind::File => {}
         }
         if node.is_being_written() {
             return Err(FsError::Busy(
@@ -394,8 +397,8 @@ impl S3Filesystem {
         {
             return Err(FsError::Exists);
         }
-        let condition = match self.sb.resolve(&parent_node, name, false).await? {
-            Some((Kind::Directory, _)) => return Err(FsError::Exists),
+        let condition = match self.sb.resolve_file_or_dir(&parent_node, name).await? {
+            Some((Kind::Directory | Kind::Symlink, _)) => return Err(FsError::Exists),
             Some((Kind::File, _)) if !self.config.allow_overwrite => return Err(FsError::Exists),
             Some((Kind::File, _)) => WriteCondition::None,
             None if self.config.allow_overwrite => WriteCondition::None,

@@ -14,6 +14,19 @@ pub const ROOT_INO: u64 = 1;
 pub enum Kind {
     File,
     Directory,
+    /// A symbolic link, stored as the object `name.rclonelink` (see [`names::LINK_SUFFIX`]).
+    Symlink,
+}
+
+impl Kind {
+    /// The key of `name` of this kind in the directory whose prefix is `dir_prefix`.
+    pub fn key(self, dir_prefix: &str, name: &str) -> String {
+        match self {
+            Kind::File => names::file_key(dir_prefix, name),
+            Kind::Directory => names::dir_prefix(dir_prefix, name),
+            Kind::Symlink => names::link_key(dir_prefix, name),
+        }
+    }
 }
 
 /// What the bucket (or our own write) says about a node.
@@ -72,6 +85,8 @@ pub struct Node {
     /// Versions (ETags) of the read handles open on this inode, one entry per handle: a handle pinned to an
     /// older version can still put that version's bytes into the shared page cache.
     open_versions: Vec<String>,
+    /// A link's target, with the ETag of the object it was read from (the target is the object's body).
+    link_target: Option<(String, String)>,
 }
 
 impl Node {
@@ -90,6 +105,7 @@ impl Node {
             writers: 0,
             cached_etag: None,
             open_versions: Vec::new(),
+            link_target: None,
         }
     }
 
@@ -222,6 +238,17 @@ impl Node {
         }
     }
 
+    /// The target of this link, if it was read from the version the node now stands for.
+    pub fn link_target(&self) -> Option<&str> {
+        let (etag, target) = self.link_target.as_ref()?;
+        (self.stat.etag.as_ref() == Some(etag)).then_some(target.as_str())
+    }
+
+    /// `target` is the body of version `etag` of this link's object.
+    pub fn remember_link_target(&mut self, etag: &str, target: String) {
+        self.link_target = Some((etag.to_string(), target));
+    }
+
     /// A write open: what the page cache holds is about to be outdated, so the next read open drops it.
     pub fn drop_page_cache(&mut self) {
         self.cached_etag = None;
@@ -296,10 +323,7 @@ impl InodeTable {
             .get(&parent)
             .map(|p| p.key.clone())
             .unwrap_or_default();
-        let key = match kind {
-            Kind::File => names::file_key(&parent_key, name),
-            Kind::Directory => names::dir_prefix(&parent_key, name),
-        };
+        let key = kind.key(&parent_key, name);
         let ino = self.next;
         self.next += 1;
         let mut node = Node::new(ino, parent, name, kind, key, stat);
@@ -382,10 +406,7 @@ impl InodeTable {
         if let Some(n) = self.nodes.get_mut(&ino) {
             n.parent = new_parent;
             n.name = new_name.to_string();
-            n.key = match n.kind {
-                Kind::File => names::file_key(&parent_key, new_name),
-                Kind::Directory => names::dir_prefix(&parent_key, new_name),
-            };
+            n.key = n.kind.key(&parent_key, new_name);
         }
         self.children
             .insert((new_parent, new_name.to_string()), ino);
@@ -434,6 +455,34 @@ mod tests {
         assert_eq!(t.get(d).unwrap().key, "pre/a/");
         let f = t.add(d, "x", Kind::File, later());
         assert_eq!(t.get(f).unwrap().key, "pre/a/x");
+        let l = t.add(d, "y", Kind::Symlink, later());
+        assert_eq!(t.get(l).unwrap().key, "pre/a/y.rclonelink");
+        t.rename(d, "y", ROOT_INO, "z");
+        assert_eq!(t.get(l).unwrap().key, "pre/z.rclonelink");
+    }
+
+    #[test]
+    fn a_link_target_holds_only_for_the_version_it_was_read_from() {
+        let mut t = InodeTable::new("");
+        let stat = |etag: &str| Stat {
+            size: 3,
+            mtime: SystemTime::UNIX_EPOCH,
+            etag: Some(etag.into()),
+        };
+        let ino = t.upsert(
+            ROOT_INO,
+            "l",
+            Kind::Symlink,
+            stat("e1"),
+            later(),
+            Instant::now(),
+        );
+        let n = t.get_mut(ino).unwrap();
+        assert_eq!(n.link_target(), None);
+        n.remember_link_target("e1", "../a".into());
+        assert_eq!(n.link_target(), Some("../a"));
+        assert!(n.observe(stat("e2"), Instant::now() + Duration::from_millis(1)));
+        assert_eq!(n.link_target(), None, "the link was replaced");
     }
 
     #[test]

@@ -43,6 +43,8 @@ pub async fn list_all(
     max_pages: Option<usize>,
 ) -> FsResult<Option<Found>> {
     let mut found = Found::new();
+    // Links are merged last: a file or directory of the same name wins whatever page it came on.
+    let mut links = Found::new();
     let mut token: Option<String> = None;
     let mut pages = 0;
     loop {
@@ -68,13 +70,24 @@ pub async fn list_all(
                 mtime: object.last_modified,
                 etag: Some(object.etag),
             };
-            found.entry(name.to_string()).or_insert((Kind::File, stat));
+            match names::link_name(name) {
+                Some(link) => {
+                    links.insert(link.to_string(), (Kind::Symlink, stat));
+                }
+                None => {
+                    found.entry(name.to_string()).or_insert((Kind::File, stat));
+                }
+            }
         }
         match page.next_continuation_token {
             Some(t) if !t.is_empty() => token = Some(t),
-            _ => return Ok(Some(found)),
+            _ => break,
         }
     }
+    for (name, link) in links {
+        found.entry(name).or_insert(link);
+    }
+    Ok(Some(found))
 }
 
 /// How a directory's background listing ended.

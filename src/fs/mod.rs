@@ -27,6 +27,8 @@ mod model_test;
 mod test_support;
 
 use std::path::PathBuf;
+
+use bytes::Bytes;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime};
@@ -104,6 +106,7 @@ impl FsConfig {
 pub enum FileKind {
     File,
     Directory,
+    Symlink,
 }
 
 /// Attributes of a node, in file-system terms.
@@ -236,6 +239,15 @@ impl S3Filesystem {
 
     pub async fn mkdir(&self, parent: u64, name: &str) -> FsResult<Attr> {
         self.sb.mkdir(parent, name).await
+    }
+
+    /// symlink(2): the object `name.rclonelink` holding `target` (rclone's `--links` format).
+    pub async fn symlink(&self, parent: u64, name: &str, target: &[u8]) -> FsResult<Attr> {
+        self.sb.symlink(parent, name, target).await
+    }
+
+    pub async fn readlink(&self, ino: u64) -> FsResult<Bytes> {
+        self.sb.readlink(ino).await
     }
 
     pub async fn rmdir(&self, parent: u64, name: &str) -> FsResult<()> {

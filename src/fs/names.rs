@@ -23,6 +23,22 @@ pub fn dir_prefix(dir_prefix: &str, name: &str) -> String {
     format!("{dir_prefix}{name}/")
 }
 
+/// What rclone `--links` appends to a symbolic link's name to make its object key; the object's body is the
+/// link's target. A listing shows which names are links, with no request per entry.
+pub const LINK_SUFFIX: &str = ".rclonelink";
+
+/// The object key holding the symbolic link `name` in the directory whose prefix is `dir_prefix`.
+pub fn link_key(dir_prefix: &str, name: &str) -> String {
+    format!("{dir_prefix}{name}{LINK_SUFFIX}")
+}
+
+/// The link name an object's entry name stands for (`x.rclonelink` -> `x`), if it is a valid name itself.
+pub fn link_name(object_name: &str) -> Option<&str> {
+    object_name
+        .strip_suffix(LINK_SUFFIX)
+        .filter(|n| is_valid_name(n))
+}
+
 /// The entry name an object key from a listing of `dir_prefix` shows as, if it can be shown at all.
 /// Keys outside the prefix, keys naming the prefix itself (`dir/` objects) and keys with names no directory
 /// can hold are hidden.
@@ -105,6 +121,16 @@ mod tests {
         assert_eq!(name_of_common_prefix("a/", "a/../"), None);
         assert_eq!(file_key("a/", "b"), "a/b");
         assert_eq!(dir_prefix("", "b"), "b/");
+    }
+
+    #[test]
+    fn links_are_objects_with_the_rclone_suffix() {
+        assert_eq!(link_key("a/", "x"), "a/x.rclonelink");
+        assert_eq!(link_name("x.rclonelink"), Some("x"));
+        assert_eq!(link_name("x.rclonelink.rclonelink"), Some("x.rclonelink"));
+        for not_a_link in [".rclonelink", "..rclonelink", "x.rclonelinks", "x"] {
+            assert_eq!(link_name(not_a_link), None, "{not_a_link:?}");
+        }
     }
 
     /// Replays every input the fuzzer kept (fuzz/corpus/names), so what it found stays fixed.

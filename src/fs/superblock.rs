@@ -24,6 +24,9 @@ use crate::s3::{ObjectClient, WriteCondition};
 use crate::source::ReadSource;
 
 #[cfg(test)]
+mod link_tests;
+mod links;
+#[cfg(test)]
 mod tests;
 
 /// Listings of one readdir, when our own changes in the directory keep overtaking them.
@@ -98,6 +101,8 @@ impl Superblock {
         let (kind, perm) = match node.kind() {
             Kind::File => (FileKind::File, self.config.file_mode),
             Kind::Directory => (FileKind::Directory, self.config.dir_mode),
+            // As on Linux file systems: a link's own mode is never checked.
+            Kind::Symlink => (FileKind::Symlink, 0o777),
         };
         Attr {
             ino: node.ino(),
@@ -134,7 +139,8 @@ impl Superblock {
     }
 
     /// Asks the bucket what `parent/name` is: the object `key` and the prefix `key/` are checked at once;
-    /// when both exist the directory wins. With `first_bytes` the object is asked for with its first bytes
+    /// when both exist the directory wins. Only when neither exists is the link `key.rclonelink` asked
+    /// for (see [`Self::resolve_link`]). With `first_bytes` the object is asked for with its first bytes
     /// (see [`FirstBytes`]), unless `lookup_prefetch` is 0.
     pub async fn resolve(
         &self,
@@ -142,6 +148,34 @@ impl Superblock {
         name: &str,
         first_bytes: bool,
     ) -> FsResult<Option<(Kind, Stat)>> {
+        Ok(self
+            .resolve_with_target(parent, name, first_bytes, true)
+            .await?
+            .map(|(kind, stat, _)| (kind, stat)))
+    }
+
+    /// [`Self::resolve`] without asking for a link: for a create, which the kernel sends only after its
+    /// lookup (links included) found nothing, so that a new file costs no more requests than it did. A link
+    /// made meanwhile by another client is then shadowed by the file (the file wins).
+    pub async fn resolve_file_or_dir(
+        &self,
+        parent: &Node,
+        name: &str,
+    ) -> FsResult<Option<(Kind, Stat)>> {
+        Ok(self
+            .resolve_with_target(parent, name, false, false)
+            .await?
+            .map(|(kind, stat, _)| (kind, stat)))
+    }
+
+    /// [`Self::resolve`], with a link's target when the name is a link; `links`: ask for the link at all.
+    async fn resolve_with_target(
+        &self,
+        parent: &Node,
+        name: &str,
+        first_bytes: bool,
+        links: bool,
+    ) -> FsResult<Option<(Kind, Stat, Option<String>)>> {
         let key = names::file_key(parent.key(), name);
         let dir_prefix = format!("{key}/");
         let object = async {
@@ -160,15 +194,16 @@ impl Superblock {
         );
         let list = list.map_err(|e| FsError::client(&dir_prefix, e))?;
         if !list.objects.is_empty() || !list.common_prefixes.is_empty() {
-            return Ok(Some((Kind::Directory, Stat::directory())));
+            return Ok(Some((Kind::Directory, Stat::directory(), None)));
         }
         match object {
             Ok((info, first)) => {
                 self.first_bytes
                     .keep(&key, &info.etag, first, &self.config.memory);
-                Ok(Some((Kind::File, Stat::of(&info))))
+                Ok(Some((Kind::File, Stat::of(&info), None)))
             }
             Err(e) => match FsError::client(&key, e) {
+                FsError::NotFound if links => self.resolve_link(parent, name).await,
                 FsError::NotFound => Ok(None),
                 other => Err(other),
             },
@@ -253,13 +288,21 @@ impl Superblock {
                 asking.answer(answer);
             }
         };
-        match self.resolve(parent_node, name, first_bytes).await? {
-            Some((kind, stat)) => {
+        match self
+            .resolve_with_target(parent_node, name, first_bytes, true)
+            .await?
+        {
+            Some((kind, stat, target)) => {
                 let attr = {
                     let mut table = self.table();
+                    let etag = stat.etag.clone();
                     let ino = table.upsert(parent, name, kind, stat, self.expiry(), asked);
                     table.add_lookup(ino);
-                    self.attr_of(table.get(ino).expect("just inserted"))
+                    let node = table.get_mut(ino).expect("just inserted");
+                    if let (Some(target), Some(etag)) = (target, etag) {
+                        node.remember_link_target(&etag, target);
+                    }
+                    self.attr_of(node)
                 };
                 answered(Answer::Found);
                 Ok(attr)
@@ -551,7 +594,7 @@ impl Superblock {
                 "deleting objects needs --allow-delete",
             ));
         }
-        let parent_node = self.dir_node(parent)?;
+        self.dir_node(parent)?;
         let existing = self.table().child(parent, name).cloned();
         let node = match existing {
             Some(n) => n,
@@ -572,7 +615,8 @@ impl Superblock {
         if node.is_pending() {
             return Err(FsError::Busy("the file is being written"));
         }
-        let key = names::file_key(parent_node.key(), name);
+        // A link's object is `name.rclonelink`: the node's key says which object the name stands for.
+        let key = node.key().to_string();
         self.client
             .delete_object(&key)
             .await
@@ -605,18 +649,20 @@ impl Superblock {
                 "rename needs RenameObject, which only directory buckets have",
             ));
         }
-        // The node renamed (None: a file the table does not know) and its key.
+        // The node renamed (None: a file the table does not know), its key and its kind.
         let existing = self.table().child(parent, name).cloned();
-        let (ino, key) = match existing {
+        let (ino, key, kind) = match existing {
             Some(n) if n.kind() == Kind::Directory => {
                 return Err(FsError::CrossDevice(
                     "directories cannot be renamed atomically",
                 ));
             }
             Some(n) if n.is_pending() => return Err(FsError::Busy("the file is being written")),
-            Some(n) => (Some(n.ino()), n.key().to_string()),
+            Some(n) => (Some(n.ino()), n.key().to_string(), n.kind()),
             None => match self.resolve(&from_dir, name, false).await? {
-                Some((Kind::File, _)) => (None, names::file_key(from_dir.key(), name)),
+                Some((kind @ (Kind::File | Kind::Symlink), _)) => {
+                    (None, kind.key(from_dir.key(), name), kind)
+                }
                 Some((Kind::Directory, _)) => {
                     return Err(FsError::CrossDevice(
                         "directories cannot be renamed atomically",
@@ -625,12 +671,20 @@ impl Superblock {
                 None => return Err(FsError::NotFound),
             },
         };
-        let destination = names::file_key(to_dir.key(), new_name);
+        // A link is renamed as its object `name.rclonelink`: a copy-and-delete rename on general-purpose
+        // buckets serves links too as long as it moves `key` to `destination`.
+        let destination = kind.key(to_dir.key(), new_name);
         let target = self.resolve(&to_dir, new_name, false).await?;
         let condition = match target {
             Some((Kind::Directory, _)) => return Err(FsError::IsADirectory),
-            Some((Kind::File, _)) if no_replace => return Err(FsError::Exists),
-            Some((Kind::File, _)) if !self.config.allow_overwrite => {
+            // Two objects under different names: replacing one by the other is not one request.
+            Some((found, _)) if found != kind => {
+                return Err(FsError::CrossDevice(
+                    "a link and a file cannot replace each other in one rename",
+                ));
+            }
+            Some(_) if no_replace => return Err(FsError::Exists),
+            Some(_) if !self.config.allow_overwrite => {
                 return Err(FsError::NotPermitted(
                     "replacing an object needs --allow-overwrite",
                 ));
@@ -667,5 +721,6 @@ fn file_kind(kind: Kind) -> FileKind {
     match kind {
         Kind::File => FileKind::File,
         Kind::Directory => FileKind::Directory,
+        Kind::Symlink => FileKind::Symlink,
     }
 }
