@@ -49,7 +49,7 @@ fn second_epoch_and_remount_read_without_gets() {
     {
         let mount = Mount::new(&bucket, &["--cache", cache_arg]);
         assert_eq!(read_all(mount.path(), &names), expected, "epoch 1");
-        std::thread::sleep(Duration::from_millis(500)); // background cache writes land
+        wait_for_cache_writes(cache.path());
         let before = gets(&bucket);
         assert!(before > 0);
         assert_eq!(read_all(mount.path(), &names), expected, "epoch 2");
@@ -64,6 +64,30 @@ fn second_epoch_and_remount_read_without_gets() {
         before,
         "the cache did not survive the remount"
     );
+}
+
+/// Waits until the background cache writes have landed: the number of block files has not changed for
+/// half a second (a fixed sleep was too short on a loaded machine). Gives up after 30 s; the caller's
+/// request counts then say what is missing.
+fn wait_for_cache_writes(cache: &std::path::Path) {
+    let count = || {
+        std::fs::read_dir(cache.join("blocks"))
+            .map(|d| d.count())
+            .unwrap_or(0)
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let mut last = count();
+    let mut stable_since = std::time::Instant::now();
+    while std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+        let now = count();
+        if now != last {
+            last = now;
+            stable_since = std::time::Instant::now();
+        } else if stable_since.elapsed() >= Duration::from_millis(500) {
+            return;
+        }
+    }
 }
 
 #[test]
