@@ -25,10 +25,11 @@ pub enum Op {
     AbortUpload,
     Delete,
     Rename,
+    Copy,
 }
 
 impl Op {
-    pub const ALL: [Op; 12] = [
+    pub const ALL: [Op; 13] = [
         Op::HeadBucket,
         Op::Head,
         Op::List,
@@ -41,6 +42,7 @@ impl Op {
         Op::AbortUpload,
         Op::Delete,
         Op::Rename,
+        Op::Copy,
     ];
 
     fn index(self) -> usize {
