@@ -53,6 +53,8 @@ pub struct FsConfig {
     pub allow_overwrite: bool,
     pub allow_delete: bool,
     pub incremental_upload: bool,
+    /// Most objects a directory rename may move (`--max-rename-objects`).
+    pub max_rename_objects: u64,
     pub read_part_size: u64,
     /// Most bytes one read handle fetches ahead.
     pub max_prefetch: u64,
@@ -85,6 +87,7 @@ impl FsConfig {
             allow_overwrite: false,
             allow_delete: false,
             incremental_upload: false,
+            max_rename_objects: 1000,
             read_part_size: 8 * 1024 * 1024,
             max_prefetch: 64 * 1024 * 1024,
             lookup_prefetch: 256 * 1024,

@@ -20,9 +20,10 @@ use super::listing::{self, Storms};
 use super::negative::NegativeCache;
 use super::{Attr, DirEntry, FileKind, FsConfig, FsError, FsResult, names};
 use crate::memory::Reservation;
-use crate::s3::{ObjectClient, WriteCondition};
+use crate::s3::ObjectClient;
 use crate::source::ReadSource;
 
+mod rename;
 #[cfg(test)]
 mod tests;
 
@@ -579,86 +580,6 @@ impl Superblock {
             .map_err(|e| FsError::client(&key, e))?;
         debug!(key, "deleted");
         self.table().detach(parent, name);
-        Ok(())
-    }
-
-    /// rename(2): files on directory buckets use RenameObject (atomic). Anything else is EXDEV, so `mv`
-    /// falls back to copy and delete.
-    pub async fn rename(
-        &self,
-        parent: u64,
-        name: &str,
-        new_parent: u64,
-        new_name: &str,
-        no_replace: bool,
-    ) -> FsResult<()> {
-        let _changing_from = self.changing(parent);
-        let _changing_to = self.changing(new_parent);
-        if self.config.read_only {
-            return Err(FsError::ReadOnly);
-        }
-        check_name(new_name)?;
-        let from_dir = self.dir_node(parent)?;
-        let to_dir = self.dir_node(new_parent)?;
-        if !self.client.is_directory_bucket() {
-            return Err(FsError::CrossDevice(
-                "rename needs RenameObject, which only directory buckets have",
-            ));
-        }
-        // The node renamed (None: a file the table does not know) and its key.
-        let existing = self.table().child(parent, name).cloned();
-        let (ino, key) = match existing {
-            Some(n) if n.kind() == Kind::Directory => {
-                return Err(FsError::CrossDevice(
-                    "directories cannot be renamed atomically",
-                ));
-            }
-            Some(n) if n.is_pending() => return Err(FsError::Busy("the file is being written")),
-            Some(n) => (Some(n.ino()), n.key().to_string()),
-            None => match self.resolve(&from_dir, name, false).await? {
-                Some((Kind::File, _)) => (None, names::file_key(from_dir.key(), name)),
-                Some((Kind::Directory, _)) => {
-                    return Err(FsError::CrossDevice(
-                        "directories cannot be renamed atomically",
-                    ));
-                }
-                None => return Err(FsError::NotFound),
-            },
-        };
-        let destination = names::file_key(to_dir.key(), new_name);
-        let target = self.resolve(&to_dir, new_name, false).await?;
-        let condition = match target {
-            Some((Kind::Directory, _)) => return Err(FsError::IsADirectory),
-            Some((Kind::File, _)) if no_replace => return Err(FsError::Exists),
-            Some((Kind::File, _)) if !self.config.allow_overwrite => {
-                return Err(FsError::NotPermitted(
-                    "replacing an object needs --allow-overwrite",
-                ));
-            }
-            _ if no_replace || !self.config.allow_overwrite => WriteCondition::IfNoneMatch,
-            _ => WriteCondition::None,
-        };
-        self.client
-            .rename_object(&key, &destination, condition)
-            .await
-            .map_err(|e| match FsError::client(&destination, e) {
-                FsError::ObjectChanged { .. } => FsError::Exists,
-                other => other,
-            })?;
-        let mut table = self.table();
-        match ino {
-            Some(ino) => {
-                table.rename(parent, name, new_parent, new_name);
-                if let Some(n) = table.get_mut(ino) {
-                    n.expire();
-                }
-            }
-            None => {
-                table.detach(new_parent, new_name);
-            }
-        }
-        drop(table);
-        self.negative.forget(new_parent, new_name);
         Ok(())
     }
 }
