@@ -249,8 +249,8 @@ impl S3Filesystem {
         self.sb.unlink(parent, name).await
     }
 
-    /// rename(2): files on directory buckets use RenameObject (atomic). Anything else is EXDEV, so `mv`
-    /// falls back to copy and delete.
+    /// rename(2) of files and directories on both bucket kinds (see `superblock/rename.rs`); EXDEV, so
+    /// that `mv` copies instead, only past `--max-rename-objects` or the 5 GB CopyObject limit.
     pub async fn rename(
         &self,
         parent: u64,
