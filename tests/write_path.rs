@@ -370,7 +370,12 @@ fn directory_rename_past_the_limit_is_exdev_and_moves_nothing() {
     for directory in [true, false] {
         let bucket = fresh_bucket(directory, "dlim");
         for i in 0..4 {
-            put(common::emulator(), &bucket, &format!("d/{i}"), vec![i as u8]);
+            put(
+                common::emulator(),
+                &bucket,
+                &format!("d/{i}"),
+                vec![i as u8],
+            );
         }
         let mount = Mount::new(&bucket, &["-o", "max-rename-objects=3"]);
         assert_eq!(
