@@ -703,6 +703,18 @@ async fn copies(c: Arc<dyn ObjectClient>) {
         .unwrap();
     assert_eq!(c.head_object("dst/e").await.unwrap().size, 70_000);
 
+    // If-Match on the destination: refused unless it is the version named.
+    let current = c.head_object("dst/d").await.unwrap().etag;
+    assert_eq!(
+        c.copy_object("src/a", "dst/d", WriteCondition::IfMatch("\"nope\"".into()))
+            .await,
+        Err(precondition("dst/d"))
+    );
+    c.copy_object("src/a", "dst/d", WriteCondition::IfMatch(current))
+        .await
+        .unwrap();
+    assert_eq!(c.head_object("dst/d").await.unwrap().size, 70_000);
+
     // A missing source names the source key and writes nothing.
     assert_eq!(
         c.copy_object("src/none", "dst/f", WriteCondition::None)
