@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The test command: installs what is missing, builds once, runs every test (Rust unit and integration tests
-# with real FUSE mounts against the bundled emulator, then the boto3 conformance script).
+# with real FUSE mounts against the bundled emulator, then the boto3 conformance script, then the framework
+# suite: Orbax, TensorFlow, h5py, sqlite, fio, rsync on a local directory and on mounts of both bucket kinds).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export AWS_EC2_METADATA_DISABLED=true
@@ -19,3 +20,6 @@ fi
 
 echo "== boto3 conformance against the emulator"
 EXPRESSFS_EMULATOR="$PWD/target/debug/expressfs-emulator" .venv/bin/python tests/conformance/boto3_conformance.py
+
+echo "== framework suite (tests/frameworks: local directory must pass; on the mounts, what already works must)"
+bash scripts/run-framework-suite.sh --guard

@@ -53,6 +53,9 @@ pub struct Args {
     /// Allow deleting objects (unlink)
     #[arg(long, help_heading = "Mount options")]
     pub allow_delete: bool,
+    /// Most objects a directory rename moves; bigger directories are refused (EXDEV) before anything moves
+    #[arg(long, default_value_t = 1000, help_heading = "Mount options")]
+    pub max_rename_objects: u64,
     /// Directory buckets: opening an existing file without O_TRUNC appends to it
     #[arg(long, help_heading = "Mount options")]
     pub incremental_upload: bool,

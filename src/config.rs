@@ -96,6 +96,7 @@ impl Args {
         config.allow_overwrite = self.allow_overwrite;
         config.allow_delete = self.allow_delete;
         config.incremental_upload = self.incremental_upload;
+        config.max_rename_objects = self.max_rename_objects;
         config.read_part_size = self.read_part_size();
         config.write_part_size = self.write_part_size();
         config.max_prefetch = self.max_prefetch;
@@ -204,6 +205,7 @@ mod tests {
         assert_eq!(c.negative_metadata_ttl, Duration::from_secs(1));
         assert_eq!(c.staging_limit, 256 << 20);
         assert_eq!(c.staging_dir, Some(std::env::temp_dir()));
+        assert_eq!(c.max_rename_objects, 1000);
     }
 
     #[test]
@@ -228,6 +230,7 @@ mod tests {
             "--negative-metadata-ttl=minimal",
             "--cache=/var/cache/x",
             "--max-staged-file-size=1G",
+            "--max-rename-objects=7",
         ])
         .fs_config();
         assert_eq!((c.uid, c.gid), (7, 8));
@@ -244,6 +247,12 @@ mod tests {
         assert_eq!(c.negative_metadata_ttl, Duration::ZERO);
         assert_eq!(c.staging_limit, 1 << 30);
         assert_eq!(c.staging_dir, Some(PathBuf::from("/var/cache/x/staging")));
+        assert_eq!(c.max_rename_objects, 7);
+
+        // fstab spelling.
+        let o = args(&["-o", "max-rename-objects=20,allow_delete"]).fs_config();
+        assert_eq!(o.max_rename_objects, 20);
+        assert!(o.allow_delete);
 
         let ro = args(&["-o", "ro", "--part-size=16M"]).fs_config();
         assert!(ro.read_only);

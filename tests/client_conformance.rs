@@ -82,6 +82,7 @@ conformance!(
     multipart_part_rules,
     delete_of_missing_keys,
     renames,
+    copies,
 );
 
 fn pattern(seed: u8, len: usize) -> Vec<u8> {
@@ -663,4 +664,62 @@ async fn renames(c: Arc<dyn ObjectClient>) {
             Err(not_found("nothing/here"))
         );
     }
+}
+
+async fn copies(c: Arc<dyn ObjectClient>) {
+    let c = &*c;
+    let data = pattern(7, 70_000);
+    put(c, "src/a", &data).await;
+    let copied = c
+        .copy_object("src/a", "dst/b", WriteCondition::None)
+        .await
+        .unwrap();
+    // The source stays; the copy has the same bytes and reports the ETag a HEAD then shows.
+    assert_eq!(c.head_object("src/a").await.unwrap().size, 70_000);
+    let info = c.head_object("dst/b").await.unwrap();
+    assert_eq!((info.size, &info.etag), (70_000, &copied.etag));
+    assert!(c.get_object("dst/b", 0..70_000, None).await.unwrap() == data);
+
+    // Unconditional: replaces an existing destination.
+    put(c, "dst/c", b"old").await;
+    c.copy_object("src/a", "dst/c", WriteCondition::None)
+        .await
+        .unwrap();
+    assert_eq!(c.head_object("dst/c").await.unwrap().size, 70_000);
+
+    // If-None-Match refuses an existing destination and leaves it as it was; a free one is written.
+    put(c, "dst/d", b"keep").await;
+    assert_eq!(
+        c.copy_object("src/a", "dst/d", WriteCondition::IfNoneMatch)
+            .await,
+        Err(precondition("dst/d"))
+    );
+    assert_eq!(
+        c.get_object("dst/d", 0..10, None).await.unwrap(),
+        &b"keep"[..]
+    );
+    c.copy_object("src/a", "dst/e", WriteCondition::IfNoneMatch)
+        .await
+        .unwrap();
+    assert_eq!(c.head_object("dst/e").await.unwrap().size, 70_000);
+
+    // If-Match on the destination: refused unless it is the version named.
+    let current = c.head_object("dst/d").await.unwrap().etag;
+    assert_eq!(
+        c.copy_object("src/a", "dst/d", WriteCondition::IfMatch("\"nope\"".into()))
+            .await,
+        Err(precondition("dst/d"))
+    );
+    c.copy_object("src/a", "dst/d", WriteCondition::IfMatch(current))
+        .await
+        .unwrap();
+    assert_eq!(c.head_object("dst/d").await.unwrap().size, 70_000);
+
+    // A missing source names the source key and writes nothing.
+    assert_eq!(
+        c.copy_object("src/none", "dst/f", WriteCondition::None)
+            .await,
+        Err(not_found("src/none"))
+    );
+    assert_eq!(c.head_object("dst/f").await, Err(not_found("dst/f")));
 }

@@ -141,22 +141,18 @@ fn unlink_and_rename_of_links() {
             errno_of(fs::symlink_metadata(mount.path().join("gone"))),
             libc::ENOENT
         );
-        let renamed = fs::rename(mount.path().join("a"), mount.path().join("b"));
-        if directory {
-            renamed.unwrap();
-            assert!(get(common::emulator(), &bucket, "a.rclonelink").is_none());
-            assert_eq!(
-                get(common::emulator(), &bucket, "b.rclonelink").as_deref(),
-                Some(&b"target"[..])
-            );
-            assert_eq!(
-                fs::read_link(mount.path().join("b")).unwrap(),
-                Path::new("target")
-            );
-        } else {
-            assert_eq!(errno_of(renamed), libc::EXDEV, "{bucket}");
-            assert!(get(common::emulator(), &bucket, "a.rclonelink").is_some());
-        }
+        // RenameObject on directory buckets, copy + delete on general-purpose ones.
+        fs::rename(mount.path().join("a"), mount.path().join("b")).unwrap();
+        assert!(get(common::emulator(), &bucket, "a.rclonelink").is_none());
+        assert_eq!(
+            get(common::emulator(), &bucket, "b.rclonelink").as_deref(),
+            Some(&b"target"[..]),
+            "{bucket}"
+        );
+        assert_eq!(
+            fs::read_link(mount.path().join("b")).unwrap(),
+            Path::new("target")
+        );
         assert!(mount.unmount().success());
     }
 }

@@ -1,6 +1,6 @@
 //! Write path through a real FUSE mount and the real SDK: checkpoints streamed as multipart uploads,
-//! conditional creation, overwrite and delete flags, mkdir/rmdir, append and atomic rename on directory
-//! buckets, and out-of-order writes staged locally.
+//! conditional creation, overwrite and delete flags, mkdir/rmdir, append, rename of files and directories on
+//! both bucket kinds, and out-of-order writes staged locally.
 
 mod common;
 
@@ -247,57 +247,155 @@ fn append_on_directory_bucket_and_concurrent_writer_gets_eio() {
 }
 
 #[test]
-fn rename_is_atomic_on_directory_buckets_and_exdev_on_general() {
-    let bucket = fresh_bucket(true, "ren");
-    let mount = Mount::new(&bucket, &[]);
-    fs::write(mount.path().join("tmp.ckpt"), b"weights").unwrap();
-    fs::create_dir(mount.path().join("final")).unwrap();
-    fs::rename(
-        mount.path().join("tmp.ckpt"),
-        mount.path().join("final/model.ckpt"),
-    )
-    .unwrap();
-    assert_eq!(
-        get(common::emulator(), &bucket, "final/model.ckpt").unwrap(),
-        b"weights"
-    );
-    assert!(get(common::emulator(), &bucket, "tmp.ckpt").is_none());
-    assert_eq!(
-        errno_of(fs::metadata(mount.path().join("tmp.ckpt"))),
-        libc::ENOENT
-    );
-    assert_eq!(
-        fs::read(mount.path().join("final/model.ckpt")).unwrap(),
-        b"weights"
-    );
-    // Replacing needs --allow-overwrite.
-    fs::write(mount.path().join("b"), b"b").unwrap();
-    assert_eq!(
-        errno_of(fs::rename(
+fn file_rename_on_both_bucket_kinds_and_the_overwrite_rule() {
+    for directory in [true, false] {
+        let bucket = fresh_bucket(directory, "ren");
+        let mount = Mount::new(&bucket, &[]);
+        fs::write(mount.path().join("tmp.ckpt"), b"weights").unwrap();
+        fs::create_dir(mount.path().join("final")).unwrap();
+        fs::rename(
+            mount.path().join("tmp.ckpt"),
+            mount.path().join("final/model.ckpt"),
+        )
+        .unwrap();
+        assert_eq!(
+            get(common::emulator(), &bucket, "final/model.ckpt").unwrap(),
+            b"weights"
+        );
+        assert!(get(common::emulator(), &bucket, "tmp.ckpt").is_none());
+        // Directory buckets: one atomic RenameObject; general-purpose: CopyObject then DeleteObject.
+        let (renames, copies) = (
+            common::op_count(&bucket, "RenameObject"),
+            common::op_count(&bucket, "CopyObject"),
+        );
+        assert_eq!(
+            (renames, copies),
+            if directory { (1, 0) } else { (0, 1) },
+            "{bucket}"
+        );
+        assert_eq!(
+            errno_of(fs::metadata(mount.path().join("tmp.ckpt"))),
+            libc::ENOENT
+        );
+        assert_eq!(
+            fs::read(mount.path().join("final/model.ckpt")).unwrap(),
+            b"weights"
+        );
+        // Replacing needs --allow-overwrite, on both kinds.
+        fs::write(mount.path().join("b"), b"b").unwrap();
+        assert_eq!(
+            errno_of(fs::rename(
+                mount.path().join("b"),
+                mount.path().join("final/model.ckpt")
+            )),
+            libc::EPERM
+        );
+        assert_eq!(
+            get(common::emulator(), &bucket, "final/model.ckpt").unwrap(),
+            b"weights"
+        );
+        drop(mount);
+        let mount = Mount::new(&bucket, &["--allow-overwrite"]);
+        fs::rename(
             mount.path().join("b"),
-            mount.path().join("final/model.ckpt")
-        )),
-        libc::EPERM
-    );
-    drop(mount);
-    let mount = Mount::new(&bucket, &["--allow-overwrite"]);
-    fs::rename(
-        mount.path().join("b"),
-        mount.path().join("final/model.ckpt"),
-    )
-    .unwrap();
-    assert_eq!(
-        get(common::emulator(), &bucket, "final/model.ckpt").unwrap(),
-        b"b"
-    );
+            mount.path().join("final/model.ckpt"),
+        )
+        .unwrap();
+        assert_eq!(
+            get(common::emulator(), &bucket, "final/model.ckpt").unwrap(),
+            b"b"
+        );
+        assert!(get(common::emulator(), &bucket, "b").is_none());
+        // os.replace(tmp, final) as trainers save checkpoints.
+        for step in 0..3u8 {
+            fs::write(mount.path().join("ckpt.tmp"), [step; 100]).unwrap();
+            fs::rename(mount.path().join("ckpt.tmp"), mount.path().join("ckpt")).unwrap();
+            assert_eq!(fs::read(mount.path().join("ckpt")).unwrap(), [step; 100]);
+        }
+    }
+}
 
-    let general = fresh_bucket(false, "ren");
-    put(common::emulator(), &general, "a", b"1".to_vec());
-    let mount = Mount::new(&general, &[]);
-    assert_eq!(
-        errno_of(fs::rename(mount.path().join("a"), mount.path().join("b"))),
-        libc::EXDEV
-    );
+#[test]
+fn directory_rename_on_both_bucket_kinds() {
+    for directory in [true, false] {
+        let bucket = fresh_bucket(directory, "dren");
+        for key in ["step.tmp/a", "step.tmp/sub/b", "step.tmpx"] {
+            put(common::emulator(), &bucket, key, key.as_bytes().to_vec());
+        }
+        let mount = Mount::new(&bucket, &[]);
+        let root = mount.path();
+        // Looked up (and a handle to the subdirectory kept) before the rename.
+        assert_eq!(fs::read(root.join("step.tmp/a")).unwrap(), b"step.tmp/a");
+        let sub = fs::read_dir(root.join("step.tmp/sub")).unwrap().count();
+        assert_eq!(sub, 1);
+        fs::rename(root.join("step.tmp"), root.join("step_1")).unwrap();
+        assert_eq!(
+            get(common::emulator(), &bucket, "step_1/sub/b").unwrap(),
+            b"step.tmp/sub/b"
+        );
+        assert!(get(common::emulator(), &bucket, "step_1/a").is_some());
+        assert!(get(common::emulator(), &bucket, "step.tmp/a").is_none());
+        assert!(get(common::emulator(), &bucket, "step.tmp/sub/b").is_none());
+        assert!(get(common::emulator(), &bucket, "step.tmpx").is_some());
+        assert_eq!(
+            fs::read(root.join("step_1/sub/b")).unwrap(),
+            b"step.tmp/sub/b"
+        );
+        assert_eq!(errno_of(fs::metadata(root.join("step.tmp"))), libc::ENOENT);
+        let mut names: Vec<String> = fs::read_dir(root)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        names.sort();
+        assert_eq!(names, ["step.tmpx", "step_1"]);
+        // Into its own subtree: EINVAL; onto a non-empty directory: ENOTEMPTY; onto an empty one: fine.
+        assert_eq!(
+            errno_of(fs::rename(root.join("step_1"), root.join("step_1/sub/x"))),
+            libc::EINVAL
+        );
+        fs::create_dir(root.join("full")).unwrap();
+        fs::write(root.join("full/f"), b"f").unwrap();
+        assert_eq!(
+            errno_of(fs::rename(root.join("step_1"), root.join("full"))),
+            libc::ENOTEMPTY
+        );
+        fs::create_dir(root.join("empty")).unwrap();
+        fs::rename(root.join("step_1"), root.join("empty")).unwrap();
+        assert_eq!(fs::read(root.join("empty/a")).unwrap(), b"step.tmp/a");
+    }
+}
+
+#[test]
+fn directory_rename_past_the_limit_is_exdev_and_moves_nothing() {
+    for directory in [true, false] {
+        let bucket = fresh_bucket(directory, "dlim");
+        for i in 0..4 {
+            put(
+                common::emulator(),
+                &bucket,
+                &format!("d/{i}"),
+                vec![i as u8],
+            );
+        }
+        let mount = Mount::new(&bucket, &["-o", "max-rename-objects=3"]);
+        assert_eq!(
+            errno_of(fs::rename(mount.path().join("d"), mount.path().join("e"))),
+            libc::EXDEV
+        );
+        for op in ["RenameObject", "CopyObject", "DeleteObject"] {
+            assert_eq!(common::op_count(&bucket, op), 0, "{bucket}: {op}");
+        }
+        assert!(get(common::emulator(), &bucket, "d/3").is_some());
+        drop(mount);
+        let mount = Mount::new(&bucket, &["--max-rename-objects", "4"]);
+        fs::rename(mount.path().join("d"), mount.path().join("e")).unwrap();
+        for i in 0..4 {
+            assert_eq!(
+                get(common::emulator(), &bucket, &format!("e/{i}")).unwrap(),
+                [i as u8]
+            );
+        }
+    }
 }
 
 #[test]

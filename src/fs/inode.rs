@@ -412,6 +412,24 @@ impl InodeTable {
             .insert((new_parent, new_name.to_string()), ino);
     }
 
+    /// A file under the key prefix `prefix` is being written (its bytes are not all in the bucket).
+    pub fn writing_under(&self, prefix: &str) -> bool {
+        self.nodes
+            .values()
+            .any(|n| n.key.starts_with(prefix) && n.is_being_written())
+    }
+
+    /// After a directory moved from `old_prefix` to `new_prefix`: the nodes below it (numbers and names
+    /// unchanged) take keys under the new prefix, and are asked about again on their next lookup.
+    pub fn move_keys_under(&mut self, old_prefix: &str, new_prefix: &str) {
+        for n in self.nodes.values_mut() {
+            if let Some(rest) = n.key.strip_prefix(old_prefix) {
+                n.key = format!("{new_prefix}{rest}");
+                n.expire();
+            }
+        }
+    }
+
     pub fn len(&self) -> usize {
         self.nodes.len()
     }
@@ -496,6 +514,27 @@ mod tests {
         t.forget(a, 1);
         assert!(t.get(a).is_none());
         assert!(t.child(ROOT_INO, "a").is_none());
+    }
+
+    #[test]
+    fn moving_a_directory_rekeys_what_lies_below_it() {
+        let mut t = InodeTable::new("");
+        let d = t.add(ROOT_INO, "d", Kind::Directory, later());
+        let sub = t.add(d, "s", Kind::Directory, later());
+        let f = t.add(sub, "f", Kind::File, later());
+        let other = t.add(ROOT_INO, "dx", Kind::File, later());
+        assert!(!t.writing_under("d/"));
+        t.get_mut(f).unwrap().start_write();
+        assert!(t.writing_under("d/") && !t.writing_under("e/"));
+        t.rename(ROOT_INO, "d", ROOT_INO, "e");
+        t.move_keys_under("d/", "e/");
+        assert_eq!(t.get(d).unwrap().key, "e/");
+        assert_eq!(t.get(sub).unwrap().key, "e/s/");
+        assert_eq!(t.get(f).unwrap().key, "e/s/f");
+        assert!(!t.get(sub).unwrap().is_fresh(Instant::now()));
+        // A sibling sharing the name's first letters is not below it.
+        assert_eq!(t.get(other).unwrap().key, "dx");
+        assert_eq!(t.child(sub, "f").unwrap().ino, f);
     }
 
     #[test]

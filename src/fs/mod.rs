@@ -55,6 +55,8 @@ pub struct FsConfig {
     pub allow_overwrite: bool,
     pub allow_delete: bool,
     pub incremental_upload: bool,
+    /// Most objects a directory rename may move (`--max-rename-objects`).
+    pub max_rename_objects: u64,
     pub read_part_size: u64,
     /// Most bytes one read handle fetches ahead.
     pub max_prefetch: u64,
@@ -87,6 +89,7 @@ impl FsConfig {
             allow_overwrite: false,
             allow_delete: false,
             incremental_upload: false,
+            max_rename_objects: 1000,
             read_part_size: 8 * 1024 * 1024,
             max_prefetch: 64 * 1024 * 1024,
             lookup_prefetch: 256 * 1024,
@@ -258,8 +261,8 @@ impl S3Filesystem {
         self.sb.unlink(parent, name).await
     }
 
-    /// rename(2): files on directory buckets use RenameObject (atomic). Anything else is EXDEV, so `mv`
-    /// falls back to copy and delete.
+    /// rename(2) of files and directories on both bucket kinds (see `superblock/rename.rs`); EXDEV, so
+    /// that `mv` copies instead, only past `--max-rename-objects` or the 5 GB CopyObject limit.
     pub async fn rename(
         &self,
         parent: u64,

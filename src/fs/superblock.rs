@@ -20,12 +20,13 @@ use super::listing::{self, Storms};
 use super::negative::NegativeCache;
 use super::{Attr, DirEntry, FileKind, FsConfig, FsError, FsResult, names};
 use crate::memory::Reservation;
-use crate::s3::{ObjectClient, WriteCondition};
+use crate::s3::ObjectClient;
 use crate::source::ReadSource;
 
 #[cfg(test)]
 mod link_tests;
 mod links;
+mod rename;
 #[cfg(test)]
 mod tests;
 
@@ -623,96 +624,6 @@ impl Superblock {
             .map_err(|e| FsError::client(&key, e))?;
         debug!(key, "deleted");
         self.table().detach(parent, name);
-        Ok(())
-    }
-
-    /// rename(2): files on directory buckets use RenameObject (atomic). Anything else is EXDEV, so `mv`
-    /// falls back to copy and delete.
-    pub async fn rename(
-        &self,
-        parent: u64,
-        name: &str,
-        new_parent: u64,
-        new_name: &str,
-        no_replace: bool,
-    ) -> FsResult<()> {
-        let _changing_from = self.changing(parent);
-        let _changing_to = self.changing(new_parent);
-        if self.config.read_only {
-            return Err(FsError::ReadOnly);
-        }
-        check_name(new_name)?;
-        let from_dir = self.dir_node(parent)?;
-        let to_dir = self.dir_node(new_parent)?;
-        if !self.client.is_directory_bucket() {
-            return Err(FsError::CrossDevice(
-                "rename needs RenameObject, which only directory buckets have",
-            ));
-        }
-        // The node renamed (None: a file the table does not know), its key and its kind.
-        let existing = self.table().child(parent, name).cloned();
-        let (ino, key, kind) = match existing {
-            Some(n) if n.kind() == Kind::Directory => {
-                return Err(FsError::CrossDevice(
-                    "directories cannot be renamed atomically",
-                ));
-            }
-            Some(n) if n.is_pending() => return Err(FsError::Busy("the file is being written")),
-            Some(n) => (Some(n.ino()), n.key().to_string(), n.kind()),
-            None => match self.resolve(&from_dir, name, false).await? {
-                Some((kind @ (Kind::File | Kind::Symlink), _)) => {
-                    (None, kind.key(from_dir.key(), name), kind)
-                }
-                Some((Kind::Directory, _)) => {
-                    return Err(FsError::CrossDevice(
-                        "directories cannot be renamed atomically",
-                    ));
-                }
-                None => return Err(FsError::NotFound),
-            },
-        };
-        // A link is renamed as its object `name.rclonelink`: a copy-and-delete rename on general-purpose
-        // buckets serves links too as long as it moves `key` to `destination`.
-        let destination = kind.key(to_dir.key(), new_name);
-        let target = self.resolve(&to_dir, new_name, false).await?;
-        let condition = match target {
-            Some((Kind::Directory, _)) => return Err(FsError::IsADirectory),
-            // Two objects under different names: replacing one by the other is not one request.
-            Some((found, _)) if found != kind => {
-                return Err(FsError::CrossDevice(
-                    "a link and a file cannot replace each other in one rename",
-                ));
-            }
-            Some(_) if no_replace => return Err(FsError::Exists),
-            Some(_) if !self.config.allow_overwrite => {
-                return Err(FsError::NotPermitted(
-                    "replacing an object needs --allow-overwrite",
-                ));
-            }
-            _ if no_replace || !self.config.allow_overwrite => WriteCondition::IfNoneMatch,
-            _ => WriteCondition::None,
-        };
-        self.client
-            .rename_object(&key, &destination, condition)
-            .await
-            .map_err(|e| match FsError::client(&destination, e) {
-                FsError::ObjectChanged { .. } => FsError::Exists,
-                other => other,
-            })?;
-        let mut table = self.table();
-        match ino {
-            Some(ino) => {
-                table.rename(parent, name, new_parent, new_name);
-                if let Some(n) = table.get_mut(ino) {
-                    n.expire();
-                }
-            }
-            None => {
-                table.detach(new_parent, new_name);
-            }
-        }
-        drop(table);
-        self.negative.forget(new_parent, new_name);
         Ok(())
     }
 }

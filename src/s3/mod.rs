@@ -18,6 +18,9 @@ use bytes::Bytes;
 
 pub use error::ClientError;
 
+/// Largest source a single CopyObject may copy (5 GB, the service's limit); larger ones need UploadPartCopy.
+pub const MAX_COPY_OBJECT_SIZE: u64 = 5_000_000_000;
+
 /// Metadata of one object as returned by HeadObject or ListObjectsV2.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ObjectInfo {
@@ -190,6 +193,16 @@ pub trait ObjectClient: Send + Sync + 'static {
     async fn abort_multipart_upload(&self, key: &str, upload_id: &str) -> Result<(), ClientError>;
 
     async fn delete_object(&self, key: &str) -> Result<(), ClientError>;
+
+    /// Server-side CopyObject of `source_key` to `destination_key` in this bucket (no bytes pass through
+    /// us). `destination_condition` applies to the destination (`IfNoneMatch` refuses to replace an object).
+    /// The service copies at most [`MAX_COPY_OBJECT_SIZE`] bytes this way.
+    async fn copy_object(
+        &self,
+        source_key: &str,
+        destination_key: &str,
+        destination_condition: WriteCondition,
+    ) -> Result<PutResult, ClientError>;
 
     /// Directory buckets only: atomic RenameObject. `destination_condition` applies to the destination key
     /// (`IfNoneMatch` refuses to replace an existing object).

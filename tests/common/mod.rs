@@ -394,25 +394,31 @@ pub fn is_mounted(dir: &Path) -> bool {
 /// Uploads many objects concurrently through the SDK (setup for listing tests).
 pub fn put_many(emu: &Emulator, bucket: &str, objects: Vec<(String, Vec<u8>)>) {
     let client = s3_client(emu);
+    let bucket = bucket.to_string();
     runtime().block_on(async {
-        use futures::StreamExt;
-        futures::stream::iter(objects)
-            .map(|(key, data)| {
-                let client = client.clone();
-                async move {
+        // 32 at a time, each task taking the next object from a shared queue.
+        let queue = std::sync::Arc::new(std::sync::Mutex::new(objects));
+        let mut tasks = tokio::task::JoinSet::new();
+        for _ in 0..32 {
+            let (client, queue, bucket) = (client.clone(), queue.clone(), bucket.clone());
+            tasks.spawn(async move {
+                loop {
+                    let next = queue.lock().unwrap().pop();
+                    let Some((key, data)) = next else { break };
                     client
                         .put_object()
-                        .bucket(bucket)
+                        .bucket(&bucket)
                         .key(&key)
                         .body(data.into())
                         .send()
                         .await
                         .unwrap_or_else(|e| panic!("put {key}: {e:?}"));
                 }
-            })
-            .buffer_unordered(32)
-            .collect::<Vec<_>>()
-            .await;
+            });
+        }
+        while let Some(done) = tasks.join_next().await {
+            done.expect("upload task");
+        }
     });
 }
 

@@ -52,6 +52,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--markdown", action="store_true")
     ap.add_argument("--require", default="", help="comma-separated columns that must be all pass")
+    ap.add_argument("--must-pass", default="", help="file of 'COLUMN TEST' lines that must pass (a regression guard)")
     ap.add_argument("columns", nargs="+", metavar="NAME=XML")
     args = ap.parse_args()
 
@@ -94,6 +95,14 @@ def main():
     if bad:
         print(f"\nrequired columns not all green: {', '.join(bad)}")
         return 1
+    if args.must_pass:
+        with open(args.must_pass) as f:
+            pairs = [l.split() for l in f if l.strip() and not l.lstrip().startswith("#")]
+        regressed = [f"{c} / {t}" for c, t in pairs if c in data and cell(c, t) != "pass"]
+        if regressed:
+            print("\nexpected to pass, did not: " + "; ".join(regressed))
+            return 1
+        print(f"\nall {len(pairs)} tests expected to pass on the mounts passed")
     return 0
 
 

@@ -193,7 +193,7 @@ async fn unlink_deletes_the_link_object_and_nothing_else() {
 }
 
 #[tokio::test]
-async fn rename_moves_the_link_object_on_directory_buckets_only() {
+async fn rename_moves_the_link_object_on_both_bucket_kinds() {
     let mut c = config();
     c.allow_overwrite = true;
     let files: [(&str, &[u8]); 2] = [("a.rclonelink", b"t"), ("f", b"data")];
@@ -218,12 +218,15 @@ async fn rename_moves_the_link_object_on_directory_buckets_only() {
     ));
     assert_eq!(fake.object("f").as_deref(), Some(&b"data"[..]));
 
+    // General-purpose buckets: copy, then delete.
     let (fake, fs) = fs_with(&files, c, false).await;
-    assert!(matches!(
-        fs.rename(ROOT_INO, "a", ROOT_INO, "b", false).await,
-        Err(FsError::CrossDevice(_))
-    ));
-    assert_eq!(fake.object("a.rclonelink").as_deref(), Some(&b"t"[..]));
+    fs.rename(ROOT_INO, "a", ROOT_INO, "b", false)
+        .await
+        .unwrap();
+    assert!(fake.object("a.rclonelink").is_none());
+    assert_eq!(fake.object("b.rclonelink").as_deref(), Some(&b"t"[..]));
+    let b = fs.lookup(ROOT_INO, "b").await.unwrap();
+    assert_eq!(b.kind, FileKind::Symlink);
 }
 
 #[tokio::test]

@@ -25,10 +25,11 @@ pub enum Op {
     AbortUpload,
     Delete,
     Rename,
+    Copy,
 }
 
 impl Op {
-    pub const ALL: [Op; 12] = [
+    pub const ALL: [Op; 13] = [
         Op::HeadBucket,
         Op::Head,
         Op::List,
@@ -41,6 +42,7 @@ impl Op {
         Op::AbortUpload,
         Op::Delete,
         Op::Rename,
+        Op::Copy,
     ];
 
     fn index(self) -> usize {
@@ -139,6 +141,8 @@ pub struct FaultPlan {
 #[derive(Default)]
 struct Plan {
     failures: HashMap<Op, (u64, ClientError)>,
+    /// Requests of an operation let through before its planned failures start.
+    skips: HashMap<Op, u64>,
     gates: HashMap<Op, Gate>,
 }
 
@@ -151,11 +155,18 @@ impl FaultPlan {
     /// plan for `op`).
     pub fn fail_next(&self, op: Op, n: u64, error: ClientError) {
         let mut plan = self.plan();
+        plan.skips.remove(&op);
         if n == 0 {
             plan.failures.remove(&op);
         } else {
             plan.failures.insert(op, (n, error));
         }
+    }
+
+    /// As [`Self::fail_next`], once `skip` more requests of `op` have gone through untouched.
+    pub fn fail_after(&self, op: Op, skip: u64, n: u64, error: ClientError) {
+        self.fail_next(op, n, error);
+        self.plan().skips.insert(op, skip);
     }
 
     /// Holds every later answer of `op` until the returned gate lets it through.
@@ -170,6 +181,12 @@ impl FaultPlan {
     /// The injected error for this request of `op`, if one is planned.
     pub(super) fn take_failure(&self, op: Op) -> Option<ClientError> {
         let mut plan = self.plan();
+        if let Some(skip) = plan.skips.get_mut(&op)
+            && *skip > 0
+        {
+            *skip -= 1;
+            return None;
+        }
         let (left, error) = plan.failures.get_mut(&op)?;
         *left -= 1;
         let error = error.clone();

@@ -380,6 +380,29 @@ impl FakeClient {
         }
         Ok(())
     }
+
+    fn copy(
+        &self,
+        source_key: &str,
+        destination_key: &str,
+        condition: &WriteCondition,
+    ) -> Result<PutResult, ClientError> {
+        let mut state = self.state();
+        let source = state
+            .objects
+            .get(source_key)
+            .ok_or_else(|| ClientError::NotFound {
+                key: source_key.into(),
+            })?;
+        if source.data.len() as u64 > super::MAX_COPY_OBJECT_SIZE {
+            return Err(invalid_argument(
+                "The specified copy source is larger than the maximum allowable size for a copy source",
+            ));
+        }
+        let data = source.data.clone();
+        self.check(&state, destination_key, condition)?;
+        Ok(self.store(&mut state, destination_key, data))
+    }
 }
 
 fn info(key: &str, s: &Stored) -> ObjectInfo {
@@ -558,6 +581,17 @@ impl ObjectClient for FakeClient {
         self.send(Op::Delete)?;
         self.state().objects.remove(key);
         self.answer(Op::Delete, Ok(())).await
+    }
+
+    async fn copy_object(
+        &self,
+        source_key: &str,
+        destination_key: &str,
+        destination_condition: WriteCondition,
+    ) -> Result<PutResult, ClientError> {
+        self.send(Op::Copy)?;
+        let result = self.copy(source_key, destination_key, &destination_condition);
+        self.answer(Op::Copy, result).await
     }
 
     async fn rename_object(

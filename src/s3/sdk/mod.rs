@@ -526,6 +526,20 @@ impl ObjectClient for SdkClient {
         self.traced("DeleteObject", key, call).await
     }
 
+    async fn copy_object(
+        &self,
+        source_key: &str,
+        destination_key: &str,
+        destination_condition: WriteCondition,
+    ) -> Result<PutResult, ClientError> {
+        self.traced(
+            "CopyObject",
+            source_key,
+            self.copy(source_key, destination_key, destination_condition),
+        )
+        .await
+    }
+
     async fn rename_object(
         &self,
         source_key: &str,

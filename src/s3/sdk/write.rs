@@ -279,6 +279,41 @@ impl SdkClient {
         .await
     }
 
+    pub(super) async fn copy(
+        &self,
+        source_key: &str,
+        destination_key: &str,
+        condition: WriteCondition,
+    ) -> Result<PutResult, ClientError> {
+        let source = copy_source(&self.config.bucket, source_key);
+        let result = self
+            .run(|client| {
+                let request = client
+                    .copy_object()
+                    .bucket(&self.config.bucket)
+                    .key(destination_key)
+                    .copy_source(source.clone());
+                let request = with_condition!(request, &condition);
+                let request = request.customize().config_override(self.upload_timeouts());
+                async move {
+                    let out = request.send().await.map_err(self.map_err(source_key))?;
+                    let etag = out.copy_object_result().and_then(|r| r.e_tag());
+                    Ok(PutResult {
+                        etag: required_etag(etag, "CopyObject", destination_key)?,
+                        size: None,
+                    })
+                }
+            })
+            .await;
+        // Our only preconditions are on the destination.
+        result.map_err(|e| match e {
+            ClientError::PreconditionFailed { .. } => ClientError::PreconditionFailed {
+                key: destination_key.to_string(),
+            },
+            other => other,
+        })
+    }
+
     pub(super) async fn rename(
         &self,
         source_key: &str,
@@ -325,6 +360,14 @@ impl SdkClient {
     }
 }
 
+/// `x-amz-copy-source`: bucket and key, URL-encoded, without a leading `/`.
+pub(super) fn copy_source(bucket: &str, source_key: &str) -> String {
+    format!(
+        "{bucket}/{}",
+        utf8_percent_encode(source_key, RENAME_SOURCE_KEEP)
+    )
+}
+
 /// `x-amz-rename-source`: the source key in the same bucket, URL-encoded, with a leading `/` (as in the
 /// RenameObject API examples; Mountpoint sends the bare key, which S3 also accepts).
 pub(super) fn rename_source(source_key: &str) -> String {
@@ -367,6 +410,7 @@ mod tests {
     fn rename_source_is_url_encoded() {
         assert_eq!(rename_source("dir/file.txt"), "/dir/file.txt");
         assert_eq!(rename_source("a b/ü+x"), "/a%20b/%C3%BC%2Bx");
+        assert_eq!(copy_source("bk", "a b/ü+x"), "bk/a%20b/%C3%BC%2Bx");
     }
 
     #[test]

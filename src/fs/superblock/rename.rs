@@ -1,0 +1,311 @@
+//! rename(2) on both bucket kinds.
+//!
+//! A file on a directory bucket moves with one RenameObject (atomic); on a general-purpose bucket with
+//! CopyObject then DeleteObject (not atomic: for a moment both names exist). A directory moves object by
+//! object, each the same way, after a listing has counted them against `--max-rename-objects`. Each object
+//! is deleted under its old name only once it exists under the new one, so a crash leaves every object
+//! under one name or both, never neither (docs/SEMANTICS.md says how to finish by hand).
+
+use std::sync::Arc;
+
+use tokio::task::JoinSet;
+use tracing::{debug, warn};
+
+use super::{Superblock, check_name};
+use crate::fs::inode::{Kind, Node};
+use crate::fs::{FsError, FsResult, names};
+use crate::s3::{ClientError, MAX_COPY_OBJECT_SIZE, ObjectClient, ObjectInfo, WriteCondition};
+
+#[cfg(test)]
+mod tests;
+
+/// Objects of one directory rename moved at once.
+const MOVES_AT_ONCE: usize = 16;
+
+impl Superblock {
+    /// rename(2) of a file or a directory, on either bucket kind (see the module comment).
+    pub async fn rename(
+        &self,
+        parent: u64,
+        name: &str,
+        new_parent: u64,
+        new_name: &str,
+        no_replace: bool,
+    ) -> FsResult<()> {
+        let _changing_from = self.changing(parent);
+        let _changing_to = self.changing(new_parent);
+        if self.config.read_only {
+            return Err(FsError::ReadOnly);
+        }
+        check_name(new_name)?;
+        let from_dir = self.dir_node(parent)?;
+        let to_dir = self.dir_node(new_parent)?;
+        // The node renamed (None: a name the table does not know) and its kind.
+        let existing = self.table().child(parent, name).cloned();
+        let (node, kind) = match existing {
+            Some(n) => {
+                let kind = n.kind();
+                (Some(n), kind)
+            }
+            None => match self.resolve(&from_dir, name, false).await? {
+                Some((kind, _)) => (None, kind),
+                None => return Err(FsError::NotFound),
+            },
+        };
+        if parent == new_parent && name == new_name {
+            return Ok(());
+        }
+        match kind {
+            Kind::File | Kind::Symlink => {
+                self.rename_object(&from_dir, name, &to_dir, new_name, (node, kind), no_replace)
+                    .await?
+            }
+            Kind::Directory => {
+                self.rename_dir(&from_dir, name, &to_dir, new_name, node, no_replace)
+                    .await?
+            }
+        }
+        self.negative.forget(new_parent, new_name);
+        Ok(())
+    }
+
+    /// A file or a link: one object (a link is its object `name.rclonelink`, see `links.rs`).
+    async fn rename_object(
+        &self,
+        from_dir: &Node,
+        name: &str,
+        to_dir: &Node,
+        new_name: &str,
+        (node, kind): (Option<Node>, Kind),
+        no_replace: bool,
+    ) -> FsResult<()> {
+        if node.as_ref().is_some_and(|n| n.is_pending()) {
+            return Err(FsError::Busy("the file is being written"));
+        }
+        let key = kind.key(from_dir.key(), name);
+        let destination = kind.key(to_dir.key(), new_name);
+        let condition = match self.resolve(to_dir, new_name, false).await? {
+            Some((Kind::Directory, _)) => return Err(FsError::IsADirectory),
+            // Two objects under different names: replacing one by the other is not one request.
+            Some((found, _)) if found != kind => {
+                return Err(FsError::CrossDevice(
+                    "a link and a file cannot replace each other in one rename",
+                ));
+            }
+            Some(_) if no_replace => return Err(FsError::Exists),
+            Some(_) if !self.config.allow_overwrite => {
+                return Err(FsError::NotPermitted(
+                    "replacing an object needs --allow-overwrite",
+                ));
+            }
+            _ if no_replace || !self.config.allow_overwrite => WriteCondition::IfNoneMatch,
+            _ => WriteCondition::None,
+        };
+        if !self.client.is_directory_bucket() {
+            // The size the table knows may be stale: ask, since a copy past the limit would fail anyway.
+            let size = match &node {
+                Some(n) if n.stat().size <= MAX_COPY_OBJECT_SIZE => n.stat().size,
+                _ => {
+                    self.client
+                        .head_object(&key)
+                        .await
+                        .map_err(|e| FsError::client(&key, e))?
+                        .size
+                }
+            };
+            refuse_past_copy_limit(&key, size)?;
+        }
+        move_object(self.client.as_ref(), &key, &destination, condition)
+            .await
+            .map_err(|e| match e {
+                FsError::ObjectChanged { .. } => FsError::Exists,
+                other => other,
+            })?;
+        debug!(key, destination, "renamed");
+        let mut table = self.table();
+        match node {
+            Some(n) => {
+                table.rename(from_dir.ino(), name, to_dir.ino(), new_name);
+                if let Some(n) = table.get_mut(n.ino()) {
+                    n.expire();
+                }
+            }
+            None => {
+                table.detach(to_dir.ino(), new_name);
+            }
+        }
+        Ok(())
+    }
+
+    async fn rename_dir(
+        &self,
+        from_dir: &Node,
+        name: &str,
+        to_dir: &Node,
+        new_name: &str,
+        node: Option<Node>,
+        no_replace: bool,
+    ) -> FsResult<()> {
+        let prefix = names::dir_prefix(from_dir.key(), name);
+        let new_prefix = names::dir_prefix(to_dir.key(), new_name);
+        if to_dir.key().starts_with(&prefix) {
+            return Err(FsError::InvalidArgument(
+                "cannot move a directory into itself".into(),
+            ));
+        }
+        if self.table().writing_under(&prefix) {
+            return Err(FsError::Busy("a file in the directory is being written"));
+        }
+        match self.resolve(to_dir, new_name, false).await? {
+            Some((Kind::File | Kind::Symlink, _)) => return Err(FsError::NotADirectory),
+            Some((Kind::Directory, _)) if no_replace => return Err(FsError::Exists),
+            Some((Kind::Directory, _)) => {
+                // An empty directory may be replaced; its marker object (if any) does not count.
+                let below = self.objects_under(&new_prefix, 1).await?;
+                if below.iter().any(|o| o.key != new_prefix) {
+                    return Err(FsError::NotEmpty);
+                }
+            }
+            None => {}
+        }
+        let target = self.table().child(to_dir.ino(), new_name).map(Node::ino);
+        if let Some(target) = target
+            && !self.table().local_children(target).is_empty()
+        {
+            return Err(FsError::NotEmpty);
+        }
+        let limit = self.config.max_rename_objects;
+        let objects = self.objects_under(&prefix, limit).await?;
+        if objects.len() as u64 > limit {
+            warn!(
+                prefix,
+                limit, "directory rename refused: more objects than --max-rename-objects"
+            );
+            return Err(FsError::CrossDevice(
+                "the directory holds more objects than --max-rename-objects",
+            ));
+        }
+        if !self.client.is_directory_bucket() {
+            for o in &objects {
+                refuse_past_copy_limit(&o.key, o.size)?;
+            }
+        }
+        self.move_all(&objects, &prefix, &new_prefix).await?;
+        debug!(
+            prefix,
+            new_prefix,
+            objects = objects.len(),
+            "directory renamed"
+        );
+        let mut table = self.table();
+        if node.is_some() {
+            table.rename(from_dir.ino(), name, to_dir.ino(), new_name);
+            table.move_keys_under(&prefix, &new_prefix);
+        } else {
+            table.detach(to_dir.ino(), new_name);
+        }
+        Ok(())
+    }
+
+    /// The objects under `prefix` (no delimiter), listing no further than `limit + 1` of them.
+    async fn objects_under(&self, prefix: &str, limit: u64) -> FsResult<Vec<ObjectInfo>> {
+        let mut found = Vec::new();
+        let mut token: Option<String> = None;
+        loop {
+            let page = self
+                .client
+                .list_objects(prefix, None, token.as_deref(), 1000)
+                .await
+                .map_err(|e| FsError::client(prefix, e))?;
+            found.extend(page.objects);
+            token = page.next_continuation_token;
+            if token.is_none() || found.len() as u64 > limit {
+                return Ok(found);
+            }
+        }
+    }
+
+    /// Moves every object from `prefix` to `new_prefix`, [`MOVES_AT_ONCE`] at a time. Stops sending new
+    /// moves at the first failure and reports it once those under way have ended.
+    async fn move_all(
+        &self,
+        objects: &[ObjectInfo],
+        prefix: &str,
+        new_prefix: &str,
+    ) -> FsResult<()> {
+        let mut pending = objects.iter().map(|o| {
+            let destination = format!("{new_prefix}{}", &o.key[prefix.len()..]);
+            (o.key.clone(), destination)
+        });
+        let mut moving = JoinSet::new();
+        let mut failure = None;
+        loop {
+            while failure.is_none() && moving.len() < MOVES_AT_ONCE {
+                let Some((key, destination)) = pending.next() else {
+                    break;
+                };
+                let client = Arc::clone(&self.client);
+                moving.spawn(async move {
+                    // The destination was checked empty: never replace what someone put there since.
+                    move_object(
+                        client.as_ref(),
+                        &key,
+                        &destination,
+                        WriteCondition::IfNoneMatch,
+                    )
+                    .await
+                });
+            }
+            let Some(done) = moving.join_next().await else {
+                break;
+            };
+            let result = done.unwrap_or_else(|_| Err(FsError::Busy("a move task ended early")));
+            if let Err(e) = result
+                && failure.is_none()
+            {
+                warn!(prefix, new_prefix, error = %e, "directory rename stopped midway: objects are under both prefixes");
+                failure = Some(e);
+            }
+        }
+        failure.map_or(Ok(()), Err)
+    }
+}
+
+/// Moves one object: RenameObject on directory buckets, else CopyObject then DeleteObject (the source is
+/// deleted only once the copy exists).
+async fn move_object(
+    client: &dyn ObjectClient,
+    key: &str,
+    destination: &str,
+    condition: WriteCondition,
+) -> FsResult<()> {
+    let to_fs = |e: ClientError| FsError::client(destination, e);
+    if client.is_directory_bucket() {
+        return client
+            .rename_object(key, destination, condition)
+            .await
+            .map_err(to_fs);
+    }
+    client
+        .copy_object(key, destination, condition)
+        .await
+        .map_err(to_fs)?;
+    client.delete_object(key).await.map_err(|e| {
+        warn!(key, destination, error = %e, "copied but not deleted: the object is under both names");
+        FsError::client(key, e)
+    })
+}
+
+/// A single CopyObject copies at most 5 GB; bigger files are refused so `mv` copies them itself.
+fn refuse_past_copy_limit(key: &str, size: u64) -> FsResult<()> {
+    if size > MAX_COPY_OBJECT_SIZE {
+        warn!(
+            key,
+            size, "rename refused: CopyObject copies at most 5 GB (mv falls back to copying)"
+        );
+        return Err(FsError::CrossDevice(
+            "objects over 5 GB cannot be renamed on general-purpose buckets",
+        ));
+    }
+    Ok(())
+}
