@@ -235,7 +235,7 @@ impl Filesystem for Adapter {
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let span = debug_span!("lookup", parent = parent.0, name = %name.to_string_lossy());
         let (fs, name) = (Arc::clone(&self.fs), name_str(name));
-        let work = async move { fs.lookup(parent.0, &name?).await };
+        let work = async move { fs.metadata().lookup(parent.0, &name?).await };
         self.serve("lookup", span, reply, work, self.entry());
     }
 
@@ -247,7 +247,7 @@ impl Filesystem for Adapter {
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         let fs = Arc::clone(&self.fs);
-        let work = async move { fs.getattr(ino.0).await };
+        let work = async move { fs.metadata().getattr(ino.0).await };
         let span = debug_span!("getattr", ino = ino.0);
         self.serve("getattr", span, reply, work, self.attr());
     }
@@ -287,7 +287,7 @@ impl Filesystem for Adapter {
     ) {
         let span = debug_span!("mkdir", parent = parent.0, name = %name.to_string_lossy());
         let (fs, name) = (Arc::clone(&self.fs), name_str(name));
-        let work = async move { fs.mkdir(parent.0, &name?).await };
+        let work = async move { fs.metadata().mkdir(parent.0, &name?).await };
         self.serve("mkdir", span, reply, work, self.entry());
     }
 
@@ -302,13 +302,13 @@ impl Filesystem for Adapter {
         let span = debug_span!("symlink", parent = parent.0, name = %link_name.to_string_lossy());
         let (fs, name) = (Arc::clone(&self.fs), name_str(link_name));
         let target = target.as_os_str().as_bytes().to_vec();
-        let work = async move { fs.symlink(parent.0, &name?, &target).await };
+        let work = async move { fs.metadata().symlink(parent.0, &name?, &target).await };
         self.serve("symlink", span, reply, work, self.entry());
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
         let fs = Arc::clone(&self.fs);
-        let work = async move { fs.readlink(ino.0).await };
+        let work = async move { fs.metadata().readlink(ino.0).await };
         let span = debug_span!("readlink", ino = ino.0);
         self.serve("readlink", span, reply, work, |reply, target| {
             reply.data(&target)
@@ -318,14 +318,14 @@ impl Filesystem for Adapter {
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let span = debug_span!("unlink", parent = parent.0, name = %name.to_string_lossy());
         let (fs, name) = (Arc::clone(&self.fs), name_str(name));
-        let work = async move { fs.unlink(parent.0, &name?).await };
+        let work = async move { fs.metadata().unlink(parent.0, &name?).await };
         self.serve("unlink", span, reply, work, ok);
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let span = debug_span!("rmdir", parent = parent.0, name = %name.to_string_lossy());
         let (fs, name) = (Arc::clone(&self.fs), name_str(name));
-        let work = async move { fs.rmdir(parent.0, &name?).await };
+        let work = async move { fs.metadata().rmdir(parent.0, &name?).await };
         self.serve("rmdir", span, reply, work, ok);
     }
 
@@ -356,7 +356,8 @@ impl Filesystem for Adapter {
                 // Two objects cannot trade keys atomically.
                 return Err(FsError::InvalidArgument("RENAME_EXCHANGE".into()));
             }
-            fs.rename(parent.0, &name, newparent.0, &newname, no_replace)
+            fs.metadata()
+                .rename(parent.0, &name, newparent.0, &newname, no_replace)
                 .await
         };
         self.serve("rename", span, reply, work, ok);

@@ -195,7 +195,7 @@ impl S3Filesystem {
                     }
                 }
                 _ => {
-                    let current = self.getattr(ino).await?;
+                    let current = self.sb.getattr(ino).await?;
                     if current.size != size {
                         return Err(FsError::NotPermitted(
                             "truncate of a file that is not open for writing",
@@ -204,7 +204,7 @@ impl S3Filesystem {
                 }
             }
         }
-        self.getattr(ino).await
+        self.sb.getattr(ino).await
     }
 
     pub fn opendir(&self, ino: u64) -> FsResult<u64> {

@@ -3,7 +3,8 @@
 //!
 //! [`S3Filesystem`] owns two halves and little else:
 //! - `superblock.rs`: what is known about names (inode table, negative cache, listings, storms, lookups in
-//!   flight, first bytes) and the metadata operations; `S3Filesystem` forwards those in one line each.
+//!   flight, first bytes) and the metadata operations, which the FUSE edge calls through
+//!   [`S3Filesystem::metadata`].
 //! - `handles.rs`: open files and directories, and the read/write dispatch. Its operations are written as
 //!   `impl S3Filesystem` in that file, since each needs both the handle table and the superblock.
 
@@ -28,7 +29,6 @@ mod test_support;
 
 use std::path::PathBuf;
 
-use bytes::Bytes;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime};
@@ -36,7 +36,7 @@ use std::time::{Duration, SystemTime};
 pub use error::{FsError, FsResult};
 use handles::{HandleTable, WriterSlots};
 pub use inode::ROOT_INO;
-use superblock::Superblock;
+pub use superblock::Superblock;
 
 use crate::memory::MemoryBudget;
 use crate::s3::ObjectClient;
@@ -217,8 +217,10 @@ impl S3Filesystem {
         &self.config
     }
 
-    pub async fn lookup(&self, parent: u64, name: &str) -> FsResult<Attr> {
-        self.sb.lookup(parent, name).await
+    /// The metadata half: lookup, getattr, mkdir, rmdir, unlink, rename, symlink and readlink are its
+    /// methods, called on it directly rather than through forwarding methods here.
+    pub fn metadata(&self) -> &Superblock {
+        &self.sb
     }
 
     /// Attributes of a node already in the table (readdirplus answers from the listing just made).
@@ -234,46 +236,6 @@ impl S3Filesystem {
 
     pub fn forget(&self, ino: u64, n: u64) {
         self.sb.table().forget(ino, n);
-    }
-
-    pub async fn getattr(&self, ino: u64) -> FsResult<Attr> {
-        self.sb.getattr(ino).await
-    }
-
-    pub async fn mkdir(&self, parent: u64, name: &str) -> FsResult<Attr> {
-        self.sb.mkdir(parent, name).await
-    }
-
-    /// symlink(2): the object `name.rclonelink` holding `target` (rclone's `--links` format).
-    pub async fn symlink(&self, parent: u64, name: &str, target: &[u8]) -> FsResult<Attr> {
-        self.sb.symlink(parent, name, target).await
-    }
-
-    pub async fn readlink(&self, ino: u64) -> FsResult<Bytes> {
-        self.sb.readlink(ino).await
-    }
-
-    pub async fn rmdir(&self, parent: u64, name: &str) -> FsResult<()> {
-        self.sb.rmdir(parent, name).await
-    }
-
-    pub async fn unlink(&self, parent: u64, name: &str) -> FsResult<()> {
-        self.sb.unlink(parent, name).await
-    }
-
-    /// rename(2) of files and directories on both bucket kinds (see `superblock/rename.rs`); EXDEV, so
-    /// that `mv` copies instead, only past `--max-rename-objects` or the 5 GB CopyObject limit.
-    pub async fn rename(
-        &self,
-        parent: u64,
-        name: &str,
-        new_parent: u64,
-        new_name: &str,
-        no_replace: bool,
-    ) -> FsResult<()> {
-        self.sb
-            .rename(parent, name, new_parent, new_name, no_replace)
-            .await
     }
 
     /// (open handles, open writers, known inodes), for metrics and the periodic summary.

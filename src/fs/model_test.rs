@@ -15,7 +15,7 @@ use crate::s3::fake::FakeClient;
 async fn parent_of(fs: &S3Filesystem, path: &str) -> (u64, String) {
     match path.split_once('/') {
         Some((dir, name)) => (
-            fs.lookup(ROOT_INO, dir).await.expect("d exists").ino,
+            fs.sb.lookup(ROOT_INO, dir).await.expect("d exists").ino,
             name.to_string(),
         ),
         None => (ROOT_INO, path.to_string()),
@@ -31,13 +31,13 @@ async fn run(ops: Vec<Op>) {
     config.metadata_ttl = std::time::Duration::from_secs(60);
     config.negative_metadata_ttl = std::time::Duration::from_secs(60);
     let fs = S3Filesystem::new(client, config);
-    fs.mkdir(ROOT_INO, "d").await.unwrap();
+    fs.sb.mkdir(ROOT_INO, "d").await.unwrap();
     let mut model: BTreeMap<&str, Vec<u8>> = BTreeMap::new();
     for op in ops {
         match op {
             Op::Write { file, data, chunk } => {
                 let (parent, name) = parent_of(&fs, FILES[file]).await;
-                let fh = match fs.lookup(parent, &name).await {
+                let fh = match fs.sb.lookup(parent, &name).await {
                     Ok(a) => {
                         fs.open(
                             a.ino,
@@ -66,7 +66,7 @@ async fn run(ops: Vec<Op>) {
             }
             Op::Read { file } => {
                 let (parent, name) = parent_of(&fs, FILES[file]).await;
-                match (fs.lookup(parent, &name).await, model.get(FILES[file])) {
+                match (fs.sb.lookup(parent, &name).await, model.get(FILES[file])) {
                     (Ok(a), Some(want)) => {
                         assert_eq!(a.size, want.len() as u64, "size of {}", FILES[file]);
                         let fh = fs
@@ -91,7 +91,7 @@ async fn run(ops: Vec<Op>) {
             }
             Op::Unlink { file } => {
                 let (parent, name) = parent_of(&fs, FILES[file]).await;
-                let result = fs.unlink(parent, &name).await;
+                let result = fs.sb.unlink(parent, &name).await;
                 match model.remove(FILES[file]) {
                     Some(_) => result.unwrap(),
                     None => assert!(matches!(result, Err(FsError::NotFound)), "{result:?}"),
@@ -100,7 +100,7 @@ async fn run(ops: Vec<Op>) {
             Op::Rename { from, to } => {
                 let (p1, n1) = parent_of(&fs, FILES[from]).await;
                 let (p2, n2) = parent_of(&fs, FILES[to]).await;
-                let result = fs.rename(p1, &n1, p2, &n2, false).await;
+                let result = fs.sb.rename(p1, &n1, p2, &n2, false).await;
                 match model.get(FILES[from]).cloned() {
                     Some(data) => {
                         result.unwrap();
@@ -112,7 +112,7 @@ async fn run(ops: Vec<Op>) {
             }
             Op::List { in_d } => {
                 let dir = if in_d {
-                    fs.lookup(ROOT_INO, "d").await.unwrap().ino
+                    fs.sb.lookup(ROOT_INO, "d").await.unwrap().ino
                 } else {
                     ROOT_INO
                 };

@@ -14,7 +14,7 @@ use crate::s3::{ObjectClient, WriteCondition};
 #[tokio::test]
 async fn open_and_read_after_a_lookup_need_no_request() {
     let (fake, fs) = fs_with(&[("img.jpg", &[7u8; 5000])], config(), true).await;
-    let attr = fs.lookup(ROOT_INO, "img.jpg").await.unwrap();
+    let attr = fs.sb.lookup(ROOT_INO, "img.jpg").await.unwrap();
     let read_mode = OpenMode {
         read: true,
         ..Default::default()
@@ -47,7 +47,7 @@ async fn writes_bypass_the_page_cache_where_the_kernel_can_still_mmap() {
         truncate: true,
         ..Default::default()
     };
-    let old = fs.lookup(ROOT_INO, "old").await.unwrap().ino;
+    let old = fs.sb.lookup(ROOT_INO, "old").await.unwrap().ino;
     let opened = fs.open(old, trunc, 1).await.unwrap();
     assert!(opened.bypass_page_cache && !opened.keep_cache);
     fs.release(opened.fh).await.unwrap();
@@ -73,7 +73,7 @@ async fn big_files_bypass_the_page_cache() {
         ..Default::default()
     };
     for (name, bypass) in [("small", false), ("big", true)] {
-        let attr = fs.lookup(ROOT_INO, name).await.unwrap();
+        let attr = fs.sb.lookup(ROOT_INO, name).await.unwrap();
         let first = fs.open(attr.ino, read_mode, 1).await.unwrap();
         let again = fs.open(attr.ino, read_mode, 1).await.unwrap();
         assert_eq!(first.bypass_page_cache, bypass, "{name}");
@@ -82,7 +82,7 @@ async fn big_files_bypass_the_page_cache() {
     }
     // A kernel that cannot mmap direct-I/O files: big files use the page cache, O_DIRECT still not.
     fs.keep_big_files_in_page_cache();
-    let big = fs.lookup(ROOT_INO, "big").await.unwrap().ino;
+    let big = fs.sb.lookup(ROOT_INO, "big").await.unwrap().ino;
     assert!(!fs.open(big, read_mode, 1).await.unwrap().bypass_page_cache);
     let direct = OpenMode {
         direct: true,
@@ -96,7 +96,7 @@ async fn a_handle_on_an_older_version_stops_the_page_cache_from_being_kept() {
     let mut config = config();
     config.metadata_ttl = Duration::ZERO;
     let (fake, fs) = fs_with(&[("f", b"one")], config, true).await;
-    let ino = fs.lookup(ROOT_INO, "f").await.unwrap().ino;
+    let ino = fs.sb.lookup(ROOT_INO, "f").await.unwrap().ino;
     let read_mode = OpenMode {
         read: true,
         ..Default::default()
@@ -124,7 +124,7 @@ async fn create_write_close_then_read_back() {
     let (attr, fh) = fs.create(ROOT_INO, "new.bin", 0).await.unwrap();
     fs.write(fh, 0, b"hello ").await.unwrap();
     fs.write(fh, 6, b"world").await.unwrap();
-    assert_eq!(fs.getattr(attr.ino).await.unwrap().size, 11);
+    assert_eq!(fs.sb.getattr(attr.ino).await.unwrap().size, 11);
     fs.flush(fh, 0).await.unwrap();
     fs.release(fh).await.unwrap();
     assert_eq!(&fake.object("new.bin").unwrap()[..], b"hello world");
@@ -150,7 +150,7 @@ async fn overwrite_and_delete_need_their_flags() {
         fs.create(ROOT_INO, "k", 0).await,
         Err(FsError::Exists)
     ));
-    let a = fs.lookup(ROOT_INO, "k").await.unwrap();
+    let a = fs.sb.lookup(ROOT_INO, "k").await.unwrap();
     let trunc = OpenMode {
         write: true,
         truncate: true,
@@ -161,7 +161,7 @@ async fn overwrite_and_delete_need_their_flags() {
         Err(FsError::NotPermitted(_))
     ));
     assert!(matches!(
-        fs.unlink(ROOT_INO, "k").await,
+        fs.sb.unlink(ROOT_INO, "k").await,
         Err(FsError::NotPermitted(_))
     ));
 
@@ -169,12 +169,12 @@ async fn overwrite_and_delete_need_their_flags() {
     c.allow_overwrite = true;
     c.allow_delete = true;
     let (fake, fs) = fs_with(&[("k", b"v")], c, true).await;
-    let a = fs.lookup(ROOT_INO, "k").await.unwrap();
+    let a = fs.sb.lookup(ROOT_INO, "k").await.unwrap();
     let fh = fs.open(a.ino, trunc, 0).await.unwrap().fh;
     fs.write(fh, 0, b"new").await.unwrap();
     fs.release(fh).await.unwrap();
     assert_eq!(&fake.object("k").unwrap()[..], b"new");
-    fs.unlink(ROOT_INO, "k").await.unwrap();
+    fs.sb.unlink(ROOT_INO, "k").await.unwrap();
     assert!(fake.object("k").is_none());
 }
 

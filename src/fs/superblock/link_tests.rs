@@ -23,8 +23,8 @@ async fn entries(fs: &S3Filesystem, ino: u64) -> Vec<(String, FileKind)> {
 #[tokio::test]
 async fn a_link_is_an_object_named_rclonelink_holding_its_target() {
     let (fake, fs) = fs_with(&[("blobs/abc", b"weights")], config(), true).await;
-    let snap = fs.mkdir(ROOT_INO, "snap").await.unwrap().ino;
-    let link = fs.symlink(snap, "model", b"../blobs/abc").await.unwrap();
+    let snap = fs.sb.mkdir(ROOT_INO, "snap").await.unwrap().ino;
+    let link = fs.sb.symlink(snap, "model", b"../blobs/abc").await.unwrap();
     assert_eq!(
         (link.kind, link.perm, link.size),
         (FileKind::Symlink, 0o777, 12)
@@ -36,17 +36,20 @@ async fn a_link_is_an_object_named_rclonelink_holding_its_target() {
     assert!(fake.object("snap/model").is_none());
     // The target written is kept: readlink needs no request.
     let before = fake.counts();
-    assert_eq!(&fs.readlink(link.ino).await.unwrap()[..], b"../blobs/abc");
+    assert_eq!(
+        &fs.sb.readlink(link.ino).await.unwrap()[..],
+        b"../blobs/abc"
+    );
     assert_eq!(fake.counts().since(&before).total(), 0);
     assert_eq!(
         entries(&fs, snap).await,
         vec![("model".to_string(), FileKind::Symlink)]
     );
     // A file is not a link.
-    let blobs = fs.lookup(ROOT_INO, "blobs").await.unwrap().ino;
-    let blob = fs.lookup(blobs, "abc").await.unwrap().ino;
+    let blobs = fs.sb.lookup(ROOT_INO, "blobs").await.unwrap().ino;
+    let blob = fs.sb.lookup(blobs, "abc").await.unwrap().ino;
     assert!(matches!(
-        fs.readlink(blob).await,
+        fs.sb.readlink(blob).await,
         Err(FsError::InvalidArgument(_))
     ));
 }
@@ -62,7 +65,7 @@ async fn links_are_known_from_the_listing_after_a_remount() {
         let mut c = config();
         c.read_only = read_only;
         let (fake, fs) = fs_with(&files, c, true).await;
-        let snap = fs.lookup(ROOT_INO, "snap").await.unwrap().ino;
+        let snap = fs.sb.lookup(ROOT_INO, "snap").await.unwrap().ino;
         let before = fake.counts();
         assert_eq!(
             entries(&fs, snap).await,
@@ -78,12 +81,12 @@ async fn links_are_known_from_the_listing_after_a_remount() {
             "one LIST, nothing per link"
         );
         // Listed entries are fresh: the lookup is free, the target costs one read of the object.
-        let a = fs.lookup(snap, "a").await.unwrap();
+        let a = fs.sb.lookup(snap, "a").await.unwrap();
         assert_eq!((a.kind, a.size), (FileKind::Symlink, 10));
         assert_eq!(fake.counts().since(&before).total(), 1);
-        assert_eq!(&fs.readlink(a.ino).await.unwrap()[..], b"../blobs/1");
+        assert_eq!(&fs.sb.readlink(a.ino).await.unwrap()[..], b"../blobs/1");
         let after_first = fake.counts();
-        assert_eq!(&fs.readlink(a.ino).await.unwrap()[..], b"../blobs/1");
+        assert_eq!(&fs.sb.readlink(a.ino).await.unwrap()[..], b"../blobs/1");
         assert_eq!(
             fake.counts().since(&after_first).total(),
             0,
@@ -97,7 +100,7 @@ async fn a_lookup_asks_for_the_link_only_when_the_name_is_missing() {
     let files: [(&str, &[u8]); 2] = [("l.rclonelink", b"target"), ("f", b"data")];
     let (fake, fs) = fs_with(&files, config(), true).await;
     let before = fake.counts();
-    fs.lookup(ROOT_INO, "f").await.unwrap();
+    fs.sb.lookup(ROOT_INO, "f").await.unwrap();
     let file = fake.counts().since(&before);
     assert_eq!(
         (file.get(Op::Head), file.get(Op::List)),
@@ -105,13 +108,13 @@ async fn a_lookup_asks_for_the_link_only_when_the_name_is_missing() {
         "an existing file costs what it did"
     );
     let before = fake.counts();
-    let l = fs.lookup(ROOT_INO, "l").await.unwrap();
+    let l = fs.sb.lookup(ROOT_INO, "l").await.unwrap();
     assert_eq!(l.kind, FileKind::Symlink);
     let link = fake.counts().since(&before);
     // The object `l` (missing), the prefix `l/`, then the link with its body (a single GET on S3).
     assert_eq!((link.get(Op::Head), link.get(Op::List)), (2, 1));
     let before = fake.counts();
-    assert_eq!(&fs.readlink(l.ino).await.unwrap()[..], b"target");
+    assert_eq!(&fs.sb.readlink(l.ino).await.unwrap()[..], b"target");
     assert_eq!(
         fake.counts().since(&before).total(),
         0,
@@ -120,12 +123,12 @@ async fn a_lookup_asks_for_the_link_only_when_the_name_is_missing() {
     // A missing name: one request more than before, then remembered.
     let before = fake.counts();
     assert!(matches!(
-        fs.lookup(ROOT_INO, "none").await,
+        fs.sb.lookup(ROOT_INO, "none").await,
         Err(FsError::NotFound)
     ));
     assert_eq!(fake.counts().since(&before).total(), 3);
     let before = fake.counts();
-    assert!(fs.lookup(ROOT_INO, "none").await.is_err());
+    assert!(fs.sb.lookup(ROOT_INO, "none").await.is_err());
     assert_eq!(fake.counts().since(&before).total(), 0);
 }
 
@@ -138,9 +141,12 @@ async fn a_file_or_directory_of_the_same_name_wins_over_a_link() {
         ("d.rclonelink", b"elsewhere"),
     ];
     let (_, fs) = fs_with(&files, config(), true).await;
-    assert_eq!(fs.lookup(ROOT_INO, "x").await.unwrap().kind, FileKind::File);
     assert_eq!(
-        fs.lookup(ROOT_INO, "d").await.unwrap().kind,
+        fs.sb.lookup(ROOT_INO, "x").await.unwrap().kind,
+        FileKind::File
+    );
+    assert_eq!(
+        fs.sb.lookup(ROOT_INO, "d").await.unwrap().kind,
         FileKind::Directory
     );
     assert_eq!(
@@ -158,21 +164,24 @@ async fn a_link_is_not_made_over_anything_nor_on_a_read_only_mount() {
     let (fake, fs) = fs_with(&files, config(), true).await;
     for name in ["f", "d", "l"] {
         assert!(
-            matches!(fs.symlink(ROOT_INO, name, b"t").await, Err(FsError::Exists)),
+            matches!(
+                fs.sb.symlink(ROOT_INO, name, b"t").await,
+                Err(FsError::Exists)
+            ),
             "{name}"
         );
     }
     assert_eq!(fake.object("l.rclonelink").as_deref(), Some(&b"f"[..]));
     assert!(fake.object("f.rclonelink").is_none());
     assert!(matches!(
-        fs.symlink(ROOT_INO, "long", &[b'a'; 4096]).await,
+        fs.sb.symlink(ROOT_INO, "long", &[b'a'; 4096]).await,
         Err(FsError::NameTooLong)
     ));
     let mut c = config();
     c.read_only = true;
     let (_, fs) = fs_with(&[], c, true).await;
     assert!(matches!(
-        fs.symlink(ROOT_INO, "l", b"t").await,
+        fs.sb.symlink(ROOT_INO, "l", b"t").await,
         Err(FsError::ReadOnly)
     ));
 }
@@ -183,11 +192,11 @@ async fn unlink_deletes_the_link_object_and_nothing_else() {
     c.allow_delete = true;
     let files: [(&str, &[u8]); 2] = [("l.rclonelink", b"t"), ("t", b"data")];
     let (fake, fs) = fs_with(&files, c, false).await;
-    fs.unlink(ROOT_INO, "l").await.unwrap();
+    fs.sb.unlink(ROOT_INO, "l").await.unwrap();
     assert!(fake.object("l.rclonelink").is_none());
     assert_eq!(fake.object("t").as_deref(), Some(&b"data"[..]));
     assert!(matches!(
-        fs.lookup(ROOT_INO, "l").await,
+        fs.sb.lookup(ROOT_INO, "l").await,
         Err(FsError::NotFound)
     ));
 }
@@ -198,41 +207,43 @@ async fn rename_moves_the_link_object_on_both_bucket_kinds() {
     c.allow_overwrite = true;
     let files: [(&str, &[u8]); 2] = [("a.rclonelink", b"t"), ("f", b"data")];
     let (fake, fs) = fs_with(&files, c.clone(), true).await;
-    fs.lookup(ROOT_INO, "a").await.unwrap();
-    fs.rename(ROOT_INO, "a", ROOT_INO, "b", false)
+    fs.sb.lookup(ROOT_INO, "a").await.unwrap();
+    fs.sb
+        .rename(ROOT_INO, "a", ROOT_INO, "b", false)
         .await
         .unwrap();
     assert!(fake.object("a.rclonelink").is_none());
     assert_eq!(fake.object("b.rclonelink").as_deref(), Some(&b"t"[..]));
-    let b = fs.lookup(ROOT_INO, "b").await.unwrap();
+    let b = fs.sb.lookup(ROOT_INO, "b").await.unwrap();
     assert_eq!(b.kind, FileKind::Symlink);
-    assert_eq!(&fs.readlink(b.ino).await.unwrap()[..], b"t");
+    assert_eq!(&fs.sb.readlink(b.ino).await.unwrap()[..], b"t");
     // A link does not replace a file (two different keys), nor a file a link.
     assert!(matches!(
-        fs.rename(ROOT_INO, "b", ROOT_INO, "f", false).await,
+        fs.sb.rename(ROOT_INO, "b", ROOT_INO, "f", false).await,
         Err(FsError::CrossDevice(_))
     ));
     assert!(matches!(
-        fs.rename(ROOT_INO, "f", ROOT_INO, "b", false).await,
+        fs.sb.rename(ROOT_INO, "f", ROOT_INO, "b", false).await,
         Err(FsError::CrossDevice(_))
     ));
     assert_eq!(fake.object("f").as_deref(), Some(&b"data"[..]));
 
     // General-purpose buckets: copy, then delete.
     let (fake, fs) = fs_with(&files, c, false).await;
-    fs.rename(ROOT_INO, "a", ROOT_INO, "b", false)
+    fs.sb
+        .rename(ROOT_INO, "a", ROOT_INO, "b", false)
         .await
         .unwrap();
     assert!(fake.object("a.rclonelink").is_none());
     assert_eq!(fake.object("b.rclonelink").as_deref(), Some(&b"t"[..]));
-    let b = fs.lookup(ROOT_INO, "b").await.unwrap();
+    let b = fs.sb.lookup(ROOT_INO, "b").await.unwrap();
     assert_eq!(b.kind, FileKind::Symlink);
 }
 
 #[tokio::test]
 async fn a_link_cannot_be_opened() {
     let (_, fs) = fs_with(&[("l.rclonelink", b"t")], config(), true).await;
-    let l = fs.lookup(ROOT_INO, "l").await.unwrap();
+    let l = fs.sb.lookup(ROOT_INO, "l").await.unwrap();
     let mode = crate::fs::OpenMode {
         read: true,
         ..Default::default()

@@ -26,12 +26,12 @@ async fn lookup_prefers_directories_and_lists_without_duplicates() {
         true,
     )
     .await;
-    let a = fs.lookup(ROOT_INO, "a").await.unwrap();
+    let a = fs.sb.lookup(ROOT_INO, "a").await.unwrap();
     assert_eq!(a.kind, FileKind::Directory);
-    let b = fs.lookup(ROOT_INO, "b").await.unwrap();
+    let b = fs.sb.lookup(ROOT_INO, "b").await.unwrap();
     assert_eq!((b.kind, b.size), (FileKind::File, 2));
     assert!(matches!(
-        fs.lookup(ROOT_INO, "nope").await,
+        fs.sb.lookup(ROOT_INO, "nope").await,
         Err(FsError::NotFound)
     ));
     let fh = fs.opendir(ROOT_INO).unwrap();
@@ -44,7 +44,7 @@ async fn lookup_prefers_directories_and_lists_without_duplicates() {
         .collect();
     names.sort();
     assert_eq!(names, vec![".", "..", "a", "b", "c", "dir"]);
-    let c = fs.lookup(ROOT_INO, "c").await.unwrap();
+    let c = fs.sb.lookup(ROOT_INO, "c").await.unwrap();
     let fh = fs.opendir(c.ino).unwrap();
     let inside: Vec<String> = fs
         .readdir(fh, 0)
@@ -65,7 +65,7 @@ async fn lookups_of_one_name_at_once_send_one_pair_of_requests() {
     let before = fake.counts();
     let lookup = |name: &'static str| {
         let fs = Arc::clone(&fs);
-        tokio::spawn(async move { fs.lookup(ROOT_INO, name).await })
+        tokio::spawn(async move { fs.sb.lookup(ROOT_INO, name).await })
     };
     let first = lookup("d");
     // The first has sent its GET and its LIST (held at the gate); the others join while it waits.
@@ -99,8 +99,8 @@ async fn a_listing_from_before_an_unlink_does_not_bring_the_file_back() {
     let files: [(&str, &[u8]); 2] = [("d/gone", b"1"), ("d/kept", b"2")];
     let (fake, fs) = fs_with(&files, c, true).await;
     let fs = Arc::new(fs);
-    let dir = fs.lookup(ROOT_INO, "d").await.unwrap().ino;
-    fs.lookup(dir, "gone").await.unwrap();
+    let dir = fs.sb.lookup(ROOT_INO, "d").await.unwrap().ino;
+    fs.sb.lookup(dir, "gone").await.unwrap();
     let gate = fake.faults().hold(Op::List);
     let fh = fs.opendir(dir).unwrap();
     let listing = tokio::spawn({
@@ -112,7 +112,7 @@ async fn a_listing_from_before_an_unlink_does_not_bring_the_file_back() {
         tokio::task::yield_now().await;
     }
     tokio::time::sleep(Duration::from_millis(20)).await;
-    fs.unlink(dir, "gone").await.unwrap();
+    fs.sb.unlink(dir, "gone").await.unwrap();
     gate.open();
     let names: Vec<String> = listing
         .await
@@ -124,7 +124,7 @@ async fn a_listing_from_before_an_unlink_does_not_bring_the_file_back() {
     assert!(names.contains(&"kept".to_string()), "{names:?}");
     assert!(!names.contains(&"gone".to_string()), "{names:?}");
     assert!(matches!(
-        fs.lookup(dir, "gone").await,
+        fs.sb.lookup(dir, "gone").await,
         Err(FsError::NotFound)
     ));
 }
@@ -135,8 +135,8 @@ async fn a_listing_from_before_an_unlink_does_not_bring_the_file_back() {
 async fn a_directory_that_keeps_changing_lists_only_names_already_known() {
     let files: [(&str, &[u8]); 2] = [("d/known", b"1"), ("d/unseen", b"2")];
     let (fake, fs) = fs_with(&files, config(), true).await;
-    let dir = fs.lookup(ROOT_INO, "d").await.unwrap().ino;
-    fs.lookup(dir, "known").await.unwrap();
+    let dir = fs.sb.lookup(ROOT_INO, "d").await.unwrap().ino;
+    fs.sb.lookup(dir, "known").await.unwrap();
     let names = |entries: Arc<Vec<DirEntry>>| -> Vec<String> {
         let mut v: Vec<String> = entries.iter().map(|e| e.name.clone()).collect();
         v.sort();
@@ -162,8 +162,11 @@ async fn a_directory_that_keeps_changing_lists_only_names_already_known() {
 #[tokio::test]
 async fn file_rename_is_one_rename_object_on_directory_buckets() {
     let (fake, fs) = fs_with(&[("a", b"1"), ("d/x", b"2")], config(), true).await;
-    let d = fs.lookup(ROOT_INO, "d").await.unwrap();
-    fs.rename(ROOT_INO, "a", d.ino, "b", false).await.unwrap();
+    let d = fs.sb.lookup(ROOT_INO, "d").await.unwrap();
+    fs.sb
+        .rename(ROOT_INO, "a", d.ino, "b", false)
+        .await
+        .unwrap();
     assert_eq!(&fake.object("d/b").unwrap()[..], b"1");
     assert!(fake.object("a").is_none());
     assert_eq!(
@@ -175,7 +178,7 @@ async fn file_rename_is_one_rename_object_on_directory_buckets() {
         (1, 0, 0)
     );
     assert!(matches!(
-        fs.rename(d.ino, "b", d.ino, "x", false).await,
+        fs.sb.rename(d.ino, "b", d.ino, "x", false).await,
         Err(FsError::NotPermitted(_))
     ));
 }
@@ -183,12 +186,12 @@ async fn file_rename_is_one_rename_object_on_directory_buckets() {
 #[tokio::test]
 async fn mkdir_rmdir_and_read_only() {
     let (_, fs) = fs_with(&[("full/x", b"1")], config(), true).await;
-    let m = fs.mkdir(ROOT_INO, "m").await.unwrap();
-    assert_eq!(fs.lookup(ROOT_INO, "m").await.unwrap().ino, m.ino);
-    fs.rmdir(ROOT_INO, "m").await.unwrap();
-    fs.lookup(ROOT_INO, "full").await.unwrap();
+    let m = fs.sb.mkdir(ROOT_INO, "m").await.unwrap();
+    assert_eq!(fs.sb.lookup(ROOT_INO, "m").await.unwrap().ino, m.ino);
+    fs.sb.rmdir(ROOT_INO, "m").await.unwrap();
+    fs.sb.lookup(ROOT_INO, "full").await.unwrap();
     assert!(matches!(
-        fs.rmdir(ROOT_INO, "full").await,
+        fs.sb.rmdir(ROOT_INO, "full").await,
         Err(FsError::NotEmpty)
     ));
     let mut c = config();
@@ -199,7 +202,7 @@ async fn mkdir_rmdir_and_read_only() {
         Err(FsError::ReadOnly)
     ));
     assert!(matches!(
-        ro.mkdir(ROOT_INO, "x").await,
+        ro.sb.mkdir(ROOT_INO, "x").await,
         Err(FsError::ReadOnly)
     ));
 }
@@ -213,7 +216,7 @@ async fn a_hundred_thousand_missing_names_stay_within_the_negative_bound() {
     for i in 0..100_000 {
         let name = format!("missing-{i}");
         assert!(matches!(
-            fs.lookup(ROOT_INO, &name).await,
+            fs.sb.lookup(ROOT_INO, &name).await,
             Err(FsError::NotFound)
         ));
         assert!(fs.sb.negative.len() <= MAX_ENTRIES, "after {i} names");
@@ -222,12 +225,12 @@ async fn a_hundred_thousand_missing_names_stay_within_the_negative_bound() {
     // The newest names are still known to be missing; the oldest were evicted and are asked again.
     let before = fake.counts();
     assert!(matches!(
-        fs.lookup(ROOT_INO, "missing-99999").await,
+        fs.sb.lookup(ROOT_INO, "missing-99999").await,
         Err(FsError::NotFound)
     ));
     assert_eq!(fake.counts(), before);
     assert!(matches!(
-        fs.lookup(ROOT_INO, "missing-0").await,
+        fs.sb.lookup(ROOT_INO, "missing-0").await,
         Err(FsError::NotFound)
     ));
     assert!(fake.counts().since(&before).get(Op::Head) > 0);
@@ -239,7 +242,7 @@ async fn a_missing_name_is_asked_again_once_its_negative_entry_expires() {
     c.negative_metadata_ttl = Duration::from_millis(300);
     let (fake, fs) = fs_with(&[], c, true).await;
     assert!(matches!(
-        fs.lookup(ROOT_INO, "late").await,
+        fs.sb.lookup(ROOT_INO, "late").await,
         Err(FsError::NotFound)
     ));
     fake.put_object("late", Bytes::from_static(b"here"), WriteCondition::None)
@@ -247,11 +250,11 @@ async fn a_missing_name_is_asked_again_once_its_negative_entry_expires() {
         .unwrap();
     let writes = fake.counts();
     assert!(
-        matches!(fs.lookup(ROOT_INO, "late").await, Err(FsError::NotFound)),
+        matches!(fs.sb.lookup(ROOT_INO, "late").await, Err(FsError::NotFound)),
         "still trusted"
     );
     assert_eq!(fake.counts(), writes, "no request");
     tokio::time::sleep(Duration::from_millis(400)).await;
-    assert_eq!(fs.lookup(ROOT_INO, "late").await.unwrap().size, 4);
+    assert_eq!(fs.sb.lookup(ROOT_INO, "late").await.unwrap().size, 4);
     assert!(fake.counts().since(&writes).get(Op::Head) > 0);
 }

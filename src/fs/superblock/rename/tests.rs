@@ -20,17 +20,20 @@ fn overwriting() -> FsConfig {
 #[tokio::test]
 async fn file_rename_on_general_purpose_buckets_copies_then_deletes() {
     let (fake, fs) = fs_with(&[("a", b"one"), ("d/x", b"2")], config(), false).await;
-    let a = fs.lookup(ROOT_INO, "a").await.unwrap();
-    let d = fs.lookup(ROOT_INO, "d").await.unwrap();
-    fs.rename(ROOT_INO, "a", d.ino, "b", false).await.unwrap();
+    let a = fs.sb.lookup(ROOT_INO, "a").await.unwrap();
+    let d = fs.sb.lookup(ROOT_INO, "d").await.unwrap();
+    fs.sb
+        .rename(ROOT_INO, "a", d.ino, "b", false)
+        .await
+        .unwrap();
     assert_eq!(moves(&fake), (0, 1, 1));
     assert_eq!(&fake.object("d/b").unwrap()[..], b"one");
     assert!(fake.object("a").is_none());
     // The inode moved with its name.
-    let b = fs.lookup(d.ino, "b").await.unwrap();
+    let b = fs.sb.lookup(d.ino, "b").await.unwrap();
     assert_eq!((b.ino, b.size), (a.ino, 3));
     assert!(matches!(
-        fs.lookup(ROOT_INO, "a").await,
+        fs.sb.lookup(ROOT_INO, "a").await,
         Err(FsError::NotFound)
     ));
 }
@@ -40,7 +43,7 @@ async fn replacing_a_file_by_rename_needs_allow_overwrite_on_both_kinds() {
     for directory in [true, false] {
         let (fake, fs) = fs_with(&[("a", b"new"), ("b", b"old")], config(), directory).await;
         assert!(matches!(
-            fs.rename(ROOT_INO, "a", ROOT_INO, "b", false).await,
+            fs.sb.rename(ROOT_INO, "a", ROOT_INO, "b", false).await,
             Err(FsError::NotPermitted(_))
         ));
         assert_eq!(moves(&fake), (0, 0, 0), "refused before any request");
@@ -48,10 +51,11 @@ async fn replacing_a_file_by_rename_needs_allow_overwrite_on_both_kinds() {
 
         let (fake, fs) = fs_with(&[("a", b"new"), ("b", b"old")], overwriting(), directory).await;
         assert!(matches!(
-            fs.rename(ROOT_INO, "a", ROOT_INO, "b", true).await,
+            fs.sb.rename(ROOT_INO, "a", ROOT_INO, "b", true).await,
             Err(FsError::Exists)
         ));
-        fs.rename(ROOT_INO, "a", ROOT_INO, "b", false)
+        fs.sb
+            .rename(ROOT_INO, "a", ROOT_INO, "b", false)
             .await
             .unwrap();
         assert_eq!(&fake.object("b").unwrap()[..], b"new");
@@ -64,9 +68,10 @@ async fn directory_rename_moves_every_object_and_the_inodes_follow() {
     for directory in [true, false] {
         let keys: &[(&str, &[u8])] = &[("d/a", b"1"), ("d/s/b", b"22"), ("d/", b""), ("dx", b"x")];
         let (fake, fs) = fs_with(keys, config(), directory).await;
-        let d = fs.lookup(ROOT_INO, "d").await.unwrap();
-        let s = fs.lookup(d.ino, "s").await.unwrap();
-        fs.rename(ROOT_INO, "d", ROOT_INO, "e", false)
+        let d = fs.sb.lookup(ROOT_INO, "d").await.unwrap();
+        let s = fs.sb.lookup(d.ino, "s").await.unwrap();
+        fs.sb
+            .rename(ROOT_INO, "d", ROOT_INO, "e", false)
             .await
             .unwrap();
         let expected = if directory { (3, 0, 0) } else { (0, 3, 3) };
@@ -78,11 +83,11 @@ async fn directory_rename_moves_every_object_and_the_inodes_follow() {
         assert_eq!(&fake.object("dx").unwrap()[..], b"x", "a sibling stays");
         // The directory and the subdirectory already looked up keep their numbers and resolve under the
         // new name: the child never looked up is found through the renamed subdirectory.
-        assert_eq!(fs.lookup(ROOT_INO, "e").await.unwrap().ino, d.ino);
-        let b = fs.lookup(s.ino, "b").await.unwrap();
+        assert_eq!(fs.sb.lookup(ROOT_INO, "e").await.unwrap().ino, d.ino);
+        let b = fs.sb.lookup(s.ino, "b").await.unwrap();
         assert_eq!((b.kind, b.size), (FileKind::File, 2));
         assert!(matches!(
-            fs.lookup(ROOT_INO, "d").await,
+            fs.sb.lookup(ROOT_INO, "d").await,
             Err(FsError::NotFound)
         ));
     }
@@ -96,14 +101,15 @@ async fn directories_past_the_limit_are_refused_before_anything_moves() {
         let keys: &[(&str, &[u8])] = &[("d/a", b"1"), ("d/b", b"2"), ("d/c", b"3")];
         let (fake, fs) = fs_with(keys, c, directory).await;
         assert!(matches!(
-            fs.rename(ROOT_INO, "d", ROOT_INO, "e", false).await,
+            fs.sb.rename(ROOT_INO, "d", ROOT_INO, "e", false).await,
             Err(FsError::CrossDevice(_))
         ));
         assert_eq!(moves(&fake), (0, 0, 0));
         assert!(fake.object("d/a").is_some() && fake.object("d/c").is_some());
         // At the limit it goes through.
         fake.delete_object("d/c").await.unwrap();
-        fs.rename(ROOT_INO, "d", ROOT_INO, "e", false)
+        fs.sb
+            .rename(ROOT_INO, "d", ROOT_INO, "e", false)
             .await
             .unwrap();
         assert!(fake.object("e/a").is_some() && fake.object("e/b").is_some());
@@ -114,28 +120,29 @@ async fn directories_past_the_limit_are_refused_before_anything_moves() {
 async fn directory_rename_refuses_its_own_subtree_non_empty_targets_and_files() {
     let keys: &[(&str, &[u8])] = &[("d/s/a", b"1"), ("t/x", b"2"), ("f", b"3")];
     let (fake, fs) = fs_with(keys, overwriting(), false).await;
-    let d = fs.lookup(ROOT_INO, "d").await.unwrap();
-    let s = fs.lookup(d.ino, "s").await.unwrap();
+    let d = fs.sb.lookup(ROOT_INO, "d").await.unwrap();
+    let s = fs.sb.lookup(d.ino, "s").await.unwrap();
     assert!(matches!(
-        fs.rename(ROOT_INO, "d", s.ino, "in", false).await,
+        fs.sb.rename(ROOT_INO, "d", s.ino, "in", false).await,
         Err(FsError::InvalidArgument(_))
     ));
     assert!(matches!(
-        fs.rename(ROOT_INO, "d", d.ino, "in", false).await,
+        fs.sb.rename(ROOT_INO, "d", d.ino, "in", false).await,
         Err(FsError::InvalidArgument(_))
     ));
     assert!(matches!(
-        fs.rename(ROOT_INO, "d", ROOT_INO, "t", false).await,
+        fs.sb.rename(ROOT_INO, "d", ROOT_INO, "t", false).await,
         Err(FsError::NotEmpty)
     ));
     assert!(matches!(
-        fs.rename(ROOT_INO, "d", ROOT_INO, "f", false).await,
+        fs.sb.rename(ROOT_INO, "d", ROOT_INO, "f", false).await,
         Err(FsError::NotADirectory)
     ));
     assert_eq!(moves(&fake), (0, 0, 0));
     // An empty directory (made here) may be replaced.
-    fs.mkdir(ROOT_INO, "empty").await.unwrap();
-    fs.rename(ROOT_INO, "d", ROOT_INO, "empty", false)
+    fs.sb.mkdir(ROOT_INO, "empty").await.unwrap();
+    fs.sb
+        .rename(ROOT_INO, "d", ROOT_INO, "empty", false)
         .await
         .unwrap();
     assert_eq!(&fake.object("empty/s/a").unwrap()[..], b"1");
@@ -155,7 +162,8 @@ async fn a_failure_midway_leaves_every_object_under_one_name_or_both() {
         // Let some moves through, then fail one.
         fake.faults().fail_after(op, 20, 1, transient());
         assert!(
-            fs.rename(ROOT_INO, "d", ROOT_INO, "e", false)
+            fs.sb
+                .rename(ROOT_INO, "d", ROOT_INO, "e", false)
                 .await
                 .is_err()
         );
