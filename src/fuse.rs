@@ -659,9 +659,16 @@ impl MountedFs {
         self.session.guard.is_finished()
     }
 
-    /// Blocks until the file system is unmounted by someone else.
-    pub fn join(self) -> std::io::Result<()> {
-        self.session.join()
+    /// Waits for the session to end after someone else's `umount`. fuser's session would unmount its path
+    /// again when dropped, and by then that path may hold a new mount (`umount; mount` at once, as a
+    /// remount does): the old daemon took the new one down. So the session is not dropped: the kernel side
+    /// is gone already and the process exits next.
+    pub fn join(mut self) -> std::io::Result<()> {
+        let guard = std::mem::replace(&mut self.session.guard, std::thread::spawn(|| Ok(())));
+        std::mem::forget(self.session);
+        guard
+            .join()
+            .map_err(|_| std::io::Error::other("the file system's session thread panicked"))?
     }
 
     /// Unmounts and waits for the session to end.

@@ -138,6 +138,41 @@ fn background_mount_is_live_when_the_command_returns_and_sigterm_unmounts() {
     assert!(!is_mounted(dir.path()), "SIGTERM did not unmount");
 }
 
+/// `umount` then an immediate mount at the same path (a remount): the old daemon, on its way out, must not
+/// unmount the path again, which now holds the new mount.
+#[test]
+fn a_remount_right_after_umount_survives_the_old_daemon_exiting() {
+    let dir = empty_dir();
+    let bucket = fresh_bucket(true, "remount");
+    put(emulator(), &bucket, "kept.txt", b"kept".to_vec());
+    let mount = || {
+        let mut cmd = expressfs_command(emulator());
+        cmd.args([&bucket, dir.path().to_str().unwrap()]);
+        let out = run(cmd);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    mount();
+    for round in 0..3 {
+        let old = find_daemon(&bucket).expect("daemon process");
+        nix::mount::umount(dir.path()).unwrap();
+        mount();
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while std::path::Path::new(&format!("/proc/{old}")).exists() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(
+            is_mounted(dir.path()),
+            "round {round}: the old daemon took the new mount down"
+        );
+        assert_eq!(std::fs::read(dir.path().join("kept.txt")).unwrap(), b"kept");
+    }
+    nix::mount::umount(dir.path()).unwrap();
+}
+
 fn find_daemon(bucket: &str) -> Option<i32> {
     for entry in std::fs::read_dir("/proc").ok()? {
         let entry = entry.ok()?;
