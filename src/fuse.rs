@@ -72,7 +72,7 @@ fn file_attr(a: &Attr, block_size: u32) -> FileAttr {
         ino: INodeNo(a.ino),
         size: a.size,
         blocks: a.size.div_ceil(512),
-        atime: a.mtime,
+        atime: a.atime,
         mtime: a.mtime,
         ctime: a.mtime,
         crtime: a.mtime,
@@ -586,6 +586,12 @@ impl Filesystem for Adapter {
                         continue;
                     };
                     let dots = entry.name == "." || entry.name == "..";
+                    // Attributes still to be read from the object's metadata: the kernel asks again.
+                    let ttl = if attr.provisional {
+                        Duration::ZERO
+                    } else {
+                        ttl
+                    };
                     if reply.add(
                         INodeNo(entry.ino),
                         i as u64 + 1,

@@ -417,6 +417,7 @@ impl S3Filesystem {
                 size: 0,
                 mtime: SystemTime::now(),
                 etag: None,
+                attrs: None,
             };
             let ino = table.upsert(
                 parent,
