@@ -15,6 +15,7 @@ use fuser::{
 };
 use tracing::{Instrument, Span, debug_span, info, warn};
 
+use crate::fs::attrs::StoredAttrs;
 use crate::fs::{Attr, FileKind, FsError, FsResult, OpenMode, S3Filesystem};
 
 /// Mount-level options decided by the CLI.
@@ -256,12 +257,12 @@ impl Filesystem for Adapter {
         &self,
         _req: &Request,
         ino: INodeNo,
-        _mode: Option<u32>,
-        _uid: Option<u32>,
-        _gid: Option<u32>,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
         size: Option<u64>,
-        _atime: Option<TimeOrNow>,
-        _mtime: Option<TimeOrNow>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
         _ctime: Option<SystemTime>,
         fh: Option<FileHandle>,
         _crtime: Option<SystemTime>,
@@ -271,7 +272,18 @@ impl Filesystem for Adapter {
         reply: ReplyAttr,
     ) {
         let fs = Arc::clone(&self.fs);
-        let work = async move { fs.setattr(ino.0, size, fh.map(|f| f.0)).await };
+        let time = |t: TimeOrNow| match t {
+            TimeOrNow::SpecificTime(t) => t,
+            TimeOrNow::Now => SystemTime::now(),
+        };
+        let change = StoredAttrs {
+            mode,
+            uid,
+            gid,
+            mtime: mtime.map(time),
+            atime: atime.map(time),
+        };
+        let work = async move { fs.setattr(ino.0, size, fh.map(|f| f.0), change).await };
         let span = debug_span!("setattr", ino = ino.0);
         self.serve("setattr", span, reply, work, self.attr());
     }

@@ -19,6 +19,7 @@ use bytes::Bytes;
 use tokio::sync::Mutex as AsyncMutex;
 use tracing::debug;
 
+use super::attrs::StoredAttrs;
 use super::inode::{Kind, Node, Stat};
 use super::read::Reader;
 use super::superblock::check_name;
@@ -174,9 +175,25 @@ impl HandleTable {
 }
 
 impl S3Filesystem {
-    /// chmod/chown/utimens are accepted and ignored (modes come from the mount flags); size changes only on
-    /// files being written.
-    pub async fn setattr(&self, ino: u64, size: Option<u64>, fh: Option<u64>) -> FsResult<Attr> {
+    /// Size changes only on files being written. chmod/chown/utimens (`change`) are kept in the object's
+    /// metadata with `--preserve-metadata` on a closed file; otherwise (no flag, a directory, a file open for
+    /// writing) they are accepted and not kept.
+    pub async fn setattr(
+        &self,
+        ino: u64,
+        size: Option<u64>,
+        fh: Option<u64>,
+        change: StoredAttrs,
+    ) -> FsResult<Attr> {
+        if self.config.preserve_metadata && !change.is_empty() {
+            if self.config.read_only {
+                return Err(FsError::ReadOnly);
+            }
+            let node = self.sb.node(ino)?;
+            if node.kind() == Kind::File && !node.is_pending() {
+                self.sb.store_attributes(ino, change).await?;
+            }
+        }
         if let Some(size) = size {
             if self.config.read_only {
                 return Err(FsError::ReadOnly);

@@ -25,6 +25,7 @@ use crate::source::ReadSource;
 
 #[cfg(test)]
 mod attr_tests;
+mod attributes;
 #[cfg(test)]
 mod link_tests;
 mod links;

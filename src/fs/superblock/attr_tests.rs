@@ -1,11 +1,13 @@
 //! `--preserve-metadata` through the core, with the fake client.
 
+use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
 use bytes::Bytes;
 
+use crate::fs::attrs::StoredAttrs;
 use crate::fs::test_support::{config, fs_with};
-use crate::fs::{FsConfig, ROOT_INO};
+use crate::fs::{FsConfig, FsError, ROOT_INO};
 use crate::s3::fake::Op;
 use crate::s3::{ObjectClient, UserMetadata, WriteCondition};
 
@@ -93,4 +95,102 @@ async fn listed_files_need_a_head_for_their_metadata_only_with_the_flag() {
         fs.getattr(ino).await.unwrap();
         assert_eq!(fake.count(Op::Head) - heads, u64::from(preserve));
     }
+}
+
+fn change(mode: Option<u32>, uid: Option<u32>, mtime: Option<u64>) -> StoredAttrs {
+    StoredAttrs {
+        mode,
+        uid,
+        mtime: mtime.map(|s| UNIX_EPOCH + Duration::from_secs(s)),
+        ..StoredAttrs::default()
+    }
+}
+
+#[tokio::test]
+async fn chmod_chown_and_utimens_replace_the_metadata_of_a_closed_file() {
+    for directory in [true, false] {
+        let (fake, fs) = fs_with(&[("f", b"data")], preserving(), directory).await;
+        let f = fs.lookup(ROOT_INO, "f").await.unwrap();
+        let before = fake.head_object("f").await.unwrap();
+        let counts = fake.counts();
+
+        let attr = fs
+            .setattr(f.ino, None, None, change(Some(0o100_755), None, None))
+            .await
+            .unwrap();
+        assert_eq!(attr.perm, 0o755);
+        // The date shown before is kept although the copy gave the object a new one.
+        assert_eq!(attr.mtime, before.last_modified);
+        let attr = fs
+            .setattr(
+                f.ino,
+                None,
+                None,
+                change(None, Some(7), Some(1_500_000_000)),
+            )
+            .await
+            .unwrap();
+        assert_eq!((attr.perm, attr.uid, attr.gid), (0o755, 7, 1000));
+        assert_eq!(attr.mtime, UNIX_EPOCH + Duration::from_secs(1_500_000_000));
+
+        // Server-side only: a HEAD and a copy each, no bytes through the host.
+        let used = fake.counts();
+        assert_eq!(used.get(Op::Copy) - counts.get(Op::Copy), 2);
+        assert_eq!(used.get(Op::Head) - counts.get(Op::Head), 2);
+        for op in [Op::Get, Op::Put, Op::CreateUpload] {
+            assert_eq!(used.get(op), counts.get(op), "{op:?}");
+        }
+        let stored = fake.head_object("f").await.unwrap();
+        assert_eq!(fake.object("f").unwrap(), Bytes::from_static(b"data"));
+        assert_eq!(stored.metadata["mode"], "33261");
+        assert_eq!(stored.metadata["uid"], "7");
+        assert_eq!(stored.metadata["mtime"], "1500000000");
+        // The node carries the new version: the next open reads without a conflict.
+        assert_eq!(
+            fs.sb.node(f.ino).unwrap().stat().etag.as_deref(),
+            Some(stored.etag.as_str())
+        );
+    }
+}
+
+#[tokio::test]
+async fn attributes_are_accepted_and_not_kept_without_the_flag() {
+    let (fake, fs) = fs_with(&[("f", b"data")], config(), true).await;
+    let f = fs.lookup(ROOT_INO, "f").await.unwrap();
+    let attr = fs
+        .setattr(f.ino, None, None, change(Some(0o100_700), Some(7), None))
+        .await
+        .unwrap();
+    assert_eq!((attr.perm, attr.uid), (0o644, 1000));
+    assert_eq!(fake.count(Op::Copy), 0);
+    assert!(fake.head_object("f").await.unwrap().metadata.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_object_replaced_meanwhile_fails_the_change_and_keeps_the_new_object() {
+    let (fake, fs) = fs_with(&[("f", b"data")], preserving(), true).await;
+    let f = fs.lookup(ROOT_INO, "f").await.unwrap();
+    let fs = Arc::new(fs);
+    let gate = fake.faults().hold(Op::Head);
+    let task = {
+        let fs = Arc::clone(&fs);
+        tokio::spawn(async move {
+            fs.setattr(f.ino, None, None, change(Some(0o100_600), None, None))
+                .await
+        })
+    };
+    while gate.held() == 0 {
+        tokio::task::yield_now().await;
+    }
+    // Another client replaces the object after the HEAD read it.
+    fake.put_object("f", Bytes::from_static(b"other"), WriteCondition::None)
+        .await
+        .unwrap();
+    gate.open();
+    assert!(matches!(
+        task.await.unwrap(),
+        Err(FsError::ObjectChanged { .. })
+    ));
+    assert_eq!(fake.object("f").unwrap(), Bytes::from_static(b"other"));
+    assert!(fake.head_object("f").await.unwrap().metadata.is_empty());
 }
