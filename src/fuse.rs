@@ -408,16 +408,22 @@ impl Filesystem for Adapter {
         req: &Request,
         parent: INodeNo,
         name: &OsStr,
-        _mode: u32,
-        _umask: u32,
+        mode: u32,
+        umask: u32,
         _flags: i32,
         reply: ReplyCreate,
     ) {
         let pid = req.pid();
+        let owner = StoredAttrs {
+            mode: Some(0o100_000 | (mode & !umask & 0o7777)),
+            uid: Some(req.uid()),
+            gid: Some(req.gid()),
+            ..StoredAttrs::default()
+        };
         let span = debug_span!("create", parent = parent.0, name = %name.to_string_lossy());
         let (fs, name) = (Arc::clone(&self.fs), name_str(name));
         let work = async move {
-            let (a, fh) = fs.create(parent.0, &name?, pid).await?;
+            let (a, fh) = fs.create_as(parent.0, &name?, pid, owner).await?;
             Ok((a, fh, fs.writes_bypass_page_cache()))
         };
         let (ttl, bs) = (self.ttl, self.block_size);

@@ -209,6 +209,12 @@ impl Node {
         true
     }
 
+    /// Attributes set on a file open for writing (they go with its upload): stat shows them meanwhile.
+    pub fn overlay_attrs(&mut self, change: StoredAttrs) {
+        let known = self.stat.attrs.unwrap_or_default();
+        self.stat.attrs = Some(known.overlay(change));
+    }
+
     /// Records an upload of ours that just completed.
     pub fn record_upload(&mut self, size: u64, etag: String) {
         self.stat = Stat {

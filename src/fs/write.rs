@@ -14,14 +14,16 @@ use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::SystemTime;
 
 use bytes::{Bytes, BytesMut};
 use tokio::task::JoinHandle;
 use tracing::{debug, warn};
 
+use super::attrs::StoredAttrs;
 use super::error::{FsError, FsResult};
 use crate::memory::MemoryBudget;
-use crate::s3::{ObjectClient, PutResult, UploadedPart, WriteCondition};
+use crate::s3::{ObjectClient, PutResult, UploadedPart, UserMetadata, WriteCondition};
 
 /// Parts uploading at once per file: enough to keep the link busy, small enough to bound memory.
 const MAX_PARTS_IN_FLIGHT: usize = 4;
@@ -75,6 +77,13 @@ pub struct Writer {
     sealed: bool,
     /// Data not yet visible in the bucket.
     dirty: bool,
+    /// With `--preserve-metadata`: the attributes the object is uploaded with (no mtime: the upload's time).
+    attrs: Option<StoredAttrs>,
+    /// Attributes changed after the request carrying the metadata left (or the object is appended to, which
+    /// keeps its old metadata): a metadata copy follows the upload.
+    attrs_late: bool,
+    /// Our last upload of this handle.
+    uploaded: Option<PutResult>,
 }
 
 pub struct WriterOptions {
@@ -83,6 +92,8 @@ pub struct WriterOptions {
     pub staging_dir: Option<PathBuf>,
     pub staging_limit: u64,
     pub memory: Arc<MemoryBudget>,
+    /// Some with `--preserve-metadata`.
+    pub attrs: Option<StoredAttrs>,
 }
 
 impl Writer {
@@ -105,6 +116,9 @@ impl Writer {
             tee_off: false,
             sealed: false,
             dirty: true,
+            attrs: options.attrs,
+            attrs_late: false,
+            uploaded: None,
         }
     }
 
@@ -119,7 +133,32 @@ impl Writer {
         w.mode = Mode::Append { offset: size };
         w.size = size;
         w.dirty = false;
+        w.attrs_late = w.attrs.is_some();
         w
+    }
+
+    /// chmod/chown/utimens while open: kept for the upload (no-op without `--preserve-metadata`).
+    pub fn set_attrs(&mut self, change: StoredAttrs) {
+        if let Some(attrs) = self.attrs {
+            self.attrs = Some(attrs.overlay(change));
+            // Only an upload still to start carries them; otherwise a metadata copy follows.
+            let carried =
+                self.dirty && self.multipart.is_none() && !matches!(self.mode, Mode::Append { .. });
+            self.attrs_late |= !carried;
+        }
+    }
+
+    /// What the object is uploaded with: the attributes, and now as its mtime unless one was set.
+    fn upload_metadata(&self) -> UserMetadata {
+        let mut metadata = UserMetadata::new();
+        if let Some(attrs) = self.attrs {
+            let dated = StoredAttrs {
+                mtime: Some(SystemTime::now()),
+                ..StoredAttrs::default()
+            };
+            dated.overlay(attrs).write_into(&mut metadata);
+        }
+        metadata
     }
 
     pub fn size(&self) -> u64 {
@@ -307,7 +346,7 @@ impl Writer {
         if self.multipart.is_none() {
             let id = self
                 .client
-                .create_multipart_upload(&self.key)
+                .create_multipart_upload_with_metadata(&self.key, &self.upload_metadata())
                 .await
                 .map_err(|e| FsError::client(&self.key, e))?;
             self.multipart = Some(Multipart {
@@ -346,11 +385,20 @@ impl Writer {
             return Err(e.clone());
         }
         if !self.dirty {
-            return Ok(None);
+            return match (self.attrs_late, self.uploaded.clone()) {
+                (true, Some(r)) => self.send_late_attrs(r).await.map(Some),
+                _ => Ok(None),
+            };
         }
-        let result = self.commit_inner().await;
+        let mut result = self.commit_inner().await;
+        if let Ok(r) = &result
+            && self.attrs_late
+        {
+            result = self.send_late_attrs(r.clone()).await;
+        }
         match result {
             Ok(r) => {
+                self.uploaded = Some(r.clone());
                 self.dirty = false;
                 // Data that was streamed away cannot be uploaded again: such a handle takes no more writes.
                 // Small and staged files stay writable; their next upload may replace only our own version.
@@ -371,7 +419,28 @@ impl Writer {
         }
     }
 
+    /// The metadata copy after upload `r` (conditional on its ETag), for attributes it did not carry.
+    async fn send_late_attrs(&mut self, r: PutResult) -> FsResult<PutResult> {
+        let copied = self
+            .client
+            .replace_metadata(&self.key, &self.upload_metadata(), &r.etag)
+            .await
+            .map_err(|e| FsError::client(&self.key, e))?;
+        // Appends keep the object's old metadata: each one needs the copy again.
+        self.attrs_late = matches!(self.mode, Mode::Append { .. });
+        if self.condition == WriteCondition::IfMatch(r.etag.clone()) {
+            self.condition = WriteCondition::IfMatch(copied.etag.clone());
+        }
+        let r = PutResult {
+            etag: copied.etag,
+            size: r.size,
+        };
+        self.uploaded = Some(r.clone());
+        Ok(r)
+    }
+
     async fn commit_inner(&mut self) -> FsResult<PutResult> {
+        let metadata = self.upload_metadata();
         let key = self.key.clone();
         let client = Arc::clone(&self.client);
         let err = |e| FsError::client(&key, e);
@@ -397,11 +466,19 @@ impl Writer {
                     let mut data = Vec::with_capacity(size as usize);
                     file.read_to_end(&mut data).map_err(staging)?;
                     return client
-                        .put_object(&key, Bytes::from(data), self.condition.clone())
+                        .put_object_with_metadata(
+                            &key,
+                            Bytes::from(data),
+                            self.condition.clone(),
+                            &metadata,
+                        )
                         .await
                         .map_err(err);
                 }
-                let id = client.create_multipart_upload(&key).await.map_err(err)?;
+                let id = client
+                    .create_multipart_upload_with_metadata(&key, &metadata)
+                    .await
+                    .map_err(err)?;
                 self.multipart = Some(Multipart {
                     id: id.clone(),
                     next_part: 1,
@@ -445,7 +522,7 @@ impl Writer {
                     // (after `exec >file` style dup-and-close, or a second fsync) can upload the whole file again.
                     let body = Bytes::copy_from_slice(&self.buffer);
                     return client
-                        .put_object(&key, body, self.condition.clone())
+                        .put_object_with_metadata(&key, body, self.condition.clone(), &metadata)
                         .await
                         .map_err(err);
                 };
@@ -555,6 +632,7 @@ mod tests {
             staging_dir: staging,
             staging_limit: 64 << 20,
             memory: MemoryBudget::unlimited(),
+            attrs: None,
         }
     }
 

@@ -194,3 +194,78 @@ async fn an_object_replaced_meanwhile_fails_the_change_and_keeps_the_new_object(
     assert_eq!(fake.object("f").unwrap(), Bytes::from_static(b"other"));
     assert!(fake.head_object("f").await.unwrap().metadata.is_empty());
 }
+
+#[tokio::test]
+async fn new_files_carry_their_creator_and_the_attributes_set_while_open() {
+    for preserve in [true, false] {
+        let cfg = if preserve { preserving() } else { config() };
+        let (fake, fs) = fs_with(&[], cfg, true).await;
+        let owner = StoredAttrs {
+            mode: Some(0o100_640),
+            uid: Some(5),
+            gid: Some(6),
+            ..StoredAttrs::default()
+        };
+        let (attr, fh) = fs.create_as(ROOT_INO, "new", 0, owner).await.unwrap();
+        fs.write(fh, 0, b"abc").await.unwrap();
+        // utimens and chmod on the open file: no request now, they ride on the upload.
+        let copies = fake.count(Op::Copy);
+        let shown = fs
+            .setattr(
+                attr.ino,
+                None,
+                Some(fh),
+                change(Some(0o600), None, Some(1_400_000_000)),
+            )
+            .await
+            .unwrap();
+        assert_eq!(fake.count(Op::Copy), copies);
+        fs.flush(fh, 0).await.unwrap();
+        fs.release(fh).await.unwrap();
+        let stored = fake.head_object("new").await.unwrap().metadata;
+        if preserve {
+            assert_eq!((shown.perm, shown.uid), (0o600, 5));
+            assert_eq!(stored["mode"], (0o100_600).to_string());
+            assert_eq!((stored["uid"].as_str(), stored["gid"].as_str()), ("5", "6"));
+            assert_eq!(stored["mtime"], "1400000000");
+            assert_eq!(fake.count(Op::Copy), copies, "carried by the PutObject");
+        } else {
+            assert!(stored.is_empty(), "{stored:?}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_new_file_without_explicit_times_stores_its_upload_time() {
+    let (fake, fs) = fs_with(&[], preserving(), false).await;
+    let before = std::time::SystemTime::now() - Duration::from_secs(1);
+    let (_, fh) = fs.create(ROOT_INO, "t", 0).await.unwrap();
+    fs.write(fh, 0, b"x").await.unwrap();
+    fs.release(fh).await.unwrap();
+    let stored = StoredAttrs::from_metadata(&fake.head_object("t").await.unwrap().metadata);
+    assert!(stored.mtime.unwrap() >= before, "{stored:?}");
+}
+
+#[tokio::test]
+async fn attributes_set_after_the_upload_left_follow_by_a_metadata_copy() {
+    let (fake, fs) = fs_with(&[], preserving(), true).await;
+    let (attr, fh) = fs.create(ROOT_INO, "f", 0).await.unwrap();
+    fs.write(fh, 0, b"abc").await.unwrap();
+    // fsync uploads; a later utimens on the same handle cannot ride on that upload any more.
+    fs.flush(fh, 0).await.unwrap();
+    let uploaded = fake.head_object("f").await.unwrap().etag;
+    fs.setattr(
+        attr.ino,
+        None,
+        Some(fh),
+        change(None, None, Some(1_300_000_000)),
+    )
+    .await
+    .unwrap();
+    fs.release(fh).await.unwrap();
+    let now = fake.head_object("f").await.unwrap();
+    assert_eq!(now.metadata["mtime"], "1300000000");
+    assert_ne!(now.etag, uploaded);
+    assert_eq!(fake.object("f").unwrap(), Bytes::from_static(b"abc"));
+    assert_eq!(fake.count(Op::Put), 1, "no second upload of the bytes");
+}
