@@ -14,7 +14,6 @@ use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::SystemTime;
 
 use bytes::{Bytes, BytesMut};
 use tokio::task::JoinHandle;
@@ -23,7 +22,9 @@ use tracing::{debug, warn};
 use super::attrs::StoredAttrs;
 use super::error::{FsError, FsResult};
 use crate::memory::MemoryBudget;
-use crate::s3::{ObjectClient, PutResult, UploadedPart, UserMetadata, WriteCondition};
+use crate::s3::{ObjectClient, PutResult, UploadedPart, WriteCondition};
+
+mod metadata;
 
 /// Parts uploading at once per file: enough to keep the link busy, small enough to bound memory.
 const MAX_PARTS_IN_FLIGHT: usize = 4;
@@ -78,12 +79,12 @@ pub struct Writer {
     /// Data not yet visible in the bucket.
     dirty: bool,
     /// With `--preserve-metadata`: the attributes the object is uploaded with (no mtime: the upload's time).
-    attrs: Option<StoredAttrs>,
+    attrs: Option<Box<StoredAttrs>>,
     /// Attributes changed after the request carrying the metadata left (or the object is appended to, which
     /// keeps its old metadata): a metadata copy follows the upload.
     attrs_late: bool,
     /// Our last upload of this handle.
-    uploaded: Option<PutResult>,
+    uploaded: Option<Box<PutResult>>,
 }
 
 pub struct WriterOptions {
@@ -116,7 +117,7 @@ impl Writer {
             tee_off: false,
             sealed: false,
             dirty: true,
-            attrs: options.attrs,
+            attrs: options.attrs.map(Box::new),
             attrs_late: false,
             uploaded: None,
         }
@@ -135,30 +136,6 @@ impl Writer {
         w.dirty = false;
         w.attrs_late = w.attrs.is_some();
         w
-    }
-
-    /// chmod/chown/utimens while open: kept for the upload (no-op without `--preserve-metadata`).
-    pub fn set_attrs(&mut self, change: StoredAttrs) {
-        if let Some(attrs) = self.attrs {
-            self.attrs = Some(attrs.overlay(change));
-            // Only an upload still to start carries them; otherwise a metadata copy follows.
-            let carried =
-                self.dirty && self.multipart.is_none() && !matches!(self.mode, Mode::Append { .. });
-            self.attrs_late |= !carried;
-        }
-    }
-
-    /// What the object is uploaded with: the attributes, and now as its mtime unless one was set.
-    fn upload_metadata(&self) -> UserMetadata {
-        let mut metadata = UserMetadata::new();
-        if let Some(attrs) = self.attrs {
-            let dated = StoredAttrs {
-                mtime: Some(SystemTime::now()),
-                ..StoredAttrs::default()
-            };
-            dated.overlay(attrs).write_into(&mut metadata);
-        }
-        metadata
     }
 
     pub fn size(&self) -> u64 {
@@ -385,7 +362,7 @@ impl Writer {
             return Err(e.clone());
         }
         if !self.dirty {
-            return match (self.attrs_late, self.uploaded.clone()) {
+            return match (self.attrs_late, self.uploaded.as_deref().cloned()) {
                 (true, Some(r)) => self.send_late_attrs(r).await.map(Some),
                 _ => Ok(None),
             };
@@ -398,7 +375,7 @@ impl Writer {
         }
         match result {
             Ok(r) => {
-                self.uploaded = Some(r.clone());
+                self.uploaded = Some(Box::new(r.clone()));
                 self.dirty = false;
                 // Data that was streamed away cannot be uploaded again: such a handle takes no more writes.
                 // Small and staged files stay writable; their next upload may replace only our own version.
@@ -417,26 +394,6 @@ impl Writer {
                 Err(self.fail(e))
             }
         }
-    }
-
-    /// The metadata copy after upload `r` (conditional on its ETag), for attributes it did not carry.
-    async fn send_late_attrs(&mut self, r: PutResult) -> FsResult<PutResult> {
-        let copied = self
-            .client
-            .replace_metadata(&self.key, &self.upload_metadata(), &r.etag)
-            .await
-            .map_err(|e| FsError::client(&self.key, e))?;
-        // Appends keep the object's old metadata: each one needs the copy again.
-        self.attrs_late = matches!(self.mode, Mode::Append { .. });
-        if self.condition == WriteCondition::IfMatch(r.etag.clone()) {
-            self.condition = WriteCondition::IfMatch(copied.etag.clone());
-        }
-        let r = PutResult {
-            etag: copied.etag,
-            size: r.size,
-        };
-        self.uploaded = Some(r.clone());
-        Ok(r)
     }
 
     async fn commit_inner(&mut self) -> FsResult<PutResult> {
