@@ -354,8 +354,10 @@ impl Superblock {
     fn fresh_child(&self, dir: &Node, name: &str, now: Instant) -> Result<Attr, bool> {
         let mut table = self.table();
         let node = table.child(dir.ino(), name);
+        // With --preserve-metadata, a file known only from a listing is looked up for its metadata.
         if let Some(node) = node
             && node.is_fresh(now)
+            && !self.attr_of(node).provisional
         {
             let ino = node.ino();
             let attr = self.attr_of(node);
