@@ -269,3 +269,28 @@ async fn attributes_set_after_the_upload_left_follow_by_a_metadata_copy() {
     assert_eq!(fake.object("f").unwrap(), Bytes::from_static(b"abc"));
     assert_eq!(fake.count(Op::Put), 1, "no second upload of the bytes");
 }
+
+#[tokio::test]
+async fn a_lookup_after_a_listing_reads_the_metadata_only_with_the_flag() {
+    for preserve in [true, false] {
+        let cfg = FsConfig {
+            metadata_ttl: Duration::from_secs(60),
+            ..if preserve { preserving() } else { config() }
+        };
+        let (fake, fs) = fs_with(&[], cfg, true).await;
+        fake.put_object_with_metadata(
+            "kept",
+            Bytes::from_static(b"k"),
+            WriteCondition::None,
+            &s3fs_metadata(),
+        )
+        .await
+        .unwrap();
+        let fh = fs.opendir(ROOT_INO).unwrap();
+        fs.readdir(fh, 0).await.unwrap();
+        let heads = fake.count(Op::Head);
+        let attr = fs.lookup(ROOT_INO, "kept").await.unwrap();
+        assert_eq!(fake.count(Op::Head) - heads, u64::from(preserve));
+        assert_eq!(attr.perm, if preserve { 0o700 } else { 0o644 });
+    }
+}
