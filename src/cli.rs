@@ -59,6 +59,10 @@ pub struct Args {
     /// Directory buckets: opening an existing file without O_TRUNC appends to it
     #[arg(long, help_heading = "Mount options")]
     pub incremental_upload: bool,
+    /// Keep mode, uid, gid, mtime and atime in each object's user metadata (s3fs/rclone names); stat of a
+    /// file known only from a listing then costs a HEAD
+    #[arg(long, help_heading = "Mount options")]
+    pub preserve_metadata: bool,
     /// Stay in the foreground (default: detach once the mount is live)
     #[arg(short, long, help_heading = "Mount options")]
     pub foreground: bool,

@@ -96,6 +96,7 @@ impl Args {
         config.allow_overwrite = self.allow_overwrite;
         config.allow_delete = self.allow_delete;
         config.incremental_upload = self.incremental_upload;
+        config.preserve_metadata = self.preserve_metadata;
         config.max_rename_objects = self.max_rename_objects;
         config.read_part_size = self.read_part_size();
         config.write_part_size = self.write_part_size();
@@ -253,6 +254,13 @@ mod tests {
         let o = args(&["-o", "max-rename-objects=20,allow_delete"]).fs_config();
         assert_eq!(o.max_rename_objects, 20);
         assert!(o.allow_delete);
+        assert!(!o.preserve_metadata);
+        assert!(
+            args(&["-o", "preserve-metadata"])
+                .fs_config()
+                .preserve_metadata
+        );
+        assert!(args(&["--preserve-metadata"]).fs_config().preserve_metadata);
 
         let ro = args(&["-o", "ro", "--part-size=16M"]).fs_config();
         assert!(ro.read_only);

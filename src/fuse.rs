@@ -15,6 +15,7 @@ use fuser::{
 };
 use tracing::{Instrument, Span, debug_span, info, warn};
 
+use crate::fs::attrs::StoredAttrs;
 use crate::fs::{Attr, FileKind, FsError, FsResult, OpenMode, S3Filesystem};
 
 /// Mount-level options decided by the CLI.
@@ -72,7 +73,7 @@ fn file_attr(a: &Attr, block_size: u32) -> FileAttr {
         ino: INodeNo(a.ino),
         size: a.size,
         blocks: a.size.div_ceil(512),
-        atime: a.mtime,
+        atime: a.atime,
         mtime: a.mtime,
         ctime: a.mtime,
         crtime: a.mtime,
@@ -256,12 +257,12 @@ impl Filesystem for Adapter {
         &self,
         _req: &Request,
         ino: INodeNo,
-        _mode: Option<u32>,
-        _uid: Option<u32>,
-        _gid: Option<u32>,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
         size: Option<u64>,
-        _atime: Option<TimeOrNow>,
-        _mtime: Option<TimeOrNow>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
         _ctime: Option<SystemTime>,
         fh: Option<FileHandle>,
         _crtime: Option<SystemTime>,
@@ -271,7 +272,18 @@ impl Filesystem for Adapter {
         reply: ReplyAttr,
     ) {
         let fs = Arc::clone(&self.fs);
-        let work = async move { fs.setattr(ino.0, size, fh.map(|f| f.0)).await };
+        let time = |t: TimeOrNow| match t {
+            TimeOrNow::SpecificTime(t) => t,
+            TimeOrNow::Now => SystemTime::now(),
+        };
+        let change = StoredAttrs {
+            mode,
+            uid,
+            gid,
+            mtime: mtime.map(time),
+            atime: atime.map(time),
+        };
+        let work = async move { fs.setattr(ino.0, size, fh.map(|f| f.0), change).await };
         let span = debug_span!("setattr", ino = ino.0);
         self.serve("setattr", span, reply, work, self.attr());
     }
@@ -397,16 +409,22 @@ impl Filesystem for Adapter {
         req: &Request,
         parent: INodeNo,
         name: &OsStr,
-        _mode: u32,
-        _umask: u32,
+        mode: u32,
+        umask: u32,
         _flags: i32,
         reply: ReplyCreate,
     ) {
         let pid = req.pid();
+        let owner = StoredAttrs {
+            mode: Some(0o100_000 | (mode & !umask & 0o7777)),
+            uid: Some(req.uid()),
+            gid: Some(req.gid()),
+            ..StoredAttrs::default()
+        };
         let span = debug_span!("create", parent = parent.0, name = %name.to_string_lossy());
         let (fs, name) = (Arc::clone(&self.fs), name_str(name));
         let work = async move {
-            let (a, fh) = fs.create(parent.0, &name?, pid).await?;
+            let (a, fh) = fs.create_as(parent.0, &name?, pid, owner).await?;
             Ok((a, fh, fs.writes_bypass_page_cache()))
         };
         let (ttl, bs) = (self.ttl, self.block_size);
@@ -587,6 +605,12 @@ impl Filesystem for Adapter {
                         continue;
                     };
                     let dots = entry.name == "." || entry.name == "..";
+                    // Attributes still to be read from the object's metadata: the kernel asks again.
+                    let ttl = if attr.provisional {
+                        Duration::ZERO
+                    } else {
+                        ttl
+                    };
                     if reply.add(
                         INodeNo(entry.ino),
                         i as u64 + 1,

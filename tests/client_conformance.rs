@@ -12,7 +12,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use expressfs::s3::fake::FakeClient;
 use expressfs::s3::sdk::{SdkClient, SdkClientConfig};
-use expressfs::s3::{ClientError, ObjectClient, UploadedPart, WriteCondition};
+use expressfs::s3::{ClientError, ObjectClient, UploadedPart, UserMetadata, WriteCondition};
 
 const MIB: usize = 1024 * 1024;
 
@@ -83,6 +83,7 @@ conformance!(
     delete_of_missing_keys,
     renames,
     copies,
+    user_metadata,
 );
 
 fn pattern(seed: u8, len: usize) -> Vec<u8> {
@@ -722,4 +723,87 @@ async fn copies(c: Arc<dyn ObjectClient>) {
         Err(not_found("src/none"))
     );
     assert_eq!(c.head_object("dst/f").await, Err(not_found("dst/f")));
+}
+
+fn meta(pairs: &[(&str, &str)]) -> UserMetadata {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+async fn user_metadata(c: Arc<dyn ObjectClient>) {
+    let c = &*c;
+    let first = meta(&[("mtime", "1700000000"), ("mode", "33188")]);
+    let put = c
+        .put_object_with_metadata(
+            "m/a",
+            Bytes::from_static(b"hello"),
+            WriteCondition::None,
+            &first,
+        )
+        .await
+        .unwrap();
+    // HEAD and the lookup's first-bytes GET both carry it; a listing carries none.
+    let head = c.head_object("m/a").await.unwrap();
+    assert_eq!((&head.metadata, &head.etag), (&first, &put.etag));
+    let (info, bytes) = c.head_with_first_bytes("m/a", 3).await.unwrap();
+    assert_eq!((&info.metadata, &bytes[..]), (&first, &b"hel"[..]));
+    let page = c.list_objects("m/", Some("/"), None, 1000).await.unwrap();
+    assert_eq!(page.objects.len(), 1);
+    assert!(page.objects[0].metadata.is_empty());
+    // A plain PutObject stores none.
+    put_plain(c, "m/plain").await;
+    assert!(c.head_object("m/plain").await.unwrap().metadata.is_empty());
+
+    // Replaced server-side only while the ETag matches; the bytes stay and the ETag changes.
+    let second = meta(&[("mtime", "1600000000.5"), ("uid", "1000")]);
+    assert_eq!(
+        c.replace_metadata("m/a", &second, "\"nope\"").await,
+        Err(precondition("m/a"))
+    );
+    assert_eq!(c.head_object("m/a").await.unwrap().metadata, first);
+    let replaced = c.replace_metadata("m/a", &second, &put.etag).await.unwrap();
+    let head = c.head_object("m/a").await.unwrap();
+    assert_eq!((&head.metadata, &head.etag), (&second, &replaced.etag));
+    assert_eq!(
+        c.get_object("m/a", 0..10, None).await.unwrap(),
+        &b"hello"[..]
+    );
+    assert_eq!(
+        c.replace_metadata("m/none", &second, &put.etag).await,
+        Err(not_found("m/none"))
+    );
+
+    // A multipart upload's object carries the metadata it was created with.
+    let id = c
+        .create_multipart_upload_with_metadata("m/big", &first)
+        .await
+        .unwrap();
+    let part = c
+        .upload_part("m/big", &id, 1, Bytes::from_static(b"tail"))
+        .await
+        .unwrap();
+    c.complete_multipart_upload("m/big", &id, vec![part], WriteCondition::None)
+        .await
+        .unwrap();
+    assert_eq!(c.head_object("m/big").await.unwrap().metadata, first);
+
+    // Appends (directory buckets) keep the object's metadata.
+    if c.is_directory_bucket() {
+        let etag = c.head_object("m/a").await.unwrap().etag;
+        c.append_object(
+            "m/a",
+            5,
+            Bytes::from_static(b"!"),
+            WriteCondition::IfMatch(etag),
+        )
+        .await
+        .unwrap();
+        assert_eq!(c.head_object("m/a").await.unwrap().metadata, second);
+    }
+}
+
+async fn put_plain(c: &dyn ObjectClient, key: &str) {
+    put(c, key, b"x").await;
 }

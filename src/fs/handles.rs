@@ -19,6 +19,7 @@ use bytes::Bytes;
 use tokio::sync::Mutex as AsyncMutex;
 use tracing::debug;
 
+use super::attrs::StoredAttrs;
 use super::inode::{Kind, Node, Stat};
 use super::read::Reader;
 use super::superblock::check_name;
@@ -174,9 +175,44 @@ impl HandleTable {
 }
 
 impl S3Filesystem {
-    /// chmod/chown/utimens are accepted and ignored (modes come from the mount flags); size changes only on
-    /// files being written.
-    pub async fn setattr(&self, ino: u64, size: Option<u64>, fh: Option<u64>) -> FsResult<Attr> {
+    /// Size changes only on files being written. chmod/chown/utimens (`change`) are kept in the object's
+    /// metadata with `--preserve-metadata` on a closed file; otherwise (no flag, a directory, a file open for
+    /// writing) they are accepted and not kept.
+    pub async fn setattr(
+        &self,
+        ino: u64,
+        size: Option<u64>,
+        fh: Option<u64>,
+        change: StoredAttrs,
+    ) -> FsResult<Attr> {
+        if self.config.preserve_metadata && !change.is_empty() {
+            // Files only (see attr_of): the whole st_mode of a regular file, as s3fs stores it.
+            let change = StoredAttrs {
+                mode: change.mode.map(|m| 0o100_000 | (m & 0o7777)),
+                ..change
+            };
+            if self.config.read_only {
+                return Err(FsError::ReadOnly);
+            }
+            let node = self.sb.node(ino)?;
+            let writer = match fh {
+                Some(fh) => Some(self.handles.get(fh)?),
+                None => self.handles.writer_for(ino),
+            };
+            match writer.as_deref() {
+                // Open for writing: the attributes ride on its upload.
+                Some(Handle::Write { writer, .. }) => {
+                    writer.lock().await.set_attrs(change);
+                    if let Some(n) = self.sb.table().get_mut(ino) {
+                        n.overlay_attrs(change);
+                    }
+                }
+                _ if node.kind() == Kind::File && !node.is_pending() => {
+                    self.sb.store_attributes(ino, change).await?;
+                }
+                _ => {}
+            }
+        }
         if let Some(size) = size {
             if self.config.read_only {
                 return Err(FsError::ReadOnly);
@@ -320,8 +356,13 @@ impl S3Filesystem {
         })
     }
 
-    fn writer_options(&self, condition: WriteCondition) -> WriterOptions {
+    /// `attrs`: what the object is to carry with `--preserve-metadata` (times but atime are the upload's).
+    fn writer_options(&self, condition: WriteCondition, attrs: StoredAttrs) -> WriterOptions {
         WriterOptions {
+            attrs: self.config.preserve_metadata.then_some(StoredAttrs {
+                mtime: None,
+                ..attrs
+            }),
             part_size: self.config.write_part_size as usize,
             condition,
             staging_dir: self.config.staging_dir.clone(),
@@ -342,10 +383,12 @@ impl S3Filesystem {
                     "overwriting an object needs --allow-overwrite",
                 ));
             }
+            // A rewritten file keeps its mode and owner.
+            let kept = node.stat().attrs.unwrap_or_default();
             Writer::new(
                 Arc::clone(&self.client),
                 node.key().to_string(),
-                self.writer_options(WriteCondition::None),
+                self.writer_options(WriteCondition::None, kept),
             )
         } else if self.config.incremental_upload && self.client.is_directory_bucket() {
             let info = self
@@ -357,7 +400,10 @@ impl S3Filesystem {
                 Arc::clone(&self.client),
                 node.key().to_string(),
                 info.size,
-                self.writer_options(WriteCondition::None),
+                self.writer_options(
+                    WriteCondition::None,
+                    StoredAttrs::from_metadata(&info.metadata),
+                ),
             )
         } else {
             return Err(FsError::NotPermitted(
@@ -384,6 +430,18 @@ impl S3Filesystem {
 
     /// Creates a new file, open for writing. Fails if the name exists (unless overwriting is allowed).
     pub async fn create(&self, parent: u64, name: &str, pid: u32) -> FsResult<(Attr, u64)> {
+        self.create_as(parent, name, pid, StoredAttrs::default())
+            .await
+    }
+
+    /// [`Self::create`] by `owner` (the creator's mode, uid and gid, kept with `--preserve-metadata`).
+    pub async fn create_as(
+        &self,
+        parent: u64,
+        name: &str,
+        pid: u32,
+        owner: StoredAttrs,
+    ) -> FsResult<(Attr, u64)> {
         if self.config.read_only {
             return Err(FsError::ReadOnly);
         }
@@ -409,7 +467,7 @@ impl S3Filesystem {
         let writer = Writer::new(
             Arc::clone(&self.client),
             key,
-            self.writer_options(condition),
+            self.writer_options(condition, owner),
         );
         let (attr, counted) = {
             let mut table = self.sb.table();
@@ -417,6 +475,7 @@ impl S3Filesystem {
                 size: 0,
                 mtime: SystemTime::now(),
                 etag: None,
+                attrs: self.config.preserve_metadata.then_some(owner),
             };
             let ino = table.upsert(
                 parent,

@@ -6,6 +6,7 @@
 use std::collections::HashMap;
 use std::time::{Instant, SystemTime};
 
+use super::attrs::StoredAttrs;
 use super::names;
 
 pub const ROOT_INO: u64 = 1;
@@ -36,6 +37,8 @@ pub struct Stat {
     pub mtime: SystemTime,
     /// ETag of the object a file node stands for (None for directories and files not yet uploaded).
     pub etag: Option<String>,
+    /// Attributes from the object's user metadata; None when not known (a listing carries no metadata).
+    pub attrs: Option<StoredAttrs>,
 }
 
 impl Stat {
@@ -45,6 +48,7 @@ impl Stat {
             size: info.size,
             mtime: info.last_modified,
             etag: Some(info.etag.clone()),
+            attrs: Some(StoredAttrs::from_metadata(&info.metadata)),
         }
     }
 
@@ -53,6 +57,7 @@ impl Stat {
             size: 0,
             mtime: SystemTime::now(),
             etag: None,
+            attrs: None,
         }
     }
 }
@@ -194,9 +199,20 @@ impl Node {
         if self.is_being_written() || asked < self.stat_at {
             return false;
         }
-        self.stat = stat;
+        // A listing says nothing of the metadata: what a HEAD said of the same version still holds.
+        let attrs = match (stat.attrs, &self.stat.attrs) {
+            (None, Some(known)) if stat.etag == self.stat.etag => Some(*known),
+            (attrs, _) => attrs,
+        };
+        self.stat = Stat { attrs, ..stat };
         self.stat_at = asked;
         true
+    }
+
+    /// Attributes set on a file open for writing (they go with its upload): stat shows them meanwhile.
+    pub fn overlay_attrs(&mut self, change: StoredAttrs) {
+        let known = self.stat.attrs.unwrap_or_default();
+        self.stat.attrs = Some(known.overlay(change));
     }
 
     /// Records an upload of ours that just completed.
@@ -205,6 +221,8 @@ impl Node {
             size,
             mtime: SystemTime::now(),
             etag: Some(etag),
+            // Not known here: the next stat with --preserve-metadata asks the bucket.
+            attrs: None,
         };
         self.stat_at = Instant::now();
         self.local = false;
@@ -486,6 +504,7 @@ mod tests {
             size: 3,
             mtime: SystemTime::UNIX_EPOCH,
             etag: Some(etag.into()),
+            attrs: None,
         };
         let ino = t.upsert(
             ROOT_INO,
@@ -555,6 +574,7 @@ mod tests {
             size,
             mtime: SystemTime::UNIX_EPOCH,
             etag: Some(format!("e{size}")),
+            attrs: None,
         };
         let listing_sent = Instant::now();
         let ino = t.upsert(ROOT_INO, "f", Kind::File, stat(599), later(), listing_sent);
@@ -605,6 +625,7 @@ mod tests {
             size,
             mtime: SystemTime::UNIX_EPOCH,
             etag: None,
+            attrs: None,
         };
         let later_request = Instant::now() + Duration::from_secs(1);
         n.start_write();

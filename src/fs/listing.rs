@@ -69,6 +69,7 @@ pub async fn list_all(
                 size: object.size,
                 mtime: object.last_modified,
                 etag: Some(object.etag),
+                attrs: None,
             };
             match names::link_name(name) {
                 Some(link) => {

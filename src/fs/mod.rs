@@ -8,6 +8,7 @@
 //! - `handles.rs`: open files and directories, and the read/write dispatch. Its operations are written as
 //!   `impl S3Filesystem` in that file, since each needs both the handle table and the superblock.
 
+pub mod attrs;
 pub mod error;
 mod first_bytes;
 mod handles;
@@ -55,6 +56,8 @@ pub struct FsConfig {
     pub allow_overwrite: bool,
     pub allow_delete: bool,
     pub incremental_upload: bool,
+    /// Keep POSIX attributes in object metadata (`--preserve-metadata`, see `attrs`).
+    pub preserve_metadata: bool,
     /// Most objects a directory rename may move (`--max-rename-objects`).
     pub max_rename_objects: u64,
     pub read_part_size: u64,
@@ -89,6 +92,7 @@ impl FsConfig {
             allow_overwrite: false,
             allow_delete: false,
             incremental_upload: false,
+            preserve_metadata: false,
             max_rename_objects: 1000,
             read_part_size: 8 * 1024 * 1024,
             max_prefetch: 64 * 1024 * 1024,
@@ -119,9 +123,13 @@ pub struct Attr {
     pub kind: FileKind,
     pub size: u64,
     pub mtime: SystemTime,
+    pub atime: SystemTime,
     pub perm: u16,
     pub uid: u32,
     pub gid: u32,
+    /// With `--preserve-metadata`, a file known only from a listing: mode, owner and times are the mount's
+    /// defaults until a HEAD reads its metadata, so the kernel must not keep them.
+    pub provisional: bool,
 }
 
 #[derive(Debug, Clone)]

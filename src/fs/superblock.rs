@@ -24,6 +24,9 @@ use crate::s3::ObjectClient;
 use crate::source::ReadSource;
 
 #[cfg(test)]
+mod attr_tests;
+mod attributes;
+#[cfg(test)]
 mod link_tests;
 mod links;
 mod rename;
@@ -105,15 +108,31 @@ impl Superblock {
             // As on Linux file systems: a link's own mode is never checked.
             Kind::Symlink => (FileKind::Symlink, 0o777),
         };
-        Attr {
+        let mut attr = Attr {
             ino: node.ino(),
             kind,
             size: node.stat().size,
             mtime: node.stat().mtime,
+            atime: node.stat().mtime,
             perm,
             uid: self.config.uid,
             gid: self.config.gid,
+            provisional: false,
+        };
+        if self.config.preserve_metadata && node.kind() == Kind::File {
+            match node.stat().attrs {
+                Some(stored) => {
+                    // Only permission bits: the kind is the object's, whatever a foreign mode says.
+                    attr.perm = stored.mode.map_or(perm, |m| (m & 0o7777) as u16);
+                    attr.uid = stored.uid.unwrap_or(attr.uid);
+                    attr.gid = stored.gid.unwrap_or(attr.gid);
+                    attr.mtime = stored.mtime.unwrap_or(attr.mtime);
+                    attr.atime = stored.atime.unwrap_or(attr.mtime);
+                }
+                None => attr.provisional = !node.is_pending(),
+            }
         }
+        attr
     }
 
     /// Until when what the bucket says now may be trusted.
@@ -335,8 +354,10 @@ impl Superblock {
     fn fresh_child(&self, dir: &Node, name: &str, now: Instant) -> Result<Attr, bool> {
         let mut table = self.table();
         let node = table.child(dir.ino(), name);
+        // With --preserve-metadata, a file known only from a listing is looked up for its metadata.
         if let Some(node) = node
             && node.is_fresh(now)
+            && !self.attr_of(node).provisional
         {
             let ino = node.ino();
             let attr = self.attr_of(node);
@@ -353,7 +374,8 @@ impl Superblock {
 
     pub async fn getattr(&self, ino: u64) -> FsResult<Attr> {
         let node = self.node(ino)?;
-        if node.kind() == Kind::Directory || node.is_fresh(Instant::now()) {
+        let fresh = node.is_fresh(Instant::now()) && !self.attr_of(&node).provisional;
+        if node.kind() == Kind::Directory || fresh {
             return Ok(self.attr_of(&node));
         }
         let asked = Instant::now();

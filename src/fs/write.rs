@@ -19,9 +19,12 @@ use bytes::{Bytes, BytesMut};
 use tokio::task::JoinHandle;
 use tracing::{debug, warn};
 
+use super::attrs::StoredAttrs;
 use super::error::{FsError, FsResult};
 use crate::memory::MemoryBudget;
 use crate::s3::{ObjectClient, PutResult, UploadedPart, WriteCondition};
+
+mod metadata;
 
 /// Parts uploading at once per file: enough to keep the link busy, small enough to bound memory.
 const MAX_PARTS_IN_FLIGHT: usize = 4;
@@ -75,6 +78,13 @@ pub struct Writer {
     sealed: bool,
     /// Data not yet visible in the bucket.
     dirty: bool,
+    /// With `--preserve-metadata`: the attributes the object is uploaded with (no mtime: the upload's time).
+    attrs: Option<Box<StoredAttrs>>,
+    /// Attributes changed after the request carrying the metadata left (or the object is appended to, which
+    /// keeps its old metadata): a metadata copy follows the upload.
+    attrs_late: bool,
+    /// Our last upload of this handle.
+    uploaded: Option<Box<PutResult>>,
 }
 
 pub struct WriterOptions {
@@ -83,6 +93,8 @@ pub struct WriterOptions {
     pub staging_dir: Option<PathBuf>,
     pub staging_limit: u64,
     pub memory: Arc<MemoryBudget>,
+    /// Some with `--preserve-metadata`.
+    pub attrs: Option<StoredAttrs>,
 }
 
 impl Writer {
@@ -105,6 +117,9 @@ impl Writer {
             tee_off: false,
             sealed: false,
             dirty: true,
+            attrs: options.attrs.map(Box::new),
+            attrs_late: false,
+            uploaded: None,
         }
     }
 
@@ -119,6 +134,7 @@ impl Writer {
         w.mode = Mode::Append { offset: size };
         w.size = size;
         w.dirty = false;
+        w.attrs_late = w.attrs.is_some();
         w
     }
 
@@ -307,7 +323,7 @@ impl Writer {
         if self.multipart.is_none() {
             let id = self
                 .client
-                .create_multipart_upload(&self.key)
+                .create_multipart_upload_with_metadata(&self.key, &self.upload_metadata())
                 .await
                 .map_err(|e| FsError::client(&self.key, e))?;
             self.multipart = Some(Multipart {
@@ -346,11 +362,20 @@ impl Writer {
             return Err(e.clone());
         }
         if !self.dirty {
-            return Ok(None);
+            return match (self.attrs_late, self.uploaded.as_deref().cloned()) {
+                (true, Some(r)) => self.send_late_attrs(r).await.map(Some),
+                _ => Ok(None),
+            };
         }
-        let result = self.commit_inner().await;
+        let mut result = self.commit_inner().await;
+        if let Ok(r) = &result
+            && self.attrs_late
+        {
+            result = self.send_late_attrs(r.clone()).await;
+        }
         match result {
             Ok(r) => {
+                self.uploaded = Some(Box::new(r.clone()));
                 self.dirty = false;
                 // Data that was streamed away cannot be uploaded again: such a handle takes no more writes.
                 // Small and staged files stay writable; their next upload may replace only our own version.
@@ -372,6 +397,7 @@ impl Writer {
     }
 
     async fn commit_inner(&mut self) -> FsResult<PutResult> {
+        let metadata = self.upload_metadata();
         let key = self.key.clone();
         let client = Arc::clone(&self.client);
         let err = |e| FsError::client(&key, e);
@@ -397,11 +423,19 @@ impl Writer {
                     let mut data = Vec::with_capacity(size as usize);
                     file.read_to_end(&mut data).map_err(staging)?;
                     return client
-                        .put_object(&key, Bytes::from(data), self.condition.clone())
+                        .put_object_with_metadata(
+                            &key,
+                            Bytes::from(data),
+                            self.condition.clone(),
+                            &metadata,
+                        )
                         .await
                         .map_err(err);
                 }
-                let id = client.create_multipart_upload(&key).await.map_err(err)?;
+                let id = client
+                    .create_multipart_upload_with_metadata(&key, &metadata)
+                    .await
+                    .map_err(err)?;
                 self.multipart = Some(Multipart {
                     id: id.clone(),
                     next_part: 1,
@@ -445,7 +479,7 @@ impl Writer {
                     // (after `exec >file` style dup-and-close, or a second fsync) can upload the whole file again.
                     let body = Bytes::copy_from_slice(&self.buffer);
                     return client
-                        .put_object(&key, body, self.condition.clone())
+                        .put_object_with_metadata(&key, body, self.condition.clone(), &metadata)
                         .await
                         .map_err(err);
                 };
@@ -555,6 +589,7 @@ mod tests {
             staging_dir: staging,
             staging_limit: 64 << 20,
             memory: MemoryBudget::unlimited(),
+            attrs: None,
         }
     }
 

@@ -10,6 +10,7 @@ pub mod error;
 pub mod fake;
 pub mod sdk;
 
+use std::collections::BTreeMap;
 use std::ops::Range;
 use std::time::SystemTime;
 
@@ -21,6 +22,9 @@ pub use error::ClientError;
 /// Largest source a single CopyObject may copy (5 GB, the service's limit); larger ones need UploadPartCopy.
 pub const MAX_COPY_OBJECT_SIZE: u64 = 5_000_000_000;
 
+/// An object's user metadata: the `x-amz-meta-*` headers, keyed by the lowercase name after the prefix.
+pub type UserMetadata = BTreeMap<String, String>;
+
 /// Metadata of one object as returned by HeadObject or ListObjectsV2.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ObjectInfo {
@@ -29,6 +33,8 @@ pub struct ObjectInfo {
     /// Quoted ETag exactly as the service sent it (directory-bucket ETags are not MD5: treat as opaque).
     pub etag: String,
     pub last_modified: SystemTime,
+    /// User metadata from HEAD or GET; always empty from a listing, which carries none.
+    pub metadata: UserMetadata,
 }
 
 /// One page of ListObjectsV2 results. Order is whatever the service returned (unordered on directory buckets).
@@ -159,6 +165,18 @@ pub trait ObjectClient: Send + Sync + 'static {
         key: &str,
         body: Bytes,
         condition: WriteCondition,
+    ) -> Result<PutResult, ClientError> {
+        self.put_object_with_metadata(key, body, condition, &UserMetadata::new())
+            .await
+    }
+
+    /// PutObject that stores `metadata` as the new object's user metadata.
+    async fn put_object_with_metadata(
+        &self,
+        key: &str,
+        body: Bytes,
+        condition: WriteCondition,
+        metadata: &UserMetadata,
     ) -> Result<PutResult, ClientError>;
 
     /// Directory buckets only: PutObject with `x-amz-write-offset-bytes` (append at `offset`, which must equal
@@ -172,7 +190,17 @@ pub trait ObjectClient: Send + Sync + 'static {
     ) -> Result<PutResult, ClientError>;
 
     /// Returns the upload id.
-    async fn create_multipart_upload(&self, key: &str) -> Result<String, ClientError>;
+    async fn create_multipart_upload(&self, key: &str) -> Result<String, ClientError> {
+        self.create_multipart_upload_with_metadata(key, &UserMetadata::new())
+            .await
+    }
+
+    /// CreateMultipartUpload whose completed object carries `metadata`. Returns the upload id.
+    async fn create_multipart_upload_with_metadata(
+        &self,
+        key: &str,
+        metadata: &UserMetadata,
+    ) -> Result<String, ClientError>;
 
     async fn upload_part(
         &self,
@@ -202,6 +230,16 @@ pub trait ObjectClient: Send + Sync + 'static {
         source_key: &str,
         destination_key: &str,
         destination_condition: WriteCondition,
+    ) -> Result<PutResult, ClientError>;
+
+    /// Replaces the user metadata of `key` server-side (CopyObject onto itself with the REPLACE directive; no
+    /// data through us), only while its ETag is `if_match`: otherwise [`ClientError::PreconditionFailed`].
+    /// The object gets a new ETag and modification date; appends on directory buckets keep the metadata.
+    async fn replace_metadata(
+        &self,
+        key: &str,
+        metadata: &UserMetadata,
+        if_match: &str,
     ) -> Result<PutResult, ClientError>;
 
     /// Directory buckets only: atomic RenameObject. `destination_condition` applies to the destination key

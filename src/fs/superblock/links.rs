@@ -79,6 +79,7 @@ impl Superblock {
             size: target.len() as u64,
             mtime: std::time::SystemTime::now(),
             etag: Some(put.etag.clone()),
+            attrs: None,
         };
         let mut table = self.table();
         let ino = table.upsert(

@@ -18,7 +18,8 @@ use async_trait::async_trait;
 use bytes::Bytes;
 
 use super::{
-    ClientError, ListPage, ObjectClient, ObjectInfo, PutResult, UploadedPart, WriteCondition,
+    ClientError, ListPage, ObjectClient, ObjectInfo, PutResult, UploadedPart, UserMetadata,
+    WriteCondition,
 };
 use faults::Counters;
 
@@ -32,12 +33,14 @@ struct Stored {
     data: Bytes,
     etag: String,
     modified: SystemTime,
+    metadata: UserMetadata,
 }
 
 struct Upload {
     key: String,
     /// Part number -> (ETag, bytes).
     parts: BTreeMap<i32, (String, Bytes)>,
+    metadata: UserMetadata,
 }
 
 #[derive(Default)]
@@ -194,7 +197,11 @@ impl FakeClient {
                 }
                 None => {
                     if let Some(s) = stored {
-                        page.objects.push(info(key, s));
+                        // Listings carry no user metadata.
+                        page.objects.push(ObjectInfo {
+                            metadata: UserMetadata::new(),
+                            ..info(key, s)
+                        });
                         taken += 1;
                     }
                 }
@@ -221,7 +228,13 @@ impl FakeClient {
         }
     }
 
-    fn store(&self, state: &mut State, key: &str, data: Bytes) -> PutResult {
+    fn store(
+        &self,
+        state: &mut State,
+        key: &str,
+        data: Bytes,
+        metadata: UserMetadata,
+    ) -> PutResult {
         let etag = self.etag();
         let size = data.len() as u64;
         state.objects.insert(
@@ -230,6 +243,7 @@ impl FakeClient {
                 data,
                 etag: etag.clone(),
                 modified: SystemTime::now(),
+                metadata,
             },
         );
         PutResult {
@@ -272,10 +286,10 @@ impl FakeClient {
         }
         let mut state = self.state();
         self.check(&state, key, condition)?;
-        let current = state
+        let (current, metadata) = state
             .objects
             .get(key)
-            .map(|s| s.data.clone())
+            .map(|s| (s.data.clone(), s.metadata.clone()))
             .unwrap_or_default();
         if current.len() as u64 != offset {
             return Err(ClientError::InvalidWriteOffset {
@@ -285,7 +299,7 @@ impl FakeClient {
         }
         let mut data = current.to_vec();
         data.extend_from_slice(&body);
-        Ok(self.store(&mut state, key, Bytes::from(data)))
+        Ok(self.store(&mut state, key, Bytes::from(data), metadata))
     }
 
     fn upload(
@@ -346,8 +360,12 @@ impl FakeClient {
             data.extend_from_slice(stored);
         }
         self.check(&state, key, condition)?;
-        state.uploads.remove(upload_id);
-        Ok(self.store(&mut state, key, Bytes::from(data)))
+        let metadata = state
+            .uploads
+            .remove(upload_id)
+            .map(|u| u.metadata)
+            .unwrap_or_default();
+        Ok(self.store(&mut state, key, Bytes::from(data), metadata))
     }
 
     fn rename(
@@ -399,9 +417,34 @@ impl FakeClient {
                 "The specified copy source is larger than the maximum allowable size for a copy source",
             ));
         }
-        let data = source.data.clone();
+        let (data, metadata) = (source.data.clone(), source.metadata.clone());
         self.check(&state, destination_key, condition)?;
-        Ok(self.store(&mut state, destination_key, data))
+        Ok(self.store(&mut state, destination_key, data, metadata))
+    }
+
+    fn replace_metadata(
+        &self,
+        key: &str,
+        metadata: &UserMetadata,
+        if_match: &str,
+    ) -> Result<PutResult, ClientError> {
+        let mut state = self.state();
+        let data = match state.objects.get(key) {
+            None => return Err(ClientError::NotFound { key: key.into() }),
+            Some(s) if s.etag != if_match => {
+                return Err(ClientError::PreconditionFailed { key: key.into() });
+            }
+            Some(s) => s.data.clone(),
+        };
+        if data.len() as u64 > super::MAX_COPY_OBJECT_SIZE {
+            return Err(invalid_argument(
+                "The specified copy source is larger than the maximum allowable size for a copy source",
+            ));
+        }
+        let mut result = self.store(&mut state, key, data, metadata.clone());
+        // CopyObject reports no size.
+        result.size = None;
+        Ok(result)
     }
 }
 
@@ -411,6 +454,7 @@ fn info(key: &str, s: &Stored) -> ObjectInfo {
         size: s.data.len() as u64,
         etag: s.etag.clone(),
         last_modified: s.modified,
+        metadata: s.metadata.clone(),
     }
 }
 
@@ -498,17 +542,18 @@ impl ObjectClient for FakeClient {
         self.answer(Op::Get, result).await
     }
 
-    async fn put_object(
+    async fn put_object_with_metadata(
         &self,
         key: &str,
         body: Bytes,
         condition: WriteCondition,
+        metadata: &UserMetadata,
     ) -> Result<PutResult, ClientError> {
         self.send(Op::Put)?;
         let result = {
             let mut state = self.state();
             self.check(&state, key, &condition)
-                .map(|()| self.store(&mut state, key, body))
+                .map(|()| self.store(&mut state, key, body, metadata.clone()))
         };
         self.answer(Op::Put, result).await
     }
@@ -525,7 +570,11 @@ impl ObjectClient for FakeClient {
         self.answer(Op::Append, result).await
     }
 
-    async fn create_multipart_upload(&self, key: &str) -> Result<String, ClientError> {
+    async fn create_multipart_upload_with_metadata(
+        &self,
+        key: &str,
+        metadata: &UserMetadata,
+    ) -> Result<String, ClientError> {
         self.send(Op::CreateUpload)?;
         let id = format!("upload-{}", self.serial.fetch_add(1, Ordering::Relaxed));
         self.state().uploads.insert(
@@ -533,6 +582,7 @@ impl ObjectClient for FakeClient {
             Upload {
                 key: key.into(),
                 parts: BTreeMap::new(),
+                metadata: metadata.clone(),
             },
         );
         self.answer(Op::CreateUpload, Ok(id)).await
@@ -591,6 +641,17 @@ impl ObjectClient for FakeClient {
     ) -> Result<PutResult, ClientError> {
         self.send(Op::Copy)?;
         let result = self.copy(source_key, destination_key, &destination_condition);
+        self.answer(Op::Copy, result).await
+    }
+
+    async fn replace_metadata(
+        &self,
+        key: &str,
+        metadata: &UserMetadata,
+        if_match: &str,
+    ) -> Result<PutResult, ClientError> {
+        self.send(Op::Copy)?;
+        let result = self.replace_metadata(key, metadata, if_match);
         self.answer(Op::Copy, result).await
     }
 

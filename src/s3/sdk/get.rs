@@ -176,6 +176,7 @@ impl SdkClient {
             size,
             etag,
             last_modified: super::to_system_time(response.last_modified()),
+            metadata: super::user_metadata(response.metadata()),
         };
         let want = window.len.min(len);
         let mut buf = BytesMut::with_capacity(want as usize);

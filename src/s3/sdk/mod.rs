@@ -41,7 +41,7 @@ pub(crate) use errors::map_sdk_error;
 
 use super::{
     ClientError, ListPage, ObjectClient, ObjectInfo, PutResult, UploadChecksum, UploadedPart,
-    WriteCondition,
+    UserMetadata, WriteCondition,
 };
 
 /// First pause of the SDK's exponential backoff (full jitter: each pause is random below its cap).
@@ -403,6 +403,7 @@ impl ObjectClient for SdkClient {
                     size,
                     etag: etag.to_string(),
                     last_modified: to_system_time(out.last_modified()),
+                    metadata: user_metadata(out.metadata()),
                 })
             }
         });
@@ -449,13 +450,14 @@ impl ObjectClient for SdkClient {
             .await
     }
 
-    async fn put_object(
+    async fn put_object_with_metadata(
         &self,
         key: &str,
         body: Bytes,
         condition: WriteCondition,
+        metadata: &UserMetadata,
     ) -> Result<PutResult, ClientError> {
-        self.traced("PutObject", key, self.put(key, body, condition))
+        self.traced("PutObject", key, self.put(key, body, condition, metadata))
             .await
     }
 
@@ -474,9 +476,17 @@ impl ObjectClient for SdkClient {
         .await
     }
 
-    async fn create_multipart_upload(&self, key: &str) -> Result<String, ClientError> {
-        self.traced("CreateMultipartUpload", key, self.create_upload(key))
-            .await
+    async fn create_multipart_upload_with_metadata(
+        &self,
+        key: &str,
+        metadata: &UserMetadata,
+    ) -> Result<String, ClientError> {
+        self.traced(
+            "CreateMultipartUpload",
+            key,
+            self.create_upload(key, metadata),
+        )
+        .await
     }
 
     async fn upload_part(
@@ -540,6 +550,20 @@ impl ObjectClient for SdkClient {
         .await
     }
 
+    async fn replace_metadata(
+        &self,
+        key: &str,
+        metadata: &UserMetadata,
+        if_match: &str,
+    ) -> Result<PutResult, ClientError> {
+        self.traced(
+            "CopyObject(metadata)",
+            key,
+            self.replace_user_metadata(key, metadata, if_match),
+        )
+        .await
+    }
+
     async fn rename_object(
         &self,
         source_key: &str,
@@ -555,6 +579,18 @@ impl ObjectClient for SdkClient {
     }
 }
 
+/// The SDK's user metadata (names without the `x-amz-meta-` prefix) with names in lower case, as HTTP
+/// header names compare.
+pub(super) fn user_metadata(
+    metadata: Option<&std::collections::HashMap<String, String>>,
+) -> UserMetadata {
+    metadata
+        .into_iter()
+        .flatten()
+        .map(|(k, v)| (k.to_ascii_lowercase(), v.clone()))
+        .collect()
+}
+
 fn list_page(
     out: aws_sdk_s3::operation::list_objects_v2::ListObjectsV2Output,
 ) -> Result<ListPage, ClientError> {
@@ -568,6 +604,7 @@ fn list_page(
             size: non_negative(o.size()).unwrap_or(0),
             etag: o.e_tag().unwrap_or_default().to_string(),
             last_modified: to_system_time(o.last_modified()),
+            metadata: UserMetadata::new(),
         });
     }
     let common_prefixes = out

@@ -9,12 +9,16 @@
 //! uploads the same way). With `--upload-checksums off` the payload stays signed, so some hash always covers it.
 
 use aws_sdk_s3::primitives::ByteStream;
-use aws_sdk_s3::types::{ChecksumAlgorithm, ChecksumType, CompletedMultipartUpload, CompletedPart};
+use aws_sdk_s3::types::{
+    ChecksumAlgorithm, ChecksumType, CompletedMultipartUpload, CompletedPart, MetadataDirective,
+};
 use bytes::Bytes;
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 
 use super::{SdkClient, non_negative};
-use crate::s3::{ClientError, PutResult, UploadChecksum, UploadedPart, WriteCondition};
+use crate::s3::{
+    ClientError, PutResult, UploadChecksum, UploadedPart, UserMetadata, WriteCondition,
+};
 
 /// Characters left as they are in the rename source: RFC 3986 unreserved plus the key's `/` separators.
 const RENAME_SOURCE_KEEP: &AsciiSet = &NON_ALPHANUMERIC
@@ -105,6 +109,7 @@ impl SdkClient {
         key: &str,
         body: Bytes,
         condition: WriteCondition,
+        metadata: &UserMetadata,
     ) -> Result<PutResult, ClientError> {
         let size = body.len() as u64;
         let checksum = body_checksum(self.config.upload_checksum, &body);
@@ -113,6 +118,7 @@ impl SdkClient {
                 .put_object()
                 .bucket(&self.config.bucket)
                 .key(key)
+                .set_metadata(sdk_metadata(metadata))
                 .body(ByteStream::from(body.clone()));
             let request = with_condition!(with_checksum!(request, &checksum), &condition);
             let request = customize_upload!(request, checksum, self.upload_timeouts());
@@ -166,7 +172,11 @@ impl SdkClient {
         .await
     }
 
-    pub(super) async fn create_upload(&self, key: &str) -> Result<String, ClientError> {
+    pub(super) async fn create_upload(
+        &self,
+        key: &str,
+        metadata: &UserMetadata,
+    ) -> Result<String, ClientError> {
         let algorithm = sdk_algorithm(self.config.upload_checksum);
         // CRC64NVME exists only as a full-object checksum on S3.
         let checksum_type = (self.config.upload_checksum == UploadChecksum::Crc64Nvme)
@@ -176,6 +186,7 @@ impl SdkClient {
                 .create_multipart_upload()
                 .bucket(&self.config.bucket)
                 .key(key)
+                .set_metadata(sdk_metadata(metadata))
                 .set_checksum_algorithm(algorithm.clone())
                 .set_checksum_type(checksum_type.clone());
             async move {
@@ -314,6 +325,37 @@ impl SdkClient {
         })
     }
 
+    pub(super) async fn replace_user_metadata(
+        &self,
+        key: &str,
+        metadata: &UserMetadata,
+        if_match: &str,
+    ) -> Result<PutResult, ClientError> {
+        let source = copy_source(&self.config.bucket, key);
+        self.run(|client| {
+            // The source is the destination: its If-Match pins the object whose metadata we replace.
+            let request = client
+                .copy_object()
+                .bucket(&self.config.bucket)
+                .key(key)
+                .copy_source(source.clone())
+                .copy_source_if_match(if_match)
+                .metadata_directive(MetadataDirective::Replace)
+                .set_metadata(sdk_metadata(metadata))
+                .customize()
+                .config_override(self.upload_timeouts());
+            async move {
+                let out = request.send().await.map_err(self.map_err(key))?;
+                let etag = out.copy_object_result().and_then(|r| r.e_tag());
+                Ok(PutResult {
+                    etag: required_etag(etag, "CopyObject", key)?,
+                    size: None,
+                })
+            }
+        })
+        .await
+    }
+
     pub(super) async fn rename(
         &self,
         source_key: &str,
@@ -361,6 +403,16 @@ impl SdkClient {
 }
 
 /// `x-amz-copy-source`: bucket and key, URL-encoded, without a leading `/`.
+/// `None` for no metadata, so requests without any stay as they were.
+fn sdk_metadata(metadata: &UserMetadata) -> Option<std::collections::HashMap<String, String>> {
+    (!metadata.is_empty()).then(|| {
+        metadata
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
+    })
+}
+
 pub(super) fn copy_source(bucket: &str, source_key: &str) -> String {
     format!(
         "{bucket}/{}",

@@ -1,0 +1,55 @@
+//! `--preserve-metadata` on a writer: the attributes its upload carries, and the metadata copy for those
+//! set after the upload left.
+
+use std::time::SystemTime;
+
+use super::{Mode, Writer};
+use crate::fs::attrs::StoredAttrs;
+use crate::fs::error::{FsError, FsResult};
+use crate::s3::{PutResult, UserMetadata, WriteCondition};
+
+impl Writer {
+    /// chmod/chown/utimens while open: kept for the upload (no-op without `--preserve-metadata`).
+    pub fn set_attrs(&mut self, change: StoredAttrs) {
+        if let Some(attrs) = &mut self.attrs {
+            **attrs = attrs.overlay(change);
+            // Only an upload still to start carries them; otherwise a metadata copy follows.
+            let carried =
+                self.dirty && self.multipart.is_none() && !matches!(self.mode, Mode::Append { .. });
+            self.attrs_late |= !carried;
+        }
+    }
+
+    /// What the object is uploaded with: the attributes, and now as its mtime unless one was set.
+    pub(super) fn upload_metadata(&self) -> UserMetadata {
+        let mut metadata = UserMetadata::new();
+        if let Some(attrs) = &self.attrs {
+            let dated = StoredAttrs {
+                mtime: Some(SystemTime::now()),
+                ..StoredAttrs::default()
+            };
+            dated.overlay(**attrs).write_into(&mut metadata);
+        }
+        metadata
+    }
+
+    /// The metadata copy after upload `r` (conditional on its ETag), for attributes it did not carry.
+    pub(super) async fn send_late_attrs(&mut self, r: PutResult) -> FsResult<PutResult> {
+        let copied = self
+            .client
+            .replace_metadata(&self.key, &self.upload_metadata(), &r.etag)
+            .await
+            .map_err(|e| FsError::client(&self.key, e))?;
+        // Appends keep the object's old metadata: each one needs the copy again.
+        self.attrs_late = matches!(self.mode, Mode::Append { .. });
+        if self.condition == WriteCondition::IfMatch(r.etag.clone()) {
+            self.condition = WriteCondition::IfMatch(copied.etag.clone());
+        }
+        let r = PutResult {
+            etag: copied.etag,
+            size: r.size,
+        };
+        self.uploaded = Some(Box::new(r.clone()));
+        Ok(r)
+    }
+}
