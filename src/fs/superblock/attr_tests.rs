@@ -44,8 +44,8 @@ async fn stat_shows_stored_attributes_only_with_the_flag() {
         )
         .await
         .unwrap();
-        let kept = fs.lookup(ROOT_INO, "kept").await.unwrap();
-        let plain = fs.lookup(ROOT_INO, "plain").await.unwrap();
+        let kept = fs.sb.lookup(ROOT_INO, "kept").await.unwrap();
+        let plain = fs.sb.lookup(ROOT_INO, "plain").await.unwrap();
         if preserve {
             assert_eq!((kept.perm, kept.uid, kept.gid), (0o700, 42, 43));
             assert_eq!(kept.mtime, UNIX_EPOCH + Duration::from_secs(1_600_000_000));
@@ -85,14 +85,14 @@ async fn listed_files_need_a_head_for_their_metadata_only_with_the_flag() {
         // The listing carried no metadata: with the flag the kernel must not keep these attributes.
         assert_eq!(fs.cached_attr(ino).unwrap().provisional, preserve);
         let heads = fake.count(Op::Head);
-        let attr = fs.getattr(ino).await.unwrap();
+        let attr = fs.sb.getattr(ino).await.unwrap();
         assert_eq!(fake.count(Op::Head) - heads, u64::from(preserve));
         assert_eq!(attr.uid, if preserve { 42 } else { 1000 });
         assert!(!attr.provisional);
         // Known now: another stat (and a new listing of the same version) costs nothing.
         let fh = fs.opendir(ROOT_INO).unwrap();
         fs.readdir(fh, 0).await.unwrap();
-        fs.getattr(ino).await.unwrap();
+        fs.sb.getattr(ino).await.unwrap();
         assert_eq!(fake.count(Op::Head) - heads, u64::from(preserve));
     }
 }
@@ -110,7 +110,7 @@ fn change(mode: Option<u32>, uid: Option<u32>, mtime: Option<u64>) -> StoredAttr
 async fn chmod_chown_and_utimens_replace_the_metadata_of_a_closed_file() {
     for directory in [true, false] {
         let (fake, fs) = fs_with(&[("f", b"data")], preserving(), directory).await;
-        let f = fs.lookup(ROOT_INO, "f").await.unwrap();
+        let f = fs.sb.lookup(ROOT_INO, "f").await.unwrap();
         let before = fake.head_object("f").await.unwrap();
         let counts = fake.counts();
 
@@ -156,7 +156,7 @@ async fn chmod_chown_and_utimens_replace_the_metadata_of_a_closed_file() {
 #[tokio::test]
 async fn attributes_are_accepted_and_not_kept_without_the_flag() {
     let (fake, fs) = fs_with(&[("f", b"data")], config(), true).await;
-    let f = fs.lookup(ROOT_INO, "f").await.unwrap();
+    let f = fs.sb.lookup(ROOT_INO, "f").await.unwrap();
     let attr = fs
         .setattr(f.ino, None, None, change(Some(0o100_700), Some(7), None))
         .await
@@ -169,7 +169,7 @@ async fn attributes_are_accepted_and_not_kept_without_the_flag() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_object_replaced_meanwhile_fails_the_change_and_keeps_the_new_object() {
     let (fake, fs) = fs_with(&[("f", b"data")], preserving(), true).await;
-    let f = fs.lookup(ROOT_INO, "f").await.unwrap();
+    let f = fs.sb.lookup(ROOT_INO, "f").await.unwrap();
     let fs = Arc::new(fs);
     let gate = fake.faults().hold(Op::Head);
     let task = {
@@ -289,7 +289,7 @@ async fn a_lookup_after_a_listing_reads_the_metadata_only_with_the_flag() {
         let fh = fs.opendir(ROOT_INO).unwrap();
         fs.readdir(fh, 0).await.unwrap();
         let heads = fake.count(Op::Head);
-        let attr = fs.lookup(ROOT_INO, "kept").await.unwrap();
+        let attr = fs.sb.lookup(ROOT_INO, "kept").await.unwrap();
         assert_eq!(fake.count(Op::Head) - heads, u64::from(preserve));
         assert_eq!(attr.perm, if preserve { 0o700 } else { 0o644 });
     }
