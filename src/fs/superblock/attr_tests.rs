@@ -63,22 +63,35 @@ async fn stat_shows_stored_attributes_only_with_the_flag() {
     }
 }
 
+/// A bucket holding `kept` with s3fs metadata, mounted with or without `--preserve-metadata`, entries
+/// trusted for a minute.
+async fn bucket_with_kept(
+    preserve: bool,
+    directory: bool,
+) -> (
+    std::sync::Arc<crate::s3::fake::FakeClient>,
+    crate::fs::S3Filesystem,
+) {
+    let cfg = FsConfig {
+        metadata_ttl: Duration::from_secs(60),
+        ..if preserve { preserving() } else { config() }
+    };
+    let (fake, fs) = fs_with(&[], cfg, directory).await;
+    fake.put_object_with_metadata(
+        "kept",
+        Bytes::from_static(b"k"),
+        WriteCondition::None,
+        &s3fs_metadata(),
+    )
+    .await
+    .unwrap();
+    (fake, fs)
+}
+
 #[tokio::test]
 async fn listed_files_need_a_head_for_their_metadata_only_with_the_flag() {
     for preserve in [true, false] {
-        let cfg = FsConfig {
-            metadata_ttl: Duration::from_secs(60),
-            ..if preserve { preserving() } else { config() }
-        };
-        let (fake, fs) = fs_with(&[], cfg, false).await;
-        fake.put_object_with_metadata(
-            "kept",
-            Bytes::from_static(b"k"),
-            WriteCondition::None,
-            &s3fs_metadata(),
-        )
-        .await
-        .unwrap();
+        let (fake, fs) = bucket_with_kept(preserve, false).await;
         let fh = fs.opendir(ROOT_INO).unwrap();
         let entries = fs.readdir(fh, 0).await.unwrap();
         let ino = entries.iter().find(|e| e.name == "kept").unwrap().ino;
@@ -273,19 +286,7 @@ async fn attributes_set_after_the_upload_left_follow_by_a_metadata_copy() {
 #[tokio::test]
 async fn a_lookup_after_a_listing_reads_the_metadata_only_with_the_flag() {
     for preserve in [true, false] {
-        let cfg = FsConfig {
-            metadata_ttl: Duration::from_secs(60),
-            ..if preserve { preserving() } else { config() }
-        };
-        let (fake, fs) = fs_with(&[], cfg, true).await;
-        fake.put_object_with_metadata(
-            "kept",
-            Bytes::from_static(b"k"),
-            WriteCondition::None,
-            &s3fs_metadata(),
-        )
-        .await
-        .unwrap();
+        let (fake, fs) = bucket_with_kept(preserve, true).await;
         let fh = fs.opendir(ROOT_INO).unwrap();
         fs.readdir(fh, 0).await.unwrap();
         let heads = fake.count(Op::Head);
