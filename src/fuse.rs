@@ -144,7 +144,8 @@ error_reply!(
 );
 
 impl Adapter {
-    /// The one path of every request that has a reply: count it by operation
+    /// The path of every request that may have to wait (all but the fast writes, statfs and access, which
+    /// answer in their callbacks): count it by operation
     /// (`expressfs_fuse_requests_total`), run `work` in `span` (see [`Adapter::spawn`]), and answer with
     /// `answer` or with the errno of the error.
     fn serve<R, T>(
@@ -483,20 +484,16 @@ impl Filesystem for Adapter {
         reply: ReplyWrite,
     ) {
         let span = debug_span!("write", ino = ino.0, offset);
-        let taken = span.in_scope(|| self.fs.write_now(fh.0, offset, data));
-        // The bytes are copied only when the fast path could not take them: the work may outlive `data`.
-        let data = if taken.is_none() {
-            data.to_vec()
-        } else {
-            Vec::new()
-        };
+        // The fast path answers here, without a future or a task: it is every write of a streaming checkpoint.
+        if let Some(n) = span.in_scope(|| self.fs.write_now(fh.0, offset, data)) {
+            crate::metrics::fuse_request("write");
+            crate::metrics::written_bytes(u64::from(n));
+            return reply.written(n);
+        }
+        // The work may outlive `data`: copied only when the fast path could not take the bytes.
+        let data = data.to_vec();
         let fs = Arc::clone(&self.fs);
-        let work = async move {
-            match taken {
-                Some(n) => Ok(n),
-                None => fs.write(fh.0, offset, &data).await,
-            }
-        };
+        let work = async move { fs.write(fh.0, offset, &data).await };
         self.serve("write", span, reply, work, |reply, n| {
             crate::metrics::written_bytes(u64::from(n));
             reply.written(n)
@@ -649,26 +646,18 @@ impl Filesystem for Adapter {
         self.serve("releasedir", span, reply, work, ok);
     }
 
-    fn statfs(&self, _req: &Request, ino: INodeNo, reply: ReplyStatfs) {
-        let work = std::future::ready(Ok(self.fs.statfs()));
-        let span = debug_span!("statfs", ino = ino.0);
+    // statfs and access answer at once and cannot fail: counted, then answered here, with no future.
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        crate::metrics::fuse_request("statfs");
+        let (blocks, files) = self.fs.statfs();
         let bs = self.block_size;
-        self.serve(
-            "statfs",
-            span,
-            reply,
-            work,
-            move |reply, (blocks, files)| {
-                // Buckets have no fixed capacity: report a large, mostly free volume so tools do not refuse to
-                // write.
-                reply.statfs(blocks, blocks, blocks, files, u64::MAX / 2, bs, 255, bs)
-            },
-        );
+        // Buckets have no fixed capacity: report a large, mostly free volume so tools do not refuse to write.
+        reply.statfs(blocks, blocks, blocks, files, u64::MAX / 2, bs, 255, bs)
     }
 
-    fn access(&self, _req: &Request, ino: INodeNo, _mask: fuser::AccessFlags, reply: ReplyEmpty) {
-        let span = debug_span!("access", ino = ino.0);
-        self.serve("access", span, reply, std::future::ready(Ok(())), ok);
+    fn access(&self, _req: &Request, _ino: INodeNo, _mask: fuser::AccessFlags, reply: ReplyEmpty) {
+        crate::metrics::fuse_request("access");
+        reply.ok()
     }
 }
 

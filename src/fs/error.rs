@@ -115,15 +115,16 @@ impl FsError {
     /// Wraps a client error with the key it concerned, sorted by what the caller of the file system can do
     /// about it: a missing object, a changed one, a refusal, an unsupported operation, anything else.
     pub fn client(key: &str, source: ClientError) -> FsError {
-        let key = key.to_string();
+        // No key string for a missing object: every negative lookup comes through here.
+        let key = || key.to_string();
         match source {
             ClientError::NotFound { .. } => FsError::NotFound,
-            ClientError::PreconditionFailed { .. } => FsError::ObjectChanged { key },
+            ClientError::PreconditionFailed { .. } => FsError::ObjectChanged { key: key() },
             ClientError::AccessDenied { .. } | ClientError::NoCredentials(_) => {
-                FsError::AccessDenied { key, source }
+                FsError::AccessDenied { key: key(), source }
             }
-            ClientError::NotSupported(_) => FsError::Unsupported { key, source },
-            source => FsError::Client { key, source },
+            ClientError::NotSupported(_) => FsError::Unsupported { key: key(), source },
+            source => FsError::Client { key: key(), source },
         }
     }
 
