@@ -174,9 +174,10 @@ impl Superblock {
             .map(|(kind, stat, _)| (kind, stat)))
     }
 
-    /// [`Self::resolve`] without asking for a link: for a create, which the kernel sends only after its
-    /// lookup (links included) found nothing, so that a new file costs no more requests than it did. A link
-    /// made meanwhile by another client is then shadowed by the file (the file wins).
+    /// [`Self::resolve`] without asking for a link: for a create or a mkdir, which the kernel sends only
+    /// after its lookup (links included) found nothing, so that a new file or directory costs no more
+    /// requests than it did. A link made meanwhile by another client is then shadowed (the file or the
+    /// directory wins).
     pub async fn resolve_file_or_dir(
         &self,
         parent: &Node,
@@ -553,7 +554,10 @@ impl Superblock {
             .table()
             .child(parent, name)
             .is_some_and(|n| n.is_pending())
-            || self.resolve(&parent_node, name, false).await?.is_some()
+            || self
+                .resolve_file_or_dir(&parent_node, name)
+                .await?
+                .is_some()
         {
             return Err(FsError::Exists);
         }
