@@ -367,33 +367,31 @@ impl Writer {
                 _ => Ok(None),
             };
         }
-        let mut result = self.commit_inner().await;
-        if let Ok(r) = &result
-            && self.attrs_late
-        {
-            result = self.send_late_attrs(r.clone()).await;
-        }
-        match result {
-            Ok(r) => {
-                self.uploaded = Some(Box::new(r.clone()));
-                self.dirty = false;
-                // Data that was streamed away cannot be uploaded again: such a handle takes no more writes.
-                // Small and staged files stay writable; their next upload may replace only our own version.
-                let streamed =
-                    matches!(self.mode, Mode::Stream) && self.size > self.buffer.len() as u64;
-                if streamed {
-                    self.sealed = true;
-                    self.tee = None;
-                } else if !matches!(self.mode, Mode::Append { .. }) {
-                    self.condition = WriteCondition::IfMatch(r.etag.clone());
-                }
-                Ok(Some(r))
-            }
+        let r = match self.commit_inner().await {
+            Ok(r) => r,
             Err(e) => {
                 self.abort().await;
-                Err(self.fail(e))
+                return Err(self.fail(e));
             }
+        };
+        self.uploaded = Some(Box::new(r.clone()));
+        self.dirty = false;
+        // Data that was streamed away cannot be uploaded again: such a handle takes no more writes.
+        // Small and staged files stay writable; their next upload may replace only our own version.
+        let streamed = matches!(self.mode, Mode::Stream) && self.size > self.buffer.len() as u64;
+        if streamed {
+            self.sealed = true;
+            self.tee = None;
+        } else if !matches!(self.mode, Mode::Append { .. }) {
+            self.condition = WriteCondition::IfMatch(r.etag.clone());
         }
+        // An append keeps the object's old metadata, so each one that sent bytes needs the copy again. The
+        // data is durable by now: a failed copy is reported, but does not fail the handle.
+        let appended = matches!(self.mode, Mode::Append { .. }) && self.attrs.is_some();
+        if self.attrs_late || appended {
+            return self.send_late_attrs(r).await.map(Some);
+        }
+        Ok(Some(r))
     }
 
     async fn commit_inner(&mut self) -> FsResult<PutResult> {

@@ -40,8 +40,8 @@ impl Writer {
             .replace_metadata(&self.key, &self.upload_metadata(), &r.etag)
             .await
             .map_err(|e| FsError::client(&self.key, e))?;
-        // Appends keep the object's old metadata: each one needs the copy again.
-        self.attrs_late = matches!(self.mode, Mode::Append { .. });
+        // Sent: a commit with nothing new to upload sends no copy (an append with new bytes does again).
+        self.attrs_late = false;
         if self.condition == WriteCondition::IfMatch(r.etag.clone()) {
             self.condition = WriteCondition::IfMatch(copied.etag.clone());
         }
