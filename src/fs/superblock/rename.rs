@@ -40,15 +40,16 @@ impl Superblock {
         check_name(new_name)?;
         let from_dir = self.dir_node(parent)?;
         let to_dir = self.dir_node(new_parent)?;
-        // The node renamed (None: a name the table does not know) and its kind.
+        // The node renamed (None: a name the table does not know), its kind, and its size when the bucket
+        // was just asked for it.
         let existing = self.table().child(parent, name).cloned();
-        let (node, kind) = match existing {
+        let (node, kind, asked_size) = match existing {
             Some(n) => {
                 let kind = n.kind();
-                (Some(n), kind)
+                (Some(n), kind, None)
             }
             None => match self.resolve(&from_dir, name, false).await? {
-                Some((kind, _)) => (None, kind),
+                Some((kind, stat)) => (None, kind, Some(stat.size)),
                 None => return Err(FsError::NotFound),
             },
         };
@@ -57,7 +58,8 @@ impl Superblock {
         }
         match kind {
             Kind::File | Kind::Symlink => {
-                self.rename_object(&from_dir, name, &to_dir, new_name, (node, kind), no_replace)
+                let renamed = (node, kind, asked_size);
+                self.rename_object(&from_dir, name, &to_dir, new_name, renamed, no_replace)
                     .await?
             }
             Kind::Directory => {
@@ -76,7 +78,7 @@ impl Superblock {
         name: &str,
         to_dir: &Node,
         new_name: &str,
-        (node, kind): (Option<Node>, Kind),
+        (node, kind, asked_size): (Option<Node>, Kind, Option<u64>),
         no_replace: bool,
     ) -> FsResult<()> {
         if node.as_ref().is_some_and(|n| n.is_pending()) {
@@ -102,9 +104,11 @@ impl Superblock {
             _ => WriteCondition::None,
         };
         if !self.client.is_directory_bucket() {
-            // The size the table knows may be stale: ask, since a copy past the limit would fail anyway.
-            let size = match &node {
-                Some(n) if n.stat().size <= MAX_COPY_OBJECT_SIZE => n.stat().size,
+            // The size the table knows may be stale: ask, unless the bucket was just asked, since a copy
+            // past the limit would fail anyway.
+            let size = match (&node, asked_size) {
+                (_, Some(size)) => size,
+                (Some(n), None) if n.stat().size <= MAX_COPY_OBJECT_SIZE => n.stat().size,
                 _ => {
                     self.client
                         .head_object(&key)
