@@ -52,6 +52,16 @@ impl StoredAttrs {
         set(ATIME, self.atime.map(format_time));
     }
 
+    /// A chmod's permission bits as the whole st_mode of a regular file, the form s3fs stores (only files
+    /// keep attributes).
+    pub fn of_regular_file(self) -> StoredAttrs {
+        const S_IFREG: u32 = 0o100_000;
+        StoredAttrs {
+            mode: self.mode.map(|m| S_IFREG | (m & 0o7777)),
+            ..self
+        }
+    }
+
     /// `other`'s attributes where it has them, ours elsewhere.
     pub fn overlay(self, other: StoredAttrs) -> StoredAttrs {
         StoredAttrs {

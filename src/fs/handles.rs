@@ -186,11 +186,7 @@ impl S3Filesystem {
         change: StoredAttrs,
     ) -> FsResult<Attr> {
         if self.config.preserve_metadata && !change.is_empty() {
-            // Files only (see attr_of): the whole st_mode of a regular file, as s3fs stores it.
-            let change = StoredAttrs {
-                mode: change.mode.map(|m| 0o100_000 | (m & 0o7777)),
-                ..change
-            };
+            let change = change.of_regular_file();
             if self.config.read_only {
                 return Err(FsError::ReadOnly);
             }

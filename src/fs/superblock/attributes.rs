@@ -11,9 +11,6 @@ use crate::fs::inode::{Kind, Stat};
 use crate::fs::{FsError, FsResult};
 use crate::s3::ClientError;
 
-/// Type bits of a regular file: s3fs stores the whole `st_mode`.
-const S_IFREG: u32 = 0o100_000;
-
 impl Superblock {
     /// Writes `change` over the attributes stored with the closed file `ino`. A HEAD reads the current
     /// metadata (other pairs are kept) and its ETag; the copy is conditional on that ETag, so a concurrent
@@ -30,10 +27,7 @@ impl Superblock {
             .head_object(&key)
             .await
             .map_err(|e| FsError::client(&key, e))?;
-        let change = StoredAttrs {
-            mode: change.mode.map(|m| S_IFREG | (m & 0o7777)),
-            ..change
-        };
+        let change = change.of_regular_file();
         // The date shown so far is kept: the copy gives the object a new Last-Modified.
         let shown = StoredAttrs {
             mtime: Some(info.last_modified),
