@@ -51,6 +51,8 @@ pub fn errno(e: &FsError) -> Errno {
         FsError::SymlinkLoop => Errno::ELOOP,
         FsError::BadHandle => Errno::EBADF,
         FsError::NoSpace(_) => Errno::ENOSPC,
+        FsError::TooBig(_) => Errno::EFBIG,
+        FsError::OperationNotSupported(_) => Errno::EOPNOTSUPP,
         FsError::AccessDenied { .. } => Errno::EACCES,
         FsError::Unsupported { .. } => Errno::ENOTSUP,
         FsError::ObjectChanged { .. }
@@ -527,6 +529,35 @@ impl Filesystem for Adapter {
         let work = async move { fs.fsync(fh.0).await };
         let span = debug_span!("fsync", ino = ino.0);
         self.serve("fsync", span, reply, work, ok);
+    }
+
+    fn fallocate(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        let fs = Arc::clone(&self.fs);
+        let work = async move { fs.fallocate(fh.0, offset, length, mode).await };
+        let span = debug_span!("fallocate", ino = ino.0, offset, length, mode);
+        self.serve("fallocate", span, reply, work, ok);
+    }
+
+    /// Names are durable once their objects are uploaded (each fsync or close of a file): nothing to do.
+    fn fsyncdir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        crate::metrics::fuse_request("fsyncdir");
+        reply.ok();
     }
 
     fn release(

@@ -159,13 +159,21 @@ fn overwrite_needs_the_flag_and_o_trunc() {
         );
         assert_eq!(get(common::emulator(), &bucket, "k").unwrap(), b"original");
     }
+    {
+        let mount = Mount::new(&bucket, &[]);
+        assert_eq!(
+            errno_of(OpenOptions::new().write(true).open(mount.path().join("k"))),
+            libc::EPERM,
+            "an edit in place without --allow-overwrite"
+        );
+    }
     let mount = Mount::new(&bucket, &["--allow-overwrite"]);
     let p = mount.path().join("k");
-    assert_eq!(
-        errno_of(OpenOptions::new().write(true).open(&p)),
-        libc::EPERM,
-        "no O_TRUNC, no append mode"
-    );
+    // Without O_TRUNC the object is edited in place (staged), and the close uploads the edit.
+    let f = OpenOptions::new().write(true).open(&p).unwrap();
+    std::os::unix::fs::FileExt::write_all_at(&f, b"OR", 0).unwrap();
+    drop(f);
+    assert_eq!(get(common::emulator(), &bucket, "k").unwrap(), b"ORiginal");
     fs::write(&p, b"replaced").unwrap();
     assert_eq!(get(common::emulator(), &bucket, "k").unwrap(), b"replaced");
     assert_eq!(fs::read(&p).unwrap(), b"replaced");

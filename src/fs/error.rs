@@ -65,6 +65,11 @@ pub enum FsError {
         #[source]
         source: ClientError,
     },
+    /// A staged file would pass `--max-staged-file-size`.
+    #[error("{0}: the staged file would exceed --max-staged-file-size")]
+    TooBig(String),
+    #[error("operation not supported: {0}")]
+    OperationNotSupported(&'static str),
     #[error("{0}: no space left in the staging directory")]
     NoSpace(String),
     /// A local file (staging, local copy) could not be used.

@@ -7,8 +7,12 @@
 //! - [`WriterSlots`]: write handles open, against `--max-open-writers` (taken at open, given back at release);
 //! - [`WriterMark`]: whether one write handle counts among its node's writers (until its bytes are
 //!   uploaded, and again from its next write);
-//! - [`Node::start_write`] / [`Node::finish_write`]: how many handles hold bytes of a file the bucket lacks,
-//!   which keeps the file busy for readers, rename and unlink, and its stat from being replaced.
+//! - [`Node::start_write`] / [`Node::finish_write`]: how many handles (a staged file counting as one) hold
+//!   bytes of a file the bucket lacks, which keeps the file busy for rename and unlink, and its stat from
+//!   being replaced.
+//!
+//! A write handle is either a streaming [`Writer`] or attached to the inode's [`StagedFile`], which every
+//! handle of the inode then shares (`staging.rs`; the registry is [`StagedFiles`]).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -26,7 +30,12 @@ use super::superblock::check_name;
 use super::write::{Writer, WriterOptions};
 use super::{Attr, DirEntry, FsError, FsResult, OpenMode, Opened, S3Filesystem, names};
 use crate::s3::WriteCondition;
+use staging::SharedStaged;
+pub use staging::StagedFiles;
 
+#[cfg(test)]
+mod staged_tests;
+mod staging;
 #[cfg(test)]
 mod tests;
 
@@ -39,12 +48,18 @@ pub enum Handle {
     },
     Write {
         ino: u64,
-        writer: AsyncMutex<Writer>,
+        state: AsyncMutex<WriteState>,
         /// Process (thread group) that opened the file: flushes from other processes are not closes of
         /// this descriptor (a fork+exec elsewhere closes inherited copies) and must not end the upload.
         opener: Option<u32>,
-        /// Whether this handle still counts as a writer of its node (until its upload is done).
+        /// Whether this handle still counts as a writer of its node (a streaming writer, until its upload
+        /// is done; a staged file counts for all its handles).
         counted: WriterMark,
+        /// Opened for writing (holds a `--max-open-writers` slot); false for a read-only open of a file
+        /// that is staged.
+        writable: bool,
+        /// Wrote to its staged file since its last flush: its close uploads.
+        wrote: AtomicBool,
     },
     Dir {
         entries: Mutex<Option<Arc<Vec<DirEntry>>>>,
@@ -52,17 +67,34 @@ pub enum Handle {
     },
 }
 
+/// What a write handle writes to.
+pub enum WriteState {
+    Stream(Box<Writer>),
+    Staged(Arc<SharedStaged>),
+}
+
 impl Handle {
-    /// A write handle's node, writer and writer mark.
-    fn as_writer(&self) -> Option<(u64, &AsyncMutex<Writer>, &WriterMark)> {
+    /// A write handle's node, state and writer mark.
+    fn as_writer(&self) -> Option<(u64, &AsyncMutex<WriteState>, &WriterMark)> {
         match self {
             Handle::Write {
                 ino,
-                writer,
+                state,
                 counted,
                 ..
-            } => Some((*ino, writer, counted)),
+            } => Some((*ino, state, counted)),
             _ => None,
+        }
+    }
+
+    fn write_handle(ino: u64, state: WriteState, pid: u32, counted: WriterMark) -> Handle {
+        Handle::Write {
+            ino,
+            state: AsyncMutex::new(state),
+            opener: tgid_of(pid),
+            counted,
+            writable: true,
+            wrote: AtomicBool::new(false),
         }
     }
 }
@@ -72,6 +104,11 @@ impl Handle {
 pub struct WriterMark(AtomicBool);
 
 impl WriterMark {
+    /// Counts for nothing yet.
+    fn idle() -> WriterMark {
+        WriterMark(AtomicBool::new(false))
+    }
+
     /// A new write handle counts as a writer of `node` (if the table still has it).
     fn start(node: Option<&mut Node>) -> WriterMark {
         if let Some(node) = node {
@@ -133,6 +170,8 @@ impl WriterSlots {
 pub struct HandleTable {
     open: Mutex<HashMap<u64, Arc<Handle>>>,
     next: AtomicU64,
+    /// Staged files by inode, shared by their handles.
+    staged: StagedFiles,
 }
 
 impl HandleTable {
@@ -140,6 +179,7 @@ impl HandleTable {
         HandleTable {
             open: Mutex::new(HashMap::new()),
             next: AtomicU64::new(1),
+            staged: StagedFiles::default(),
         }
     }
 
@@ -175,9 +215,9 @@ impl HandleTable {
 }
 
 impl S3Filesystem {
-    /// Size changes only on files being written. chmod/chown/utimens (`change`) are kept in the object's
-    /// metadata with `--preserve-metadata` on a closed file; otherwise (no flag, a directory, a file open for
-    /// writing) they are accepted and not kept.
+    /// Size changes (truncate, ftruncate) and, with `--preserve-metadata`, chmod/chown/utimens (`change`):
+    /// kept in the object's metadata on a closed file, carried by the upload of an open one. Without the flag
+    /// (or on a directory) attribute changes are accepted and not kept.
     pub async fn setattr(
         &self,
         ino: u64,
@@ -185,58 +225,93 @@ impl S3Filesystem {
         fh: Option<u64>,
         change: StoredAttrs,
     ) -> FsResult<Attr> {
+        if (size.is_some() || (self.config.preserve_metadata && !change.is_empty()))
+            && self.config.read_only
+        {
+            return Err(FsError::ReadOnly);
+        }
+        let handle = match fh {
+            Some(fh) => Some(self.handles.get(fh)?),
+            None => self.handles.writer_for(ino),
+        };
         if self.config.preserve_metadata && !change.is_empty() {
             let change = change.of_regular_file();
-            if self.config.read_only {
-                return Err(FsError::ReadOnly);
-            }
             let node = self.sb.node(ino)?;
-            let writer = match fh {
-                Some(fh) => Some(self.handles.get(fh)?),
-                None => self.handles.writer_for(ino),
-            };
-            match writer.as_deref() {
-                // Open for writing: the attributes ride on its upload.
-                Some(Handle::Write { writer, .. }) => {
-                    writer.lock().await.set_attrs(change);
-                    if let Some(n) = self.sb.table().get_mut(ino) {
-                        n.overlay_attrs(change);
+            let staged = self
+                .change_staged(ino, handle.as_deref(), |f| {
+                    f.set_attrs(change);
+                    Ok(())
+                })
+                .await;
+            // Open for writing: the attributes ride on its upload, and stat shows them meanwhile.
+            let open = match (staged, handle.as_deref()) {
+                (Some(result), _) => result.map(|()| true)?,
+                (None, Some(Handle::Write { state, .. })) => {
+                    if let WriteState::Stream(w) = &mut *state.lock().await {
+                        w.set_attrs(change);
                     }
+                    true
                 }
                 _ if node.kind() == Kind::File && !node.is_pending() => {
                     self.sb.store_attributes(ino, change).await?;
+                    false
                 }
-                _ => {}
+                _ => false,
+            };
+            if open && let Some(n) = self.sb.table().get_mut(ino) {
+                n.overlay_attrs(change);
             }
         }
         if let Some(size) = size {
-            if self.config.read_only {
-                return Err(FsError::ReadOnly);
-            }
-            let handle = match fh {
-                Some(fh) => Some(self.handles.get(fh)?),
-                None => self.handles.writer_for(ino),
-            };
-            match handle.as_deref() {
-                Some(Handle::Write { writer, .. }) => {
-                    let mut w = writer.lock().await;
-                    w.truncate(size)?;
-                    let new_size = w.size();
-                    if let Some(n) = self.sb.table().get_mut(ino) {
-                        n.set_size(new_size);
+            let staged = self
+                .change_staged(ino, handle.as_deref(), |f| f.truncate(size))
+                .await;
+            match (staged, handle.as_deref()) {
+                (Some(result), _) => result?,
+                (None, Some(Handle::Write { state, counted, .. })) => {
+                    let mut state = state.lock().await;
+                    if let WriteState::Stream(w) = &mut *state
+                        && w.truncate(size)
+                    {
+                        let new_size = w.size();
+                        if let Some(n) = self.sb.table().get_mut(ino) {
+                            n.set_size(new_size);
+                        }
+                    } else {
+                        let shared = self.stage_writer(ino, &mut state, counted, false).await?;
+                        let mut file = shared.file.lock().await;
+                        file.truncate(size)?;
+                        self.note_staged(ino, &shared, file.size());
                     }
                 }
                 _ => {
                     let current = self.sb.getattr(ino).await?;
                     if current.size != size {
-                        return Err(FsError::NotPermitted(
-                            "truncate of a file that is not open for writing",
-                        ));
+                        self.truncate_closed(ino, size).await?;
                     }
                 }
             }
         }
         self.sb.getattr(ino).await
+    }
+
+    /// fallocate(2) through a write handle (the file is staged for it, unless it only reserves space).
+    pub async fn fallocate(&self, fh: u64, offset: u64, len: u64, mode: i32) -> FsResult<()> {
+        let handle = self.handles.get(fh)?;
+        let Some((ino, state, counted)) = handle.as_writer() else {
+            return Err(FsError::BadHandle);
+        };
+        if mode == libc::FALLOC_FL_KEEP_SIZE {
+            // Reserving space changes nothing anyone can see.
+            return Ok(());
+        }
+        let mut state = state.lock().await;
+        let shared = self.stage_writer(ino, &mut state, counted, false).await?;
+        let mut file = shared.file.lock().await;
+        file.fallocate(offset, len, mode)?;
+        self.note_staged(ino, &shared, file.size());
+        handle_wrote(&handle);
+        Ok(())
     }
 
     pub fn opendir(&self, ino: u64) -> FsResult<u64> {
@@ -273,28 +348,42 @@ impl S3Filesystem {
             Kind::Symlink => return Err(FsError::SymlinkLoop),
             Kind::File => {}
         }
-        if node.is_being_written() {
-            return Err(FsError::Busy(
-                "the file is being written; open it after close",
+        if mode.write && self.config.read_only {
+            return Err(FsError::ReadOnly);
+        }
+        if mode.write && mode.truncate && !self.config.allow_overwrite && !node.is_local() {
+            return Err(FsError::NotPermitted(
+                "overwriting an object needs --allow-overwrite",
             ));
         }
+        // Open already, staged: every handle shares the one staged file.
+        if let Some(shared) = self.handles.staged.attach(ino) {
+            return self.open_staged(ino, shared, mode, pid).await;
+        }
+        // Being written by a streaming writer: its bytes move to a staged file both handles share. A reader
+        // of a file whose writer has uploaded everything reads the bucket, as any other reader.
+        if (mode.write || node.is_being_written())
+            && let Some(writer) = self.handles.writer_for(ino)
+        {
+            let (_, state, counted) = writer.as_writer().expect("a write handle");
+            let shared = {
+                let mut state = state.lock().await;
+                self.stage_writer(ino, &mut state, counted, false).await?
+            };
+            let shared = self
+                .handles
+                .staged
+                .attach(ino)
+                .filter(|s| Arc::ptr_eq(s, &shared))
+                .ok_or(FsError::Busy("the file is being written"))?;
+            return self.open_staged(ino, shared, mode, pid).await;
+        }
         if mode.write {
-            if self.config.read_only {
-                return Err(FsError::ReadOnly);
-            }
-            if node.is_local() {
-                return Err(FsError::Busy("the file is being written"));
-            }
             let fh = self.open_existing_for_write(&node, mode, pid).await?;
             if let Some(n) = self.sb.table().get_mut(ino) {
                 n.drop_page_cache();
             }
-            return Ok(Opened {
-                fh,
-                keep_cache: false,
-                bypass_page_cache: self.writes_bypass_page_cache(),
-                no_flush: false,
-            });
+            return Ok(fh);
         }
         // Refresh the ETag if our view is stale, so reads are pinned to what exists now.
         let attr_fresh =
@@ -367,18 +456,35 @@ impl S3Filesystem {
         }
     }
 
+    /// A new handle on the staged file `shared` (attached already); O_TRUNC empties it.
+    async fn open_staged(
+        &self,
+        ino: u64,
+        shared: Arc<SharedStaged>,
+        mode: OpenMode,
+        pid: u32,
+    ) -> FsResult<Opened> {
+        if mode.write && mode.truncate {
+            let mut file = shared.file.lock().await;
+            if let Err(e) = file.truncate(0) {
+                drop(file);
+                let _ = self.release_staged(ino, shared).await;
+                return Err(e);
+            }
+            self.note_staged(ino, &shared, 0);
+        }
+        self.staged_handle(ino, shared, mode, pid)
+    }
+
+    /// An existing object opened for writing: O_TRUNC streams a new version; O_APPEND with
+    /// `--incremental-upload` on a directory bucket appends natively; anything else edits a staged copy.
     async fn open_existing_for_write(
         &self,
         node: &Node,
         mode: OpenMode,
         pid: u32,
-    ) -> FsResult<u64> {
+    ) -> FsResult<Opened> {
         let writer = if mode.truncate {
-            if !self.config.allow_overwrite {
-                return Err(FsError::NotPermitted(
-                    "overwriting an object needs --allow-overwrite",
-                ));
-            }
             // A rewritten file keeps its mode and owner.
             let kept = node.stat().attrs.unwrap_or_default();
             Writer::new(
@@ -386,7 +492,10 @@ impl S3Filesystem {
                 node.key().to_string(),
                 self.writer_options(WriteCondition::None, kept),
             )
-        } else if self.config.incremental_upload && self.client.is_directory_bucket() {
+        } else if self.config.incremental_upload
+            && self.client.is_directory_bucket()
+            && (mode.append || !self.config.allow_overwrite)
+        {
             let info = self
                 .client
                 .head_object(node.key())
@@ -401,9 +510,12 @@ impl S3Filesystem {
                     StoredAttrs::from_metadata(&info.metadata),
                 ),
             )
+        } else if self.config.allow_overwrite {
+            let shared = self.stage_object(node).await?;
+            return self.staged_handle(node.ino(), shared, mode, pid);
         } else {
             return Err(FsError::NotPermitted(
-                "existing objects can only be replaced (O_TRUNC with --allow-overwrite) or appended to (--incremental-upload on a directory bucket)",
+                "changing an existing object needs --allow-overwrite (or, to append on a directory bucket, --incremental-upload)",
             ));
         };
         self.writer_slots.reserve()?;
@@ -416,12 +528,18 @@ impl S3Filesystem {
             }
             WriterMark::start(node)
         };
-        Ok(self.handles.add(Handle::Write {
-            ino: node.ino(),
-            writer: AsyncMutex::new(writer),
-            opener: tgid_of(pid),
+        let fh = self.handles.add(Handle::write_handle(
+            node.ino(),
+            WriteState::Stream(Box::new(writer)),
+            pid,
             counted,
-        }))
+        ));
+        Ok(Opened {
+            fh,
+            keep_cache: false,
+            bypass_page_cache: self.writes_bypass_page_cache(),
+            no_flush: false,
+        })
     }
 
     /// Creates a new file, open for writing. Fails if the name exists (unless overwriting is allowed).
@@ -490,32 +608,65 @@ impl S3Filesystem {
         };
         self.sb.forget_missing(parent, name);
         self.sb.invalidate_listing(parent);
-        let fh = self.handles.add(Handle::Write {
-            ino: attr.ino,
-            writer: AsyncMutex::new(writer),
-            opener: tgid_of(pid),
+        let fh = self.handles.add(Handle::write_handle(
+            attr.ino,
+            WriteState::Stream(Box::new(writer)),
+            pid,
             counted,
-        });
+        ));
         Ok((attr, fh))
     }
 
     pub async fn read(&self, fh: u64, offset: u64, size: u32) -> FsResult<Bytes> {
         let handle = self.handles.get(fh)?;
         match handle.as_ref() {
-            Handle::Read { reader, .. } => reader.lock().await.read(offset, size).await,
-            Handle::Write { .. } => Err(FsError::Busy(
-                "reading a file while writing it is not supported",
-            )),
+            Handle::Read { ino, reader, .. } => match self.handles.staged.peek(*ino) {
+                // Staged since this handle opened: it sees what was written through the mount.
+                Some(shared) => shared.file.lock().await.read(offset, size as u64).await,
+                None => reader.lock().await.read(offset, size).await,
+            },
+            Handle::Write {
+                ino,
+                state,
+                counted,
+                ..
+            } => {
+                let shared = {
+                    let mut state = state.lock().await;
+                    self.stage_writer(*ino, &mut state, counted, false).await?
+                };
+                shared.file.lock().await.read(offset, size as u64).await
+            }
             Handle::Dir { .. } => Err(FsError::IsADirectory),
         }
     }
 
     pub async fn write(&self, fh: u64, offset: u64, data: &[u8]) -> FsResult<u32> {
         let handle = self.handles.get(fh)?;
-        let (ino, writer, counted) = handle.as_writer().ok_or(FsError::BadHandle)?;
-        let mut w = writer.lock().await;
-        let n = w.write(offset, data).await?;
-        self.note_written(ino, counted, w.size());
+        let (ino, state, counted) = handle.as_writer().ok_or(FsError::BadHandle)?;
+        if matches!(
+            handle.as_ref(),
+            Handle::Write {
+                writable: false,
+                ..
+            }
+        ) {
+            return Err(FsError::BadHandle);
+        }
+        let mut state = state.lock().await;
+        let shared = match &mut *state {
+            WriteState::Stream(w) if !w.needs_staging(Some(offset)) => {
+                let n = w.write(offset, data).await?;
+                self.note_written(ino, counted, w.size());
+                return Ok(n);
+            }
+            _ => self.stage_writer(ino, &mut state, counted, true).await?,
+        };
+        drop(state);
+        let mut file = shared.file.lock().await;
+        let n = file.write(offset, data)?;
+        self.note_staged(ino, &shared, file.size());
+        handle_wrote(&handle);
         Ok(n)
     }
 
@@ -524,8 +675,11 @@ impl S3Filesystem {
     /// runtime. `None` when the write must go through [`S3Filesystem::write`].
     pub fn write_now(&self, fh: u64, offset: u64, data: &[u8]) -> Option<u32> {
         let handle = self.handles.get(fh).ok()?;
-        let (ino, writer, counted) = handle.as_writer()?;
-        let mut w = writer.try_lock().ok()?;
+        let (ino, state, counted) = handle.as_writer()?;
+        let mut state = state.try_lock().ok()?;
+        let WriteState::Stream(w) = &mut *state else {
+            return None;
+        };
         let n = w.write_in_memory(offset, data)?;
         self.note_written(ino, counted, w.size());
         Some(n)
@@ -541,10 +695,18 @@ impl S3Filesystem {
     /// fsync: everything written is durable in the bucket when this returns Ok.
     pub async fn fsync(&self, fh: u64) -> FsResult<()> {
         let handle = self.handles.get(fh)?;
-        let Some((ino, writer, counted)) = handle.as_writer() else {
+        let Some((ino, state, counted)) = handle.as_writer() else {
             return Ok(());
         };
-        let mut w = writer.lock().await;
+        let mut state = state.lock().await;
+        let w = match &mut *state {
+            WriteState::Staged(shared) => {
+                let shared = Arc::clone(shared);
+                drop(state);
+                return self.upload_staged(ino, &shared).await;
+            }
+            WriteState::Stream(w) => w,
+        };
         let result = w.commit().await?;
         let mut table = self.sb.table();
         let expires = self.sb.expiry();
@@ -565,10 +727,17 @@ impl S3Filesystem {
     /// from another process (an inherited copy closed after fork) are ignored.
     pub async fn flush(&self, fh: u64, pid: u32) -> FsResult<()> {
         let handle = self.handles.get(fh)?;
-        if let Handle::Write {
-            opener: Some(opener),
+        let Handle::Write {
+            opener,
+            state,
+            wrote,
+            ino,
             ..
         } = handle.as_ref()
+        else {
+            return Ok(());
+        };
+        if let Some(opener) = opener
             && tgid_of(pid).is_some_and(|t| t != *opener)
         {
             debug!(
@@ -577,7 +746,18 @@ impl S3Filesystem {
             );
             return Ok(());
         }
-        self.fsync(fh).await
+        let staged = match &*state.lock().await {
+            WriteState::Staged(shared) => Some(Arc::clone(shared)),
+            WriteState::Stream(_) => None,
+        };
+        match staged {
+            // Only a handle that wrote uploads at its close; the others leave that to the writers.
+            Some(shared) if wrote.swap(false, Ordering::SeqCst) => {
+                self.upload_staged(*ino, &shared).await
+            }
+            Some(_) => Ok(()),
+            None => self.fsync(fh).await,
+        }
     }
 
     pub async fn release(&self, fh: u64) -> FsResult<()> {
@@ -590,12 +770,22 @@ impl S3Filesystem {
             }
             return Ok(());
         }
-        let Some((ino, writer, counted)) = handle.as_writer() else {
+        let Some((ino, state, counted)) = handle.as_writer() else {
             return Ok(());
         };
-        let mut w = writer.lock().await;
-        // The handle is gone: it no longer counts against --max-open-writers.
-        self.writer_slots.give_back();
+        if matches!(handle.as_ref(), Handle::Write { writable: true, .. }) {
+            // The handle is gone: it no longer counts against --max-open-writers.
+            self.writer_slots.give_back();
+        }
+        let mut state = state.lock().await;
+        let w = match &mut *state {
+            WriteState::Staged(shared) => {
+                let shared = Arc::clone(shared);
+                drop(state);
+                return self.release_staged(ino, shared).await;
+            }
+            WriteState::Stream(w) => w,
+        };
         let result = w.commit().await;
         if result.is_err() {
             w.abort().await;
@@ -616,6 +806,13 @@ impl S3Filesystem {
             self.sb.invalidate_listing(parent);
         }
         result.map(|_| ())
+    }
+}
+
+/// A handle wrote to its staged file: its close uploads.
+fn handle_wrote(handle: &Handle) {
+    if let Handle::Write { wrote, .. } = handle {
+        wrote.store(true, Ordering::SeqCst);
     }
 }
 

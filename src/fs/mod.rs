@@ -18,6 +18,7 @@ mod listing;
 pub mod names;
 mod negative;
 pub mod read;
+pub mod staged;
 mod superblock;
 pub mod write;
 

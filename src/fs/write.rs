@@ -1,8 +1,9 @@
 //! Write handles. Three modes:
 //! - Stream: sequential writes from offset 0 become a multipart upload (parts of `part_size`, a few in
 //!   flight); a file smaller than one part becomes one PutObject. The object appears at fsync/close.
-//! - Staged: a write that is not at the current end, while nothing has been uploaded yet, moves the data to
-//!   a local file; the whole file is uploaded at fsync/close.
+//!   Anything else (a write that is not at the end, a read, a truncate, a second open) hands the bytes over
+//!   to a [`StagedFile`](super::staged::StagedFile) with [`Writer::take_for_staging`]: from memory, or from
+//!   the local copy kept of a streamed file within the staging limit.
 //! - Append (directory buckets, `--incremental-upload`): writes at the end of an existing object are sent
 //!   as PutObject with a write offset whenever a part fills up or at fsync; the file stays writable.
 //!
@@ -10,7 +11,6 @@
 //! and the multipart upload is aborted, so nothing is left behind in the bucket.
 
 use std::collections::VecDeque;
-use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -21,6 +21,7 @@ use tracing::{debug, warn};
 
 use super::attrs::StoredAttrs;
 use super::error::{FsError, FsResult};
+use super::staged::{Adopted, local_copy};
 use crate::memory::MemoryBudget;
 use crate::s3::{ObjectClient, PutResult, UploadedPart, WriteCondition};
 
@@ -44,7 +45,6 @@ async fn wait_for_parts(mp: &mut Multipart, key: &str, keep: usize) -> FsResult<
 
 enum Mode {
     Stream,
-    Staged { file: std::fs::File, size: u64 },
     Append { offset: u64 },
 }
 
@@ -71,7 +71,7 @@ pub struct Writer {
     failed: Option<FsError>,
     /// Local copy of a streamed file (within the staging limit), kept so that a later out-of-order write
     /// can still switch to staging after parts were uploaded. Started when the first part leaves.
-    tee: Option<std::fs::File>,
+    tee: Option<tempfile::NamedTempFile>,
     /// The file outgrew the staging limit (or the copy failed): no local copy any more.
     tee_off: bool,
     /// The object was uploaded and the handle takes no more writes (stream and staged modes).
@@ -142,6 +142,12 @@ impl Writer {
         self.size
     }
 
+    /// A write this writer could not take (its file could not be staged): the file fails as a whole, so it
+    /// is never uploaded without those bytes.
+    pub fn refuse(&mut self, e: FsError) -> FsError {
+        self.fail(e)
+    }
+
     fn fail(&mut self, e: FsError) -> FsError {
         warn!(key = %self.key, error = %e.chain(), "upload failed");
         self.failed = Some(e.clone());
@@ -178,26 +184,13 @@ impl Writer {
                 self.key
             )));
         }
-        if let Mode::Staged { file, size } = &mut self.mode {
-            if let Err(e) = file.write_all_at(data, offset) {
-                // Once a write is lost, the file must not be uploaded as if it were whole.
-                let e = FsError::local(&format!("{}: staging file", self.key), e);
-                return Err(self.fail(e));
-            }
-            *size = (*size).max(offset + data.len() as u64);
-            if *size > self.staging_limit {
-                let e = FsError::InvalidArgument(format!(
-                    "{}: staged file exceeds the staging limit",
-                    self.key
-                ));
-                return Err(self.fail(e));
-            }
-            self.size = *size;
-            self.dirty = true;
-            return Ok(data.len() as u32);
-        }
         if offset != self.size {
-            return self.switch_to_staging(offset, data).await;
+            // The caller hands such a file over to staging first (`needs_staging`); appends cannot be.
+            let e = FsError::InvalidArgument(format!(
+                "{}: write at {offset} but the file ends at {}: appends must be sequential",
+                self.key, self.size
+            ));
+            return Err(self.fail(e));
         }
         self.reserve_part(data.len());
         self.buffer.extend_from_slice(data);
@@ -239,10 +232,11 @@ impl Writer {
             return;
         }
         let result = match &self.tee {
-            Some(file) => file.write_all_at(data, offset),
+            Some(file) => file.as_file().write_all_at(data, offset),
             None if self.multipart.is_none() && self.buffer.len() >= self.part_size => {
-                tempfile::tempfile_in(dir)
-                    .and_then(|f| f.write_all_at(&self.buffer, 0).map(|_| f))
+                local_copy(dir, &self.key)
+                    .map_err(std::io::Error::other)
+                    .and_then(|f| f.as_file().write_all_at(&self.buffer, 0).map(|_| f))
                     .map(|f| {
                         self.tee = Some(f);
                     })
@@ -256,56 +250,88 @@ impl Writer {
         }
     }
 
-    /// Out-of-order write: the file moves to a local staging file (from memory, or from the local copy of what
-    /// was streamed, whose parts are then aborted) and is uploaded whole at fsync/close.
-    async fn switch_to_staging(&mut self, offset: u64, data: &[u8]) -> FsResult<u32> {
-        let have_copy = self.tee.is_some();
-        let why = match (&self.mode, &self.staging_dir, &self.multipart) {
-            (Mode::Append { .. }, _, _) => Some("appends must be sequential"),
-            (_, None, _) => Some("staging of out-of-order writes is disabled"),
-            (_, _, Some(_)) if !have_copy => {
-                Some("parts were already uploaded and the file is over the staging limit")
-            }
-            _ if offset + data.len() as u64 > self.staging_limit => Some("over the staging limit"),
-            _ => None,
-        };
-        if let Some(why) = why {
-            let e = FsError::InvalidArgument(format!(
-                "{}: write at {offset} but the file ends at {}: {why}",
-                self.key, self.size
-            ));
-            return Err(self.fail(e));
+    /// Whether a write at `offset` (or a read, truncate or second open, `offset` None) needs the file
+    /// staged: the stream can only take bytes at its end before it was uploaded.
+    pub fn needs_staging(&self, offset: Option<u64>) -> bool {
+        matches!(self.mode, Mode::Stream) && (self.sealed || offset != Some(self.size))
+    }
+
+    /// Hands the file's bytes over for staging: from memory, from the local copy of a streamed file (whose
+    /// parts are then aborted), or, once uploaded, the object itself as the base. Fails when the bytes are
+    /// nowhere (parts uploaded past the staging limit, staging disabled) or the file is appended to.
+    pub async fn take_for_staging(&mut self) -> FsResult<Adopted> {
+        if let Some(e) = &self.failed {
+            return Err(e.clone());
         }
-        let staged = match self.tee.take() {
-            Some(copy) => {
+        let refuse = |why: &str| {
+            FsError::InvalidArgument(format!(
+                "{}: cannot stage the file being written: {why}",
+                self.key
+            ))
+        };
+        if matches!(self.mode, Mode::Append { .. }) {
+            return Err(refuse("appends must be sequential"));
+        }
+        let Some(dir) = self.staging_dir.clone() else {
+            return Err(refuse("staging is disabled"));
+        };
+        let staging = |e| FsError::local(&format!("{}: staging file", self.key), e);
+        if self.sealed {
+            let etag = self
+                .uploaded
+                .as_ref()
+                .map(|r| r.etag.clone())
+                .unwrap_or_default();
+            let (local, complete) = match self.tee.take() {
+                Some(tee) => (tee, true),
+                None => {
+                    let f = local_copy(&dir, &self.key)?;
+                    f.as_file().set_len(self.size).map_err(staging)?;
+                    (f, false)
+                }
+            };
+            return Ok(Adopted {
+                local,
+                size: self.size,
+                complete,
+                uploaded: Some(etag.clone()),
+                expect: WriteCondition::IfMatch(etag),
+            });
+        }
+        let local = match (self.tee.take(), &self.multipart) {
+            (Some(tee), _) => {
                 // Everything written so far is in the local copy: the streamed parts are not needed.
                 self.abort().await;
-                copy.write_all_at(data, offset).map(|_| copy)
+                tee
             }
-            None => {
-                let dir = self.staging_dir.clone().expect("checked above");
-                tempfile::tempfile_in(&dir).and_then(|f| {
-                    f.write_all_at(&self.buffer, 0)?;
-                    f.write_all_at(data, offset)?;
-                    Ok(f)
-                })
+            (None, None) => {
+                let f = local_copy(&dir, &self.key)?;
+                f.as_file().write_all_at(&self.buffer, 0).map_err(staging)?;
+                f
             }
-        };
-        let file = match staged {
-            Ok(f) => f,
-            Err(e) => {
-                // The bytes of this write are nowhere: the file fails as a whole (never uploaded without them).
-                let e = FsError::local(&format!("{}: staging file", self.key), e);
-                return Err(self.fail(e));
+            (None, Some(_)) => {
+                return Err(refuse(
+                    "parts were already uploaded and the file is over the staging limit",
+                ));
             }
         };
-        let size = self.size.max(offset + data.len() as u64);
-        debug!(key = %self.key, offset, "out-of-order write: staging the file locally");
         self.buffer = BytesMut::new();
-        self.size = size;
-        self.mode = Mode::Staged { file, size };
-        self.dirty = true;
-        Ok(data.len() as u32)
+        let uploaded = match (&self.uploaded, self.dirty) {
+            (Some(r), false) => Some(r.etag.clone()),
+            _ => None,
+        };
+        Ok(Adopted {
+            local,
+            size: self.size,
+            complete: true,
+            uploaded,
+            expect: self.condition.clone(),
+        })
+    }
+
+    /// With `--preserve-metadata`, what the upload would carry.
+    pub fn attrs(&self) -> Option<StoredAttrs> {
+        self.attrs.as_deref().copied()
     }
 
     async fn send_part(&mut self, part: Bytes) -> FsResult<()> {
@@ -380,8 +406,9 @@ impl Writer {
         // Small and staged files stay writable; their next upload may replace only our own version.
         let streamed = matches!(self.mode, Mode::Stream) && self.size > self.buffer.len() as u64;
         if streamed {
+            // The local copy stays: a later write, read or open can still stage the file from it.
             self.sealed = true;
-            self.tee = None;
+            self.condition = WriteCondition::IfMatch(r.etag.clone());
         } else if !matches!(self.mode, Mode::Append { .. }) {
             self.condition = WriteCondition::IfMatch(r.etag.clone());
         }
@@ -399,7 +426,6 @@ impl Writer {
         let key = self.key.clone();
         let client = Arc::clone(&self.client);
         let err = |e| FsError::client(&key, e);
-        let staging = |e| FsError::io(&format!("{key}: staging file"), e);
         match &mut self.mode {
             Mode::Append { offset } => {
                 let body = self.buffer.split().freeze();
@@ -409,66 +435,6 @@ impl Writer {
                     .await
                     .map_err(err)?;
                 *offset += len;
-                Ok(r)
-            }
-            Mode::Staged { file, size } => {
-                // Staged files are bounded by the staging limit; upload them as one object or in parts.
-                let size = *size;
-                let mut file = file.try_clone().map_err(staging)?;
-                file.seek(SeekFrom::Start(0)).map_err(staging)?;
-                let part_size = self.part_size;
-                if size <= part_size as u64 {
-                    let mut data = Vec::with_capacity(size as usize);
-                    file.read_to_end(&mut data).map_err(staging)?;
-                    return client
-                        .put_object_with_metadata(
-                            &key,
-                            Bytes::from(data),
-                            self.condition.clone(),
-                            &metadata,
-                        )
-                        .await
-                        .map_err(err);
-                }
-                let id = client
-                    .create_multipart_upload_with_metadata(&key, &metadata)
-                    .await
-                    .map_err(err)?;
-                self.multipart = Some(Multipart {
-                    id: id.clone(),
-                    next_part: 1,
-                    done: Vec::new(),
-                    in_flight: VecDeque::new(),
-                });
-                let mut parts = Vec::new();
-                let mut number = 1;
-                loop {
-                    let mut chunk = vec![0u8; part_size];
-                    let mut filled = 0;
-                    while filled < part_size {
-                        let n = file.read(&mut chunk[filled..]).map_err(staging)?;
-                        if n == 0 {
-                            break;
-                        }
-                        filled += n;
-                    }
-                    if filled == 0 {
-                        break;
-                    }
-                    chunk.truncate(filled);
-                    parts.push(
-                        client
-                            .upload_part(&key, &id, number, Bytes::from(chunk))
-                            .await
-                            .map_err(err)?,
-                    );
-                    number += 1;
-                }
-                let r = client
-                    .complete_multipart_upload(&key, &id, parts, self.condition.clone())
-                    .await
-                    .map_err(err)?;
-                self.multipart = None;
                 Ok(r)
             }
             Mode::Stream => {
@@ -531,26 +497,24 @@ impl Writer {
         }
     }
 
-    /// Truncation to zero before anything was uploaded (O_TRUNC sent as setattr); anything else is refused.
-    pub fn truncate(&mut self, size: u64) -> FsResult<()> {
+    /// Truncation in place: only to the current size, or to zero before anything was uploaded (O_TRUNC
+    /// sent as setattr). Returns false when the file must be staged for it.
+    pub fn truncate(&mut self, size: u64) -> bool {
         if size == self.size {
-            return Ok(());
+            return true;
         }
-        if size == 0 && self.multipart.is_none() && matches!(self.mode, Mode::Stream) {
+        if size == 0
+            && self.multipart.is_none()
+            && !self.sealed
+            && matches!(self.mode, Mode::Stream)
+        {
             self.buffer.clear();
             self.size = 0;
-            return Ok(());
+            self.tee = None;
+            self.dirty = true;
+            return true;
         }
-        if let Mode::Staged { file, size: staged } = &mut self.mode {
-            file.set_len(size)
-                .map_err(|e| FsError::io(&format!("{}: staging file", self.key), e))?;
-            *staged = size;
-            self.size = size;
-            return Ok(());
-        }
-        Err(FsError::NotPermitted(
-            "truncate of a file being streamed to the bucket",
-        ))
+        false
     }
 
     pub fn is_sealed(&self) -> bool {
@@ -564,14 +528,6 @@ impl Writer {
 
     pub fn is_failed(&self) -> bool {
         self.failed.is_some()
-    }
-
-    pub fn flush_file(&mut self) -> FsResult<()> {
-        if let Mode::Staged { file, .. } = &mut self.mode {
-            file.flush()
-                .map_err(|e| FsError::io(&format!("{}: staging file", self.key), e))?;
-        }
-        Ok(())
     }
 }
 
@@ -662,8 +618,12 @@ mod tests {
         assert_eq!(w.write_in_memory(w.size(), b"x"), None, "sealed");
     }
 
+    fn local_bytes(adopted: &Adopted) -> Vec<u8> {
+        std::fs::read(adopted.local.path()).unwrap()
+    }
+
     #[tokio::test]
-    async fn seek_back_after_parts_were_uploaded_uses_the_local_copy() {
+    async fn streamed_parts_hand_over_their_local_copy_and_are_aborted() {
         let fake = Arc::new(FakeClient::new("b", true));
         let dir = tempfile::tempdir().unwrap();
         let mut w = Writer::new(fake.clone(), "zip".into(), opts(Some(dir.path().into())));
@@ -673,16 +633,36 @@ mod tests {
             w.write(off, chunk).await.unwrap();
         }
         assert_eq!(fake.open_uploads(), 1, "parts should be streaming by now");
-        w.write(0, b"PATCHED").await.unwrap();
+        assert!(w.needs_staging(Some(0)) && !w.needs_staging(Some(w.size())));
+        let adopted = w.take_for_staging().await.unwrap();
         assert_eq!(
             fake.open_uploads(),
             0,
             "the streamed parts were not aborted"
         );
-        w.commit().await.unwrap();
-        let mut want = data.clone();
-        want[..7].copy_from_slice(b"PATCHED");
-        assert!(fake.object("zip").unwrap()[..] == want[..]);
+        assert!(adopted.complete && adopted.uploaded.is_none());
+        assert_eq!(adopted.size, data.len() as u64);
+        assert_eq!(adopted.expect, WriteCondition::IfNoneMatch);
+        assert!(local_bytes(&adopted) == data);
+    }
+
+    #[tokio::test]
+    async fn an_uploaded_stream_hands_over_the_object_as_its_base() {
+        let fake = Arc::new(FakeClient::new("b", true));
+        let dir = tempfile::tempdir().unwrap();
+        let mut w = Writer::new(fake.clone(), "ckpt".into(), opts(Some(dir.path().into())));
+        let data = vec![3u8; 11 * 1024 * 1024];
+        w.write(0, &data).await.unwrap();
+        let put = w.commit().await.unwrap().unwrap();
+        assert!(
+            w.needs_staging(Some(w.size())),
+            "sealed: even a write at the end"
+        );
+        let adopted = w.take_for_staging().await.unwrap();
+        assert_eq!(adopted.uploaded.as_deref(), Some(put.etag.as_str()));
+        assert_eq!(adopted.expect, WriteCondition::IfMatch(put.etag));
+        assert!(adopted.complete, "the local copy was kept past the upload");
+        assert!(local_bytes(&adopted) == data);
     }
 
     #[tokio::test]
@@ -708,14 +688,15 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn out_of_order_small_file_is_staged() {
+    async fn a_small_file_hands_over_its_buffer() {
         let fake = Arc::new(FakeClient::new("b", true));
         let dir = tempfile::tempdir().unwrap();
         let mut w = Writer::new(fake.clone(), "z".into(), opts(Some(dir.path().into())));
         w.write(0, b"hello world").await.unwrap();
-        w.write(0, b"HELLO").await.unwrap();
-        w.commit().await.unwrap();
-        assert_eq!(&fake.object("z").unwrap()[..], b"HELLO world");
+        let adopted = w.take_for_staging().await.unwrap();
+        assert_eq!(local_bytes(&adopted), b"hello world");
+        assert!(adopted.complete && adopted.uploaded.is_none());
+        assert_eq!(fake.counts().total(), 0, "nothing was sent");
     }
 
     #[tokio::test]
@@ -727,6 +708,7 @@ mod tests {
             w.write(10, b"x").await,
             Err(FsError::InvalidArgument(_))
         ));
+        assert!(w.take_for_staging().await.is_err());
         assert!(w.commit().await.is_err());
         assert!(fake.object("z").is_none());
     }

@@ -210,6 +210,20 @@ pub trait ObjectClient: Send + Sync + 'static {
         body: Bytes,
     ) -> Result<UploadedPart, ClientError>;
 
+    /// UploadPartCopy: part `part_number` of `upload_id` (for `key`) becomes bytes `range` of `source_key`,
+    /// copied server-side (no data through us), only while the source's ETag is `source_etag`: otherwise
+    /// [`ClientError::PreconditionFailed`]. The service copies a range only from a source over 5 MiB.
+    #[allow(clippy::too_many_arguments)]
+    async fn upload_part_copy(
+        &self,
+        key: &str,
+        upload_id: &str,
+        part_number: i32,
+        source_key: &str,
+        range: Range<u64>,
+        source_etag: &str,
+    ) -> Result<UploadedPart, ClientError>;
+
     async fn complete_multipart_upload(
         &self,
         key: &str,

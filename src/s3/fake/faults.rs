@@ -21,6 +21,7 @@ pub enum Op {
     Append,
     CreateUpload,
     UploadPart,
+    UploadPartCopy,
     CompleteUpload,
     AbortUpload,
     Delete,
@@ -29,7 +30,7 @@ pub enum Op {
 }
 
 impl Op {
-    pub const ALL: [Op; 13] = [
+    pub const ALL: [Op; 14] = [
         Op::HeadBucket,
         Op::Head,
         Op::List,
@@ -38,6 +39,7 @@ impl Op {
         Op::Append,
         Op::CreateUpload,
         Op::UploadPart,
+        Op::UploadPartCopy,
         Op::CompleteUpload,
         Op::AbortUpload,
         Op::Delete,

@@ -600,6 +600,38 @@ impl ObjectClient for FakeClient {
         self.answer(Op::UploadPart, result).await
     }
 
+    async fn upload_part_copy(
+        &self,
+        key: &str,
+        upload_id: &str,
+        part_number: i32,
+        source_key: &str,
+        range: Range<u64>,
+        source_etag: &str,
+    ) -> Result<UploadedPart, ClientError> {
+        self.send(Op::UploadPartCopy)?;
+        let source = self.state().objects.get(source_key).cloned();
+        let result = match source {
+            None => Err(ClientError::NotFound {
+                key: source_key.into(),
+            }),
+            Some(s) if s.etag != source_etag => Err(ClientError::PreconditionFailed {
+                key: source_key.into(),
+            }),
+            Some(s) if s.data.len() <= MIN_PART_SIZE => Err(invalid_argument(
+                "The specified copy source is not supported as a byte-range copy source.",
+            )),
+            Some(s) if range.start >= range.end || range.end > s.data.len() as u64 => Err(
+                invalid_argument("Range specified is not valid for the source object"),
+            ),
+            Some(s) => {
+                let body = s.data.slice(range.start as usize..range.end as usize);
+                self.upload(key, upload_id, part_number, body)
+            }
+        };
+        self.answer(Op::UploadPartCopy, result).await
+    }
+
     async fn complete_multipart_upload(
         &self,
         key: &str,

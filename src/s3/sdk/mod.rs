@@ -504,6 +504,23 @@ impl ObjectClient for SdkClient {
         .await
     }
 
+    async fn upload_part_copy(
+        &self,
+        key: &str,
+        upload_id: &str,
+        part_number: i32,
+        source_key: &str,
+        range: Range<u64>,
+        source_etag: &str,
+    ) -> Result<UploadedPart, ClientError> {
+        self.traced(
+            "UploadPartCopy",
+            key,
+            self.copy_part(key, upload_id, part_number, source_key, range, source_etag),
+        )
+        .await
+    }
+
     async fn complete_multipart_upload(
         &self,
         key: &str,

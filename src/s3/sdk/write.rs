@@ -233,6 +233,51 @@ impl SdkClient {
         .await
     }
 
+    /// UploadPartCopy of `range` of `source_key`, pinned to `source_etag`. The part's checksum, which
+    /// CompleteMultipartUpload needs when the upload has an algorithm, comes from the service's answer: the
+    /// bytes never pass through us.
+    pub(super) async fn copy_part(
+        &self,
+        key: &str,
+        upload_id: &str,
+        part_number: i32,
+        source_key: &str,
+        range: std::ops::Range<u64>,
+        source_etag: &str,
+    ) -> Result<UploadedPart, ClientError> {
+        let source = copy_source(&self.config.bucket, source_key);
+        let bytes = format!("bytes={}-{}", range.start, range.end.saturating_sub(1));
+        let algorithm = self.config.upload_checksum;
+        self.run(|client| {
+            let request = client
+                .upload_part_copy()
+                .bucket(&self.config.bucket)
+                .key(key)
+                .upload_id(upload_id)
+                .part_number(part_number)
+                .copy_source(source.clone())
+                .copy_source_range(bytes.clone())
+                .copy_source_if_match(source_etag)
+                .customize()
+                .config_override(self.upload_timeouts());
+            async move {
+                let out = request.send().await.map_err(self.map_err(source_key))?;
+                let result = out.copy_part_result();
+                let checksum = result.and_then(|r| match algorithm {
+                    UploadChecksum::Crc32c => r.checksum_crc32_c(),
+                    UploadChecksum::Crc64Nvme => r.checksum_crc64_nvme(),
+                    UploadChecksum::Off => None,
+                });
+                Ok(UploadedPart {
+                    part_number,
+                    etag: required_etag(result.and_then(|r| r.e_tag()), "UploadPartCopy", key)?,
+                    checksum: checksum.map(str::to_string),
+                })
+            }
+        })
+        .await
+    }
+
     pub(super) async fn complete_upload(
         &self,
         key: &str,

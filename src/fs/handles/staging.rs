@@ -1,0 +1,343 @@
+//! Staged files shared by the handles of an inode: the registry ([`StagedFiles`]) and the handle operations
+//! that make, reach and close them. One rule lives here: a staged file exists while a handle is attached to
+//! it, every handle of its inode opened meanwhile attaches to it, and the last one to go uploads it.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
+
+use tokio::sync::Mutex as AsyncMutex;
+use tracing::warn;
+
+use super::{Handle, WriteState, WriterMark, tgid_of};
+use crate::fs::attrs::StoredAttrs;
+use crate::fs::inode::{Kind, Node, Stat};
+use crate::fs::staged::{StagedFile, StagingContext};
+use crate::fs::{FsError, FsResult, OpenMode, Opened, S3Filesystem};
+
+/// A staged file and the handles attached to it.
+pub struct SharedStaged {
+    pub(super) file: AsyncMutex<StagedFile>,
+    /// Handles attached; changed only under the registry's lock.
+    handles: AtomicUsize,
+    /// Counts as one writer of its node while it holds changes the bucket lacks.
+    counted: WriterMark,
+}
+
+/// The staged files of a mount, by inode.
+#[derive(Default)]
+pub struct StagedFiles {
+    by_ino: Mutex<HashMap<u64, Arc<SharedStaged>>>,
+    /// How many there are: a read through a plain read handle looks here first without the lock.
+    len: AtomicUsize,
+}
+
+impl StagedFiles {
+    fn map(&self) -> MutexGuard<'_, HashMap<u64, Arc<SharedStaged>>> {
+        self.by_ino.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The staged file of `ino`, attached for one more handle.
+    pub(super) fn attach(&self, ino: u64) -> Option<Arc<SharedStaged>> {
+        let map = self.map();
+        let shared = map.get(&ino)?;
+        shared.handles.fetch_add(1, Ordering::SeqCst);
+        Some(Arc::clone(shared))
+    }
+
+    /// The staged file of `ino`, not attached: reads through handles opened before it was staged see what
+    /// was written since.
+    pub(super) fn peek(&self, ino: u64) -> Option<Arc<SharedStaged>> {
+        if self.len.load(Ordering::SeqCst) == 0 {
+            return None;
+        }
+        self.map().get(&ino).cloned()
+    }
+
+    /// Registers `file` for `ino`, attached for one handle; None (and `file` dropped) if `ino` has one.
+    fn insert(&self, ino: u64, file: StagedFile, counted: WriterMark) -> Option<Arc<SharedStaged>> {
+        let mut map = self.map();
+        if map.contains_key(&ino) {
+            return None;
+        }
+        let shared = Arc::new(SharedStaged {
+            file: AsyncMutex::new(file),
+            handles: AtomicUsize::new(1),
+            counted,
+        });
+        map.insert(ino, Arc::clone(&shared));
+        self.len.store(map.len(), Ordering::SeqCst);
+        Some(shared)
+    }
+
+    /// One handle fewer; true if it was the last.
+    fn detach(&self, shared: &SharedStaged) -> bool {
+        let _map = self.map();
+        shared.handles.fetch_sub(1, Ordering::SeqCst) == 1
+    }
+
+    /// Forgets `shared` unless a handle attached to it meanwhile; true if it is gone.
+    fn remove_if_unused(&self, ino: u64, shared: &Arc<SharedStaged>) -> bool {
+        let mut map = self.map();
+        if shared.handles.load(Ordering::SeqCst) > 0 {
+            return false;
+        }
+        if map.get(&ino).is_some_and(|s| Arc::ptr_eq(s, shared)) {
+            map.remove(&ino);
+        }
+        self.len.store(map.len(), Ordering::SeqCst);
+        true
+    }
+}
+
+impl S3Filesystem {
+    fn staging_context(&self) -> Option<StagingContext> {
+        Some(StagingContext {
+            client: Arc::clone(&self.client),
+            source: Arc::clone(&self.sources.cached),
+            dir: self.config.staging_dir.clone()?,
+            limit: self.config.staging_limit,
+            part_size: self.config.write_part_size,
+        })
+    }
+
+    /// An existing object opened for writing without O_TRUNC (or truncated while closed): a staged file of
+    /// the version there now, nothing fetched yet. A second such open shares the first one's.
+    pub(super) async fn stage_object(&self, node: &Node) -> FsResult<Arc<SharedStaged>> {
+        let ctx = self.staging_context().ok_or(FsError::NotPermitted(
+            "changing an existing object needs a staging directory",
+        ))?;
+        let asked = Instant::now();
+        let info = self
+            .client
+            .head_object(node.key())
+            .await
+            .map_err(|e| FsError::client(node.key(), e))?;
+        let attrs = self
+            .config
+            .preserve_metadata
+            .then(|| StoredAttrs::from_metadata(&info.metadata));
+        let file = StagedFile::of_object(ctx, node.key(), &info, attrs)?;
+        if let Some(n) = self.sb.table().get_mut(node.ino()) {
+            n.observe(Stat::of(&info), asked);
+            n.drop_page_cache();
+        }
+        match self
+            .handles
+            .staged
+            .insert(node.ino(), file, WriterMark::idle())
+        {
+            Some(shared) => Ok(shared),
+            None => self
+                .handles
+                .staged
+                .attach(node.ino())
+                .ok_or(FsError::Busy("the file is being staged")),
+        }
+    }
+
+    /// Moves the bytes of the streaming writer in `state` (locked by the caller) into a staged file, which
+    /// the handle then writes to and is attached to. The node's writer count moves with the bytes. When this
+    /// fails for a write (`for_write`), that write's bytes are lost: the writer fails as a whole, so the file
+    /// is never uploaded without them.
+    pub(super) async fn stage_writer(
+        &self,
+        ino: u64,
+        state: &mut WriteState,
+        counted: &WriterMark,
+        for_write: bool,
+    ) -> FsResult<Arc<SharedStaged>> {
+        let writer = match state {
+            WriteState::Staged(shared) => return Ok(Arc::clone(shared)),
+            WriteState::Stream(w) => w,
+        };
+        let adopted = match self.staging_context() {
+            None => Err(FsError::InvalidArgument(format!(
+                "{}: this needs the file staged, and staging is disabled",
+                writer.key
+            ))),
+            Some(ctx) => writer.take_for_staging().await.map(|a| (ctx, a)),
+        };
+        let (ctx, adopted) = match adopted {
+            Ok(a) => a,
+            Err(e) if for_write => return Err(writer.refuse(e)),
+            Err(e) => return Err(e),
+        };
+        let attrs = writer.attrs();
+        let file = StagedFile::adopt(ctx, &writer.key, adopted, attrs);
+        let mark = WriterMark::idle();
+        if let Some(n) = self.sb.table().get_mut(ino) {
+            if file.is_changed() {
+                mark.wrote(n);
+            }
+            counted.settled(n);
+        }
+        let shared = self
+            .handles
+            .staged
+            .insert(ino, file, mark)
+            .ok_or(FsError::Busy("the file is staged by another handle"))?;
+        *state = WriteState::Staged(Arc::clone(&shared));
+        Ok(shared)
+    }
+
+    /// A new handle of `ino` attached to `shared` (already counted in it).
+    pub(super) fn staged_handle(
+        &self,
+        ino: u64,
+        shared: Arc<SharedStaged>,
+        mode: OpenMode,
+        pid: u32,
+    ) -> FsResult<Opened> {
+        if mode.write
+            && let Err(e) = self.writer_slots.reserve()
+        {
+            self.handles.staged.detach(&shared);
+            return Err(e);
+        }
+        let fh = self.handles.add(Handle::Write {
+            ino,
+            state: AsyncMutex::new(WriteState::Staged(shared)),
+            opener: tgid_of(pid),
+            counted: WriterMark::idle(),
+            writable: mode.write,
+            wrote: AtomicBool::new(false),
+        });
+        // Every handle of a staged file reads around the page cache: what one writes, the others see.
+        Ok(Opened {
+            fh,
+            keep_cache: false,
+            bypass_page_cache: true,
+            no_flush: !mode.write,
+        })
+    }
+
+    /// Runs `change` on the staged file of `ino`: through `handle` if it writes to it, else attached for the
+    /// change and released after it (which uploads if no other handle is left). None if `ino` is not staged.
+    pub(super) async fn change_staged(
+        &self,
+        ino: u64,
+        handle: Option<&Handle>,
+        change: impl FnOnce(&mut StagedFile) -> FsResult<()>,
+    ) -> Option<FsResult<()>> {
+        let own = match handle {
+            Some(Handle::Write { state, .. }) => match &*state.lock().await {
+                WriteState::Staged(shared) => Some(Arc::clone(shared)),
+                WriteState::Stream(_) => None,
+            },
+            _ => None,
+        };
+        let (shared, attached) = match own {
+            Some(shared) => (shared, false),
+            None => (self.handles.staged.attach(ino)?, true),
+        };
+        let result = {
+            let mut file = shared.file.lock().await;
+            let result = change(&mut file);
+            self.note_staged(ino, &shared, file.size());
+            result
+        };
+        if attached {
+            let released = self.release_staged(ino, shared).await;
+            return Some(result.and(released));
+        }
+        Some(result)
+    }
+
+    /// The staged file changed to `size` bytes (the caller holds its lock): stat shows it, and the node
+    /// counts the file as a writer until its upload.
+    pub(super) fn note_staged(&self, ino: u64, shared: &SharedStaged, size: u64) {
+        if let Some(n) = self.sb.table().get_mut(ino) {
+            n.record_write(size);
+            shared.counted.wrote(n);
+        }
+    }
+
+    /// Uploads the staged file if it changed (fsync, and close of a handle that wrote).
+    pub(super) async fn upload_staged(&self, ino: u64, shared: &SharedStaged) -> FsResult<()> {
+        let mut file = shared.file.lock().await;
+        let result = file.upload().await;
+        if let Ok(put) = &result {
+            let expires = self.sb.expiry();
+            if let Some(n) = self.sb.table().get_mut(ino) {
+                if let Some(put) = put {
+                    n.record_upload(file.size(), put.etag.clone());
+                    if let Some(attrs) = file.attrs() {
+                        n.overlay_attrs(attrs);
+                    }
+                    n.trust_until(expires);
+                }
+                shared.counted.settled(n);
+            }
+        }
+        result.map(|_| ())
+    }
+
+    /// A handle attached to `shared` closes: the last one uploads what changed and removes the staged file.
+    /// If that upload fails, the local copy is kept and the log says where.
+    pub(super) async fn release_staged(&self, ino: u64, shared: Arc<SharedStaged>) -> FsResult<()> {
+        if !self.handles.staged.detach(&shared) {
+            return Ok(());
+        }
+        let mut file = shared.file.lock().await;
+        let result = file.upload().await;
+        if let Err(e) = &result
+            && !matches!(e, FsError::ObjectChanged { .. })
+        {
+            let kept = file.keep_copy();
+            warn!(
+                key = %file.key(),
+                kept = %kept.map(|p| p.display().to_string()).unwrap_or_else(|| "nowhere".into()),
+                error = %e.chain(),
+                "last close of a staged file: upload failed, local copy kept"
+            );
+        }
+        if !self.handles.staged.remove_if_unused(ino, &shared) {
+            // Opened again meanwhile: the new handle carries on with it.
+            return result.map(|_| ());
+        }
+        let mut table = self.sb.table();
+        if let Some(n) = table.get_mut(ino) {
+            if let Ok(Some(put)) = &result {
+                n.record_upload(file.size(), put.etag.clone());
+                if let Some(attrs) = file.attrs() {
+                    n.overlay_attrs(attrs);
+                }
+            }
+            shared.counted.settled(n);
+            let parent = n.parent();
+            if n.is_local() && !n.is_being_written() {
+                // Never uploaded: the name goes away again.
+                let name = n.name().to_string();
+                table.detach(parent, &name);
+            }
+            drop(table);
+            self.sb.invalidate_listing(parent);
+        }
+        result.map(|_| ())
+    }
+
+    /// truncate(2) of a file no handle has open: staged for the change and uploaded at once.
+    pub(super) async fn truncate_closed(&self, ino: u64, size: u64) -> FsResult<()> {
+        let node = self.sb.node(ino)?;
+        if node.kind() != Kind::File {
+            return Err(FsError::IsADirectory);
+        }
+        if !self.config.allow_overwrite {
+            return Err(FsError::NotPermitted(
+                "changing an existing object needs --allow-overwrite",
+            ));
+        }
+        let shared = self.stage_object(&node).await?;
+        let truncated = {
+            let mut file = shared.file.lock().await;
+            let r = file.truncate(size);
+            let size = file.size();
+            self.note_staged(ino, &shared, size);
+            r
+        };
+        let uploaded = self.release_staged(ino, shared).await;
+        truncated.and(uploaded)
+    }
+}

@@ -1,0 +1,594 @@
+//! Staged files: a local, sparse copy of a file that every open handle of its inode shares, for everything the
+//! streaming writer cannot do (writes at any offset, reads of what was written, truncate, fallocate, several
+//! descriptors and processes at once).
+//!
+//! A staged file starts from an object version (its *base*) or from a writer's local bytes. Bytes of the base
+//! are fetched on demand, through the caches, into the sparse file; nothing is fetched up front. The upload is
+//! the whole new object: a PutObject for a small file, otherwise a multipart upload whose parts that hold only
+//! unchanged bytes of the base are copied server-side (UploadPartCopy), so patching a few KiB of a big file
+//! moves a part or two. Every upload is conditional on the version we started from (If-Match on its ETag; an
+//! upload of a file that never existed is If-None-Match, or unconditional with `--allow-overwrite`): when the
+//! object was replaced meanwhile, the upload fails, the staged file is kept on local disk for the user, and
+//! every handle sees EIO from then on.
+
+mod ranges;
+#[cfg(test)]
+mod tests;
+
+use std::collections::VecDeque;
+use std::ops::Range;
+use std::os::fd::AsFd;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use bytes::Bytes;
+use tempfile::NamedTempFile;
+use tokio::task::JoinHandle;
+use tracing::{debug, warn};
+
+use super::attrs::StoredAttrs;
+use super::error::{FsError, FsResult};
+use crate::s3::{
+    ClientError, ObjectClient, ObjectInfo, PutResult, UploadedPart, UserMetadata, WriteCondition,
+};
+use crate::source::ReadSource;
+pub use ranges::RangeSet;
+
+/// Bytes of the base fetched at once around a read that misses: a database's page reads then cost one
+/// request per MiB, not one per page.
+const FETCH_BLOCK: u64 = 1024 * 1024;
+
+/// Parts of an upload in flight at once (each holds at most one part in memory).
+const PARTS_IN_FLIGHT: usize = 4;
+
+/// What every staged file of a mount shares.
+#[derive(Clone)]
+pub struct StagingContext {
+    pub client: Arc<dyn ObjectClient>,
+    /// Where base bytes are read from (the caches, then the bucket).
+    pub source: Arc<dyn ReadSource>,
+    pub dir: PathBuf,
+    /// Most bytes one staged file may hold locally or add to its base (`--max-staged-file-size`).
+    pub limit: u64,
+    pub part_size: u64,
+}
+
+/// The object version whose bytes fill what was neither written nor cut away.
+#[derive(Debug, Clone)]
+struct Base {
+    etag: String,
+}
+
+/// How a staged file begins when it takes over a streaming writer's bytes.
+pub struct Adopted {
+    /// The writer's local copy, holding bytes `0..size` if `complete`.
+    pub local: NamedTempFile,
+    pub size: u64,
+    pub complete: bool,
+    /// The object the writer uploaded, if it did, and nothing was written since.
+    pub uploaded: Option<String>,
+    /// The condition the next upload needs.
+    pub expect: WriteCondition,
+}
+
+pub struct StagedFile {
+    ctx: StagingContext,
+    key: String,
+    local: NamedTempFile,
+    size: u64,
+    base: Option<Base>,
+    /// Bytes `0..base_len` of the base still stand where not written (a truncation below them cuts it).
+    base_len: u64,
+    /// Bytes held in the local file: fetched from the base, or written.
+    present: RangeSet,
+    /// Bytes written since the base: parts touching them cannot be copied from it.
+    written: RangeSet,
+    /// Differs from the bucket: the next fsync or close uploads.
+    changed: bool,
+    /// The condition of the next upload.
+    expect: WriteCondition,
+    /// Someone else replaced the object: this file can no longer be uploaded.
+    conflict: Option<FsError>,
+    /// With `--preserve-metadata`: what the object carries.
+    attrs: Option<StoredAttrs>,
+}
+
+impl StagedFile {
+    /// An existing object opened for writing without O_TRUNC: a sparse file of its size, nothing fetched.
+    pub fn of_object(
+        ctx: StagingContext,
+        key: &str,
+        info: &ObjectInfo,
+        attrs: Option<StoredAttrs>,
+    ) -> FsResult<StagedFile> {
+        let local = new_local(&ctx.dir, key)?;
+        local
+            .as_file()
+            .set_len(info.size)
+            .map_err(|e| FsError::local(&format!("{key}: staging file"), e))?;
+        Ok(StagedFile {
+            key: key.to_string(),
+            local,
+            size: info.size,
+            base: Some(Base {
+                etag: info.etag.clone(),
+            }),
+            base_len: info.size,
+            present: RangeSet::new(),
+            written: RangeSet::new(),
+            changed: false,
+            expect: WriteCondition::IfMatch(info.etag.clone()),
+            conflict: None,
+            attrs,
+            ctx,
+        })
+    }
+
+    /// Takes over a streaming writer's bytes (a second open, a seek back, a truncate, a read).
+    pub fn adopt(
+        ctx: StagingContext,
+        key: &str,
+        from: Adopted,
+        attrs: Option<StoredAttrs>,
+    ) -> StagedFile {
+        let held = if from.complete {
+            RangeSet::of(0..from.size)
+        } else {
+            RangeSet::new()
+        };
+        let (base, base_len, written, changed) = match from.uploaded {
+            Some(etag) => (Some(Base { etag }), from.size, RangeSet::new(), false),
+            None => (None, 0, held.clone(), true),
+        };
+        StagedFile {
+            key: key.to_string(),
+            local: from.local,
+            size: from.size,
+            base,
+            base_len,
+            present: held,
+            written,
+            changed,
+            expect: from.expect,
+            conflict: None,
+            attrs,
+            ctx,
+        }
+    }
+
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// Holds changes the bucket lacks.
+    pub fn is_changed(&self) -> bool {
+        self.changed
+    }
+
+    /// The name of the file once renamed: later uploads go to the new key.
+    pub fn rename(&mut self, key: &str) {
+        self.key = key.to_string();
+    }
+
+    /// Bytes this file holds that its base does not give: what `--max-staged-file-size` bounds.
+    fn held(&self) -> u64 {
+        self.present.len_below(self.base_len) + (self.size - self.base_len)
+    }
+
+    fn check(&self) -> FsResult<()> {
+        match &self.conflict {
+            Some(e) => Err(e.clone()),
+            None => Ok(()),
+        }
+    }
+
+    fn over_limit(&self, adding: u64) -> FsResult<()> {
+        if self.held() + adding <= self.ctx.limit {
+            return Ok(());
+        }
+        warn!(
+            key = %self.key,
+            limit = self.ctx.limit,
+            "staged file would exceed --max-staged-file-size: write refused (EFBIG)"
+        );
+        Err(FsError::TooBig(self.key.clone()))
+    }
+
+    fn local_error(&self, e: std::io::Error) -> FsError {
+        FsError::local(&format!("{}: staging file", self.key), e)
+    }
+
+    /// Exactly the bytes at `offset..` (up to `len`, stopping at the end of the file).
+    pub async fn read(&mut self, offset: u64, len: u64) -> FsResult<Bytes> {
+        self.check()?;
+        let end = offset.saturating_add(len).min(self.size);
+        if offset >= end {
+            return Ok(Bytes::new());
+        }
+        let mut out = vec![0u8; (end - offset) as usize];
+        self.local
+            .as_file()
+            .read_exact_at(&mut out, offset)
+            .map_err(|e| self.local_error(e))?;
+        self.fill_from_base(offset, &mut out).await?;
+        Ok(Bytes::from(out))
+    }
+
+    /// Fills the parts of `out` (the file's bytes at `offset`) that are not held locally from the base,
+    /// fetching whole blocks and keeping them while the limit allows.
+    async fn fill_from_base(&mut self, offset: u64, out: &mut [u8]) -> FsResult<()> {
+        let end = (offset + out.len() as u64).min(self.base_len);
+        if offset >= end {
+            return Ok(());
+        }
+        let mut block: Option<(Range<u64>, Bytes)> = None;
+        for gap in self.present.gaps(offset..end) {
+            let mut at = gap.start;
+            while at < gap.end {
+                let fetched = match &block {
+                    Some((r, b)) if r.contains(&at) => (r.clone(), b.clone()),
+                    _ => {
+                        let start = at - at % FETCH_BLOCK;
+                        let r = start..(start + FETCH_BLOCK).min(self.base_len);
+                        let b = self.fetch(r.clone()).await?;
+                        self.keep_fetched(&r, &b)?;
+                        block = Some((r.clone(), b.clone()));
+                        (r, b)
+                    }
+                };
+                let (r, b) = fetched;
+                let upto = gap.end.min(r.end);
+                out[(at - offset) as usize..(upto - offset) as usize]
+                    .copy_from_slice(&b[(at - r.start) as usize..(upto - r.start) as usize]);
+                at = upto;
+            }
+        }
+        Ok(())
+    }
+
+    async fn fetch(&mut self, range: Range<u64>) -> FsResult<Bytes> {
+        let etag = self
+            .base
+            .as_ref()
+            .map(|b| b.etag.clone())
+            .unwrap_or_default();
+        let want = range.end - range.start;
+        match self.ctx.source.read(&self.key, range, &etag).await {
+            Ok(b) if b.len() as u64 == want => Ok(b),
+            Ok(b) => Err(FsError::Io(format!(
+                "{}: {} bytes of the base where {want} were asked",
+                self.key,
+                b.len()
+            ))),
+            Err(e @ ClientError::PreconditionFailed { .. }) => {
+                Err(self.conflicted(FsError::client(&self.key, e)))
+            }
+            Err(e) => Err(FsError::client(&self.key, e)),
+        }
+    }
+
+    /// Keeps fetched base bytes `b` of `range` where nothing was written, if the limit has room.
+    fn keep_fetched(&mut self, range: &Range<u64>, b: &[u8]) -> FsResult<()> {
+        let gaps = self.present.gaps(range.clone());
+        let adding: u64 = gaps.iter().map(|g| g.end - g.start).sum();
+        if self.held() + adding > self.ctx.limit {
+            return Ok(());
+        }
+        for g in gaps {
+            let slice = &b[(g.start - range.start) as usize..(g.end - range.start) as usize];
+            // A full disk only means the bytes are fetched again next time.
+            if self.local.as_file().write_all_at(slice, g.start).is_err() {
+                return Ok(());
+            }
+            self.present.insert(g);
+        }
+        Ok(())
+    }
+
+    pub fn write(&mut self, offset: u64, data: &[u8]) -> FsResult<u32> {
+        self.check()?;
+        let len = data.len() as u64;
+        let end = offset
+            .checked_add(len)
+            .ok_or_else(|| FsError::TooBig(self.key.clone()))?;
+        self.over_limit(len + end.saturating_sub(self.size))?;
+        // Blocks are reserved first: a full staging disk then refuses the write before any byte of it lands,
+        // so no acknowledged byte is ever lost to ENOSPC.
+        self.reserve(offset, len)?;
+        self.local
+            .as_file()
+            .write_all_at(data, offset)
+            .map_err(|e| self.local_error(e))?;
+        self.size = self.size.max(end);
+        self.present.insert(offset..end);
+        self.written.insert(offset..end);
+        self.changed = true;
+        Ok(data.len() as u32)
+    }
+
+    fn reserve(&self, offset: u64, len: u64) -> FsResult<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        let fd = self.local.as_file().as_fd();
+        let flags = nix::fcntl::FallocateFlags::empty();
+        match nix::fcntl::fallocate(fd, flags, offset as i64, len as i64) {
+            Ok(()) => Ok(()),
+            Err(nix::errno::Errno::EOPNOTSUPP) => Ok(()),
+            Err(e) => Err(self.local_error(std::io::Error::from(e))),
+        }
+    }
+
+    /// Sets the size: bytes past it are gone (and read as zeros if the file grows again).
+    pub fn truncate(&mut self, size: u64) -> FsResult<()> {
+        self.check()?;
+        if size == self.size {
+            return Ok(());
+        }
+        if size > self.size {
+            self.over_limit(size - self.size)?;
+        }
+        self.local
+            .as_file()
+            .set_len(size)
+            .map_err(|e| self.local_error(e))?;
+        if size < self.size {
+            self.base_len = self.base_len.min(size);
+            self.present.clip(size);
+            self.written.clip(size);
+        }
+        self.size = size;
+        self.changed = true;
+        Ok(())
+    }
+
+    /// fallocate(2): allocation (growing the file unless `keep_size`), and zeroing a range (punch hole,
+    /// zero range). The flags are Linux's `FALLOC_FL_*`.
+    pub fn fallocate(&mut self, offset: u64, len: u64, mode: i32) -> FsResult<()> {
+        self.check()?;
+        let end = offset
+            .checked_add(len)
+            .ok_or_else(|| FsError::TooBig(self.key.clone()))?;
+        let keep_size = mode & libc::FALLOC_FL_KEEP_SIZE != 0;
+        let zero = mode & (libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_ZERO_RANGE) != 0;
+        let known =
+            libc::FALLOC_FL_KEEP_SIZE | libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_ZERO_RANGE;
+        if mode & !known != 0 || (mode & libc::FALLOC_FL_PUNCH_HOLE != 0 && !keep_size) {
+            return Err(FsError::OperationNotSupported(
+                "fallocate mode other than allocate, punch hole or zero range",
+            ));
+        }
+        if zero {
+            let zeros = vec![0u8; FETCH_BLOCK as usize];
+            let stop = if keep_size { end.min(self.size) } else { end };
+            let mut at = offset;
+            while at < stop {
+                let n = (stop - at).min(FETCH_BLOCK);
+                self.write(at, &zeros[..n as usize])?;
+                at += n;
+            }
+            return Ok(());
+        }
+        if !keep_size && end > self.size {
+            self.truncate(end)?;
+        }
+        Ok(())
+    }
+
+    /// chmod/chown/utimens while open: carried by the next upload.
+    pub fn set_attrs(&mut self, change: StoredAttrs) {
+        if let Some(attrs) = &mut self.attrs {
+            *attrs = attrs.overlay(change);
+            self.changed = true;
+        }
+    }
+
+    /// With `--preserve-metadata`, what the object carries (or will at the next upload).
+    pub fn attrs(&self) -> Option<StoredAttrs> {
+        self.attrs
+    }
+
+    fn upload_metadata(&self) -> UserMetadata {
+        let mut metadata = UserMetadata::new();
+        if let Some(attrs) = &self.attrs {
+            let dated = StoredAttrs {
+                mtime: Some(SystemTime::now()),
+                ..StoredAttrs::default()
+            };
+            dated.overlay(*attrs).write_into(&mut metadata);
+        }
+        metadata
+    }
+
+    /// Uploads the file if it changed: `Ok(None)` when there was nothing to do.
+    pub async fn upload(&mut self) -> FsResult<Option<PutResult>> {
+        self.check()?;
+        if !self.changed {
+            return Ok(None);
+        }
+        let result = if self.size <= self.ctx.part_size {
+            self.put_whole().await
+        } else {
+            self.put_in_parts().await
+        };
+        match result {
+            Ok(r) => {
+                debug!(key = %self.key, size = self.size, "staged file uploaded");
+                self.base = Some(Base {
+                    etag: r.etag.clone(),
+                });
+                self.base_len = self.size;
+                self.written.clear();
+                self.changed = false;
+                self.expect = WriteCondition::IfMatch(r.etag.clone());
+                Ok(Some(PutResult {
+                    etag: r.etag,
+                    size: Some(self.size),
+                }))
+            }
+            Err(e @ FsError::ObjectChanged { .. }) => Err(self.conflicted(e)),
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn put_whole(&mut self) -> FsResult<PutResult> {
+        let body = self.read(0, self.size).await?;
+        self.ctx
+            .client
+            .put_object_with_metadata(
+                &self.key,
+                body,
+                self.expect.clone(),
+                &self.upload_metadata(),
+            )
+            .await
+            .map_err(|e| FsError::client(&self.key, e))
+    }
+
+    async fn put_in_parts(&mut self) -> FsResult<PutResult> {
+        let client = Arc::clone(&self.ctx.client);
+        let id = client
+            .create_multipart_upload_with_metadata(&self.key, &self.upload_metadata())
+            .await
+            .map_err(|e| FsError::client(&self.key, e))?;
+        match self.send_parts(&id).await {
+            Ok(parts) => {
+                let done = client
+                    .complete_multipart_upload(&self.key, &id, parts, self.expect.clone())
+                    .await
+                    .map_err(|e| FsError::client(&self.key, e));
+                if done.is_err() {
+                    self.abort(&id).await;
+                }
+                done
+            }
+            Err(e) => {
+                self.abort(&id).await;
+                Err(e)
+            }
+        }
+    }
+
+    async fn abort(&self, id: &str) {
+        if let Err(e) = self.ctx.client.abort_multipart_upload(&self.key, id).await {
+            warn!(key = %self.key, error = %e, "could not abort multipart upload");
+        }
+    }
+
+    /// Every part, in order: copied from the base when it holds only its unchanged bytes, sent otherwise.
+    async fn send_parts(&mut self, id: &str) -> FsResult<Vec<UploadedPart>> {
+        type Task = JoinHandle<Result<UploadedPart, ClientError>>;
+        let mut in_flight: VecDeque<Task> = VecDeque::new();
+        let mut done = Vec::new();
+        let part_size = self.ctx.part_size;
+        let count = self.size.div_ceil(part_size);
+        let result: FsResult<()> = async {
+            for i in 0..count {
+                let range = i * part_size..((i + 1) * part_size).min(self.size);
+                let number = i as i32 + 1;
+                let (client, key, id) = (
+                    Arc::clone(&self.ctx.client),
+                    self.key.clone(),
+                    id.to_string(),
+                );
+                let task = match self.copy_source(&range) {
+                    Some(etag) => tokio::spawn(async move {
+                        client
+                            .upload_part_copy(&key, &id, number, &key, range, &etag)
+                            .await
+                    }),
+                    None => {
+                        let body = self.read(range.start, range.end - range.start).await?;
+                        tokio::spawn(
+                            async move { client.upload_part(&key, &id, number, body).await },
+                        )
+                    }
+                };
+                in_flight.push_back(task);
+                while in_flight.len() >= PARTS_IN_FLIGHT {
+                    done.push(
+                        self.finish(in_flight.pop_front().expect("non-empty"))
+                            .await?,
+                    );
+                }
+            }
+            while let Some(task) = in_flight.pop_front() {
+                done.push(self.finish(task).await?);
+            }
+            Ok(())
+        }
+        .await;
+        if let Err(e) = result {
+            for task in in_flight {
+                task.abort();
+            }
+            return Err(e);
+        }
+        Ok(done)
+    }
+
+    async fn finish(
+        &self,
+        task: JoinHandle<Result<UploadedPart, ClientError>>,
+    ) -> FsResult<UploadedPart> {
+        task.await
+            .map_err(|e| FsError::task(&format!("{}: part upload", self.key), e))?
+            .map_err(|e| FsError::client(&self.key, e))
+    }
+
+    /// The base's ETag if part `range` may be copied from it: all of it lies in the base's standing bytes
+    /// and none was written.
+    fn copy_source(&self, range: &Range<u64>) -> Option<String> {
+        let base = self.base.as_ref()?;
+        (range.end <= self.base_len && !self.written.intersects(range)).then(|| base.etag.clone())
+    }
+
+    /// The object was replaced by someone else: this file can never be uploaded. It is kept on local disk
+    /// (where the log line says) and every handle fails from now on.
+    fn conflicted(&mut self, e: FsError) -> FsError {
+        let kept = self.keep_copy();
+        warn!(
+            key = %self.key,
+            kept = %kept.as_deref().map(|p| p.display().to_string()).unwrap_or_else(|| "nowhere".into()),
+            "the object was replaced by someone else while open here: not uploaded (EIO), staged copy kept"
+        );
+        self.conflict = Some(e.clone());
+        e
+    }
+
+    /// Links the local file under `<staging dir>/expressfs-kept/`, so it survives the handles' close. Ranges
+    /// of the base never read or written are holes (zeros) in it.
+    pub fn keep_copy(&self) -> Option<PathBuf> {
+        let dir = self.ctx.dir.join("expressfs-kept");
+        std::fs::create_dir_all(&dir).ok()?;
+        let stamp = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
+        let name = format!(
+            "{}.{stamp}",
+            self.key.replace('%', "%25").replace('/', "%2F")
+        );
+        let path = dir.join(name);
+        std::fs::hard_link(self.local.path(), &path).ok()?;
+        Some(path)
+    }
+}
+
+fn new_local(dir: &Path, key: &str) -> FsResult<NamedTempFile> {
+    tempfile::Builder::new()
+        .prefix("expressfs-staged-")
+        .tempfile_in(dir)
+        .map_err(|e| FsError::local(&format!("{key}: staging file"), e))
+}
+
+/// A new local copy for a writer (its bytes may later become a staged file).
+pub fn local_copy(dir: &Path, key: &str) -> FsResult<NamedTempFile> {
+    new_local(dir, key)
+}
