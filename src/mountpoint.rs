@@ -102,20 +102,18 @@ fn mountinfo() -> Option<String> {
 /// The topmost mount at `at` (later lines are mounted over earlier ones).
 pub fn mounted_at(info: &str, at: &Path) -> Option<MountEntry> {
     let at = at.to_string_lossy();
-    info.lines()
-        .filter_map(|line| {
-            let fields: Vec<&str> = line.split(' ').collect();
-            if unescape(fields.get(4)?) != at {
-                return None;
-            }
-            // Optional fields end at "-"; then come the type and the source.
-            let dash = fields.iter().position(|f| *f == "-")?;
-            Some(MountEntry {
-                fstype: unescape(fields.get(dash + 1)?),
-                source: unescape(fields.get(dash + 2)?),
-            })
+    info.lines().rev().find_map(|line| {
+        let fields: Vec<&str> = line.split(' ').collect();
+        if unescape(fields.get(4)?) != at {
+            return None;
+        }
+        // Optional fields end at "-"; then come the type and the source.
+        let dash = fields.iter().position(|f| *f == "-")?;
+        Some(MountEntry {
+            fstype: unescape(fields.get(dash + 1)?),
+            source: unescape(fields.get(dash + 2)?),
         })
-        .last()
+    })
 }
 
 /// mountinfo writes space, tab, newline and backslash as `\ooo`.
