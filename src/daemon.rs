@@ -202,7 +202,7 @@ fn detach() -> std::io::Result<Detached> {
                 Ok(Detached::Parent(1))
             } else {
                 eprintln!(
-                    "expressfs: error: the daemon exited before the mount was ready (see --log-directory)"
+                    "expressfs: error: the daemon exited before the mount was ready (see the system log, journalctl -t expressfs, or --log-directory)"
                 );
                 Ok(Detached::Parent(1))
             }
@@ -210,7 +210,7 @@ fn detach() -> std::io::Result<Detached> {
         nix::unistd::ForkResult::Child => {
             drop(read_end);
             let _ = nix::unistd::setsid();
-            // Detach from the terminal: stdio goes to /dev/null, logs to --log-directory.
+            // Detach from the terminal: stdio goes to /dev/null, logs to --log-directory or syslog.
             if let Ok(null) = std::fs::OpenOptions::new()
                 .read(true)
                 .write(true)

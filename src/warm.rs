@@ -21,6 +21,7 @@ use clap::Parser;
 #[derive(Parser, Debug, Clone)]
 #[command(
     name = "expressfs warm",
+    bin_name = "expressfs warm",
     about = "Fill a running mount's caches: list and read the given files and trees through the mount",
     after_help = "Exits 1 and lists the files that could not be read, if any."
 )]
