@@ -1,5 +1,5 @@
-//! `expressfs-gen-docs OUT_DIR`: writes expressfs.1 and expressfs-warm.1 (man pages) and bash/zsh completions generated from the
-//! same clap definitions the daemon parses, so they never drift from `--help`.
+//! `expressfs-gen-docs OUT_DIR`: writes expressfs.1 and expressfs-warm.1 (man pages) and bash/zsh completions
+//! generated from the same clap definitions the daemon parses, so they never drift from `--help`.
 
 use clap::CommandFactory;
 
