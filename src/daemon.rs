@@ -99,7 +99,10 @@ pub fn main() -> i32 {
         );
         return 0;
     }
-    if crate::warm::is_warm_invocation(&argv[1.min(argv.len())..]) {
+    // mount(8)'s helper always means a mount, even of a bucket named `warm`.
+    if invoked_as != "mount.expressfs"
+        && crate::warm::is_warm_invocation(&argv[1.min(argv.len())..])
+    {
         return crate::warm::main(&argv);
     }
     let argv = match expand_mount_options(argv) {
