@@ -478,3 +478,35 @@ fn warm_lists_the_files_it_could_not_read_and_fails() {
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("no-such-dir"));
 }
+
+/// mount-s3 has no subcommands: `expressfs warm DIR --endpoint-url ...` still mounts a bucket named `warm`
+/// (here it does not exist, which the mount path reports), while `expressfs warm PATH_ON_A_MOUNT` warms.
+/// (Without flags, an empty DIR outside FUSE also means the mount: unit test in `warm`.)
+#[test]
+fn warm_as_a_bucket_name_still_mounts() {
+    let empty = tempfile::tempdir().unwrap();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_expressfs"));
+    cmd.env("AWS_EC2_METADATA_DISABLED", "true")
+        .env("AWS_ACCESS_KEY_ID", common::ACCESS_KEY)
+        .env("AWS_SECRET_ACCESS_KEY", common::SECRET_KEY)
+        .arg("warm")
+        .arg(empty.path())
+        .args([
+            "--endpoint-url",
+            &emulator().endpoint_url(),
+            "--region",
+            common::REGION,
+        ]);
+    let out = run(cmd);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("does not exist"), "{stderr}");
+
+    let bucket = fresh_bucket(true, "warmname");
+    put(emulator(), &bucket, "f", b"x".to_vec());
+    let mount = Mount::new(&bucket, &[]);
+    let out = warm(&[mount.path().to_str().unwrap()]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert!(stdout.contains("warmed 1 files"), "{stdout}");
+}
