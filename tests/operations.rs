@@ -419,6 +419,8 @@ fn warm_listing_only_fills_the_metadata_cache() {
         op_count(&bucket, "HeadObject"),
         op_count(&bucket, "GetObject"),
     );
+    // The stats are answered from the listings, and no data is read.
+    assert_eq!((heads, gets), (0, 0), "--listing-only sent HEADs or GETs");
     // A second walk with stats is answered from the metadata cache.
     let mut n = 0;
     for d in std::fs::read_dir(mount.path()).unwrap() {
