@@ -164,6 +164,21 @@ pub struct Args {
     /// Serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9464)
     #[arg(long, help_heading = "Logging")]
     pub metrics_addr: Option<std::net::SocketAddr>,
+
+    // ---- Logs and operations (issue 20): kept together so flag additions elsewhere merge cleanly.
+    /// Log a metrics summary (requests, bytes, S3 calls, caches) every few seconds while the mount is busy
+    #[arg(long, help_heading = "Logging")]
+    pub log_metrics: bool,
+    /// Seconds between --log-metrics summaries (tests use a short one)
+    #[arg(long, hide = true, default_value_t = 5.0, value_parser = parse_seconds)]
+    pub log_metrics_interval: f64,
+}
+
+fn parse_seconds(s: &str) -> Result<f64, String> {
+    s.parse::<f64>()
+        .ok()
+        .filter(|v| v.is_finite() && *v >= 0.05)
+        .ok_or_else(|| format!("{s:?} is not a number of seconds (at least 0.05)"))
 }
 
 impl Args {

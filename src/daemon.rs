@@ -99,6 +99,12 @@ pub fn main() -> i32 {
         );
         return 0;
     }
+    // mount(8)'s helper always means a mount, even of a bucket named `warm`.
+    if invoked_as != "mount.expressfs"
+        && crate::warm::is_warm_invocation(&argv[1.min(argv.len())..])
+    {
+        return crate::warm::main(&argv);
+    }
     let argv = match expand_mount_options(argv) {
         Ok(a) => a,
         Err(e) => {
@@ -125,14 +131,15 @@ pub fn main() -> i32 {
         Ok(r) => r,
         Err(e) => return terminal.fail(&e),
     };
-    if let Err(e) = check_mountpoint(&args.mountpoint) {
-        return terminal.fail(&e);
-    }
+    let healed = match crate::mountpoint::prepare(&args.mountpoint) {
+        Ok(note) => note,
+        Err(e) => return terminal.fail(&e),
+    };
     if !Path::new("/dev/fuse").exists() {
         return terminal.fail("FUSE is not available: /dev/fuse is missing (load the fuse module; in a container, pass --device /dev/fuse)");
     }
     if args.foreground {
-        return serve(args, name, region, Reporter::Terminal);
+        return serve(args, name, region, Reporter::Terminal, healed);
     }
     match detach() {
         Ok(Detached::Child(pipe)) => serve(
@@ -140,6 +147,7 @@ pub fn main() -> i32 {
             name,
             region,
             Reporter::Parent(std::fs::File::from(pipe)),
+            healed,
         ),
         Ok(Detached::Parent(code)) => code,
         Err(e) => terminal.fail(&format!("cannot start the background daemon: {e}")),
@@ -175,20 +183,6 @@ pub fn mount_helper_args(args: &[String]) -> Result<Option<Vec<String>>, String>
     Ok(Some(argv))
 }
 
-fn check_mountpoint(path: &Path) -> Result<(), String> {
-    let meta =
-        std::fs::metadata(path).map_err(|e| format!("mount point {}: {e}", path.display()))?;
-    if !meta.is_dir() {
-        return Err(format!("mount point {} is not a directory", path.display()));
-    }
-    let mut entries =
-        std::fs::read_dir(path).map_err(|e| format!("mount point {}: {e}", path.display()))?;
-    if entries.next().is_some() {
-        return Err(format!("mount point {} is not empty", path.display()));
-    }
-    Ok(())
-}
-
 enum Detached {
     Parent(i32),
     Child(OwnedFd),
@@ -211,7 +205,7 @@ fn detach() -> std::io::Result<Detached> {
                 Ok(Detached::Parent(1))
             } else {
                 eprintln!(
-                    "expressfs: error: the daemon exited before the mount was ready (see --log-directory)"
+                    "expressfs: error: the daemon exited before the mount was ready (see the system log, journalctl -t expressfs, or --log-directory)"
                 );
                 Ok(Detached::Parent(1))
             }
@@ -219,7 +213,7 @@ fn detach() -> std::io::Result<Detached> {
         nix::unistd::ForkResult::Child => {
             drop(read_end);
             let _ = nix::unistd::setsid();
-            // Detach from the terminal: stdio goes to /dev/null, logs to --log-directory.
+            // Detach from the terminal: stdio goes to /dev/null, logs to --log-directory or syslog.
             if let Ok(null) = std::fs::OpenOptions::new()
                 .read(true)
                 .write(true)
@@ -253,8 +247,16 @@ fn raise_readahead(mountpoint: &Path, kb: u32) {
     }
 }
 
-fn serve(args: Args, name: bucket::BucketName, region: String, mut reporter: Reporter) -> i32 {
+fn serve(
+    args: Args,
+    name: bucket::BucketName,
+    region: String,
+    mut reporter: Reporter,
+    healed: Option<String>,
+) -> i32 {
     let background = matches!(reporter, Reporter::Parent(_));
+    // In the background with nowhere else to write, logs go to syslog (journald), as mount-s3's do.
+    let to_syslog = background && !args.no_log && args.log_directory.is_none();
     let _log = match crate::logging::init(
         args.debug,
         if args.no_log {
@@ -267,6 +269,12 @@ fn serve(args: Args, name: bucket::BucketName, region: String, mut reporter: Rep
         Ok(g) => g,
         Err(e) => return reporter.fail(&format!("log directory: {e}")),
     };
+    if to_syslog {
+        crate::logging::init_syslog(args.debug);
+    }
+    if let Some(note) = healed {
+        tracing::warn!("{note}");
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .thread_name("expressfs-io")
         .enable_all()
@@ -299,7 +307,12 @@ fn serve(args: Args, name: bucket::BucketName, region: String, mut reporter: Rep
     probe_filesystem(&fs, &probes);
     runtime.spawn(crate::metrics::summarize(
         Arc::clone(&probes),
-        Duration::from_secs(60),
+        if args.log_metrics {
+            Duration::from_secs_f64(args.log_metrics_interval)
+        } else {
+            Duration::from_secs(60)
+        },
+        args.log_metrics,
     ));
     let mounted = match fuse::mount(fs, runtime.handle().clone(), &args.fuse_options(&name)) {
         Ok(m) => m,

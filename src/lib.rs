@@ -3,6 +3,8 @@
 //! Layers, top to bottom:
 //! - [`cli`], [`config`], [`bucket`], [`daemon`], [`logging`], [`metrics`]: command line, what each flag
 //!   means for each layer, bucket-name rules, process lifecycle, logs and metric names.
+//! - [`mountpoint`]: the mount point's checks, and the lazy unmount of a dead mount of ours.
+//! - [`warm`]: `expressfs warm`, which reads trees through a running mount to fill its caches.
 //! - [`stack`]: puts the object client and the caches together under the file system.
 //! - [`fuse`]: thin adapter from fuser callbacks to the core; the only place errno is chosen.
 //! - [`fs`]: the file system core (inodes, lookup, readdir, read and write handles). No fuser types.
@@ -23,6 +25,8 @@ pub mod fuse;
 pub mod logging;
 pub mod memory;
 pub mod metrics;
+pub mod mountpoint;
 pub mod s3;
 pub mod source;
 pub mod stack;
+pub mod warm;

@@ -4,8 +4,10 @@
 //! knows none of them.
 
 use std::net::SocketAddr;
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 pub const FUSE_REQUESTS: &str = "expressfs_fuse_requests_total";
 pub const FUSE_ERRORS: &str = "expressfs_fuse_errors_total";
@@ -86,23 +88,31 @@ fn describe() {
 /// One request from the kernel: what a workload costs in round trips, and proof that the kernel skips the
 /// ones we ask it to (FOPEN_NOFLUSH).
 pub fn fuse_request(op: &'static str) {
+    TOTALS.fuse_requests.fetch_add(1, Relaxed);
     ::metrics::counter!(FUSE_REQUESTS, "op" => op).increment(1);
 }
 
 pub fn fuse_error(op: &'static str, errno: i32) {
+    TOTALS.fuse_errors.fetch_add(1, Relaxed);
     ::metrics::counter!(FUSE_ERRORS, "op" => op, "errno" => errno.to_string()).increment(1);
 }
 
 pub fn read_bytes(n: u64) {
+    TOTALS.read_bytes.fetch_add(n, Relaxed);
     ::metrics::counter!(READ_BYTES).increment(n);
 }
 
 pub fn written_bytes(n: u64) {
+    TOTALS.written_bytes.fetch_add(n, Relaxed);
     ::metrics::counter!(WRITTEN_BYTES).increment(n);
 }
 
 /// One S3 request's outcome ("ok" or the error code) and latency.
 pub fn s3_request(op: &'static str, outcome: &str, elapsed: Duration) {
+    TOTALS.s3_requests.fetch_add(1, Relaxed);
+    if outcome != "ok" {
+        TOTALS.s3_errors.fetch_add(1, Relaxed);
+    }
     ::metrics::counter!(S3_REQUESTS, "op" => op, "result" => outcome.to_string()).increment(1);
     ::metrics::histogram!(S3_REQUEST_SECONDS, "op" => op).record(elapsed.as_secs_f64());
 }
@@ -201,19 +211,89 @@ impl Probes {
     }
 }
 
-/// Every `period`: the gauges, and one summary line in the log when something changed. Runs until the
-/// runtime stops.
-pub async fn summarize(probes: Arc<Probes>, period: Duration) {
+/// Every `period`: the gauges, and one summary line in the log when something changed. With `traffic`
+/// (`--log-metrics`) the line also carries what the period moved (requests, bytes, S3 calls), so an idle
+/// mount stays quiet and a busy one reports its rates. Runs until the runtime stops.
+pub async fn summarize(probes: Arc<Probes>, period: Duration, traffic: bool) {
     let mut last = String::new();
+    let mut before = (Totals::now(), Instant::now());
     loop {
         let snapshot = probes.snapshot();
         snapshot.publish();
         let line = snapshot.line();
-        if line != last {
+        if traffic {
+            let now = (Totals::now(), Instant::now());
+            if now.0 != before.0 || line != last {
+                let rates = now.0.since(&before.0, now.1 - before.1);
+                tracing::info!(target: "expressfs::metrics", "metrics: {rates} {line}");
+            }
+            before = now;
+            last = line;
+        } else if line != last {
             tracing::info!(summary = %line, "activity");
             last = line;
         }
         tokio::time::sleep(period).await;
+    }
+}
+
+/// Running totals of the traffic counters, kept as plain atomics so that `--log-metrics` works without a
+/// metrics recorder (the Prometheus one is installed only with `--metrics-addr`).
+#[derive(Default)]
+struct Counters {
+    fuse_requests: AtomicU64,
+    fuse_errors: AtomicU64,
+    read_bytes: AtomicU64,
+    written_bytes: AtomicU64,
+    s3_requests: AtomicU64,
+    s3_errors: AtomicU64,
+}
+
+static TOTALS: Counters = Counters {
+    fuse_requests: AtomicU64::new(0),
+    fuse_errors: AtomicU64::new(0),
+    read_bytes: AtomicU64::new(0),
+    written_bytes: AtomicU64::new(0),
+    s3_requests: AtomicU64::new(0),
+    s3_errors: AtomicU64::new(0),
+};
+
+/// The traffic totals at one moment.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Totals {
+    pub fuse_requests: u64,
+    pub fuse_errors: u64,
+    pub read_bytes: u64,
+    pub written_bytes: u64,
+    pub s3_requests: u64,
+    pub s3_errors: u64,
+}
+
+impl Totals {
+    pub fn now() -> Totals {
+        Totals {
+            fuse_requests: TOTALS.fuse_requests.load(Relaxed),
+            fuse_errors: TOTALS.fuse_errors.load(Relaxed),
+            read_bytes: TOTALS.read_bytes.load(Relaxed),
+            written_bytes: TOTALS.written_bytes.load(Relaxed),
+            s3_requests: TOTALS.s3_requests.load(Relaxed),
+            s3_errors: TOTALS.s3_errors.load(Relaxed),
+        }
+    }
+
+    /// What moved between `earlier` and `self`, over `elapsed`: counts, and bytes as MiB/s.
+    pub fn since(&self, earlier: &Totals, elapsed: Duration) -> String {
+        let secs = elapsed.as_secs_f64().max(1e-3);
+        let mib_s = |now: u64, then: u64| now.saturating_sub(then) as f64 / secs / (1 << 20) as f64;
+        format!(
+            "fuse_requests={} fuse_errors={} read_mib_s={:.1} written_mib_s={:.1} s3_requests={} s3_errors={}",
+            self.fuse_requests.saturating_sub(earlier.fuse_requests),
+            self.fuse_errors.saturating_sub(earlier.fuse_errors),
+            mib_s(self.read_bytes, earlier.read_bytes),
+            mib_s(self.written_bytes, earlier.written_bytes),
+            self.s3_requests.saturating_sub(earlier.s3_requests),
+            self.s3_errors.saturating_sub(earlier.s3_errors),
+        )
     }
 }
 
@@ -253,6 +333,30 @@ mod tests {
                 .snapshot()
                 .line()
                 .ends_with(" cache: hits=1 misses=0")
+        );
+    }
+
+    #[test]
+    fn traffic_line_shows_what_the_period_moved() {
+        let before = Totals::now();
+        fuse_request("read");
+        read_bytes(3 << 20);
+        s3_request("GetObject", "NoSuchKey", Duration::from_millis(1));
+        let after = Totals::now();
+        // Other tests in this process may add to the totals too, hence the lower bounds.
+        assert!(after.fuse_requests > before.fuse_requests);
+        assert!(after.read_bytes >= before.read_bytes + (3 << 20));
+        assert!(after.s3_errors > before.s3_errors);
+        let fixed = Totals {
+            fuse_requests: 10,
+            read_bytes: 4 << 20,
+            s3_requests: 2,
+            s3_errors: 1,
+            ..Totals::default()
+        };
+        assert_eq!(
+            fixed.since(&Totals::default(), Duration::from_secs(2)),
+            "fuse_requests=10 fuse_errors=0 read_mib_s=2.0 written_mib_s=0.0 s3_requests=2 s3_errors=1"
         );
     }
 

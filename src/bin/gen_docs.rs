@@ -1,5 +1,5 @@
-//! `expressfs-gen-docs OUT_DIR`: writes expressfs.1 (man page) and bash/zsh completions generated from the
-//! same clap definitions the daemon parses, so they never drift from `--help`.
+//! `expressfs-gen-docs OUT_DIR`: writes expressfs.1 and expressfs-warm.1 (man pages) and bash/zsh completions
+//! generated from the same clap definitions the daemon parses, so they never drift from `--help`.
 
 use clap::CommandFactory;
 
@@ -14,6 +14,10 @@ fn main() -> std::io::Result<()> {
     let mut man = Vec::new();
     clap_mangen::Man::new(cmd.clone()).render(&mut man)?;
     std::fs::write(out.join("expressfs.1"), man)?;
+    let mut warm = Vec::new();
+    clap_mangen::Man::new(expressfs::warm::WarmArgs::command().name("expressfs-warm"))
+        .render(&mut warm)?;
+    std::fs::write(out.join("expressfs-warm.1"), warm)?;
     let mut bash = Vec::new();
     clap_complete::generate(
         clap_complete::Shell::Bash,

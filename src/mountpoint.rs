@@ -1,0 +1,227 @@
+//! The mount point before mounting: an empty directory, or a dead mount of ours that a daemon left when it
+//! died (detached lazily, then mounted over, which is what a `Restart=on-failure` unit needs). A live FUSE
+//! mount, or a dead mount of another file system, is refused: it is not ours to take down.
+
+use std::path::{Path, PathBuf};
+
+/// One line of /proc/self/mountinfo, the fields we judge by.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MountEntry {
+    pub fstype: String,
+    pub source: String,
+}
+
+impl MountEntry {
+    /// Ours: `fuse.expressfs` (through fusermount3), or plain `fuse` (mount(2) as root ignores the subtype)
+    /// with our `expressfs:BUCKET` source.
+    pub fn is_ours(&self) -> bool {
+        self.fstype == "fuse.expressfs"
+            || (self.fstype.starts_with("fuse") && self.source.starts_with("expressfs:"))
+    }
+
+    fn describe(&self) -> String {
+        format!("type {}, source {}", self.fstype, self.source)
+    }
+}
+
+/// Checks `path` and clears a dead mount of ours from it. Returns what was done, for the log, once the
+/// logs are set up.
+pub fn prepare(path: &Path) -> Result<Option<String>, String> {
+    let mut note = None;
+    // Several crashes in a row stack dead mounts; each pass detaches the top one.
+    for _ in 0..8 {
+        match std::fs::metadata(path) {
+            Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => {
+                let at = resolved(path);
+                let entry = mountinfo()
+                    .and_then(|info| mounted_at(&info, &at))
+                    .ok_or_else(|| format!("mount point {}: {e}", path.display()))?;
+                if !entry.is_ours() {
+                    return Err(format!(
+                        "mount point {} is a dead mount of another file system ({}); \
+                         unmount it first (umount -l {})",
+                        path.display(),
+                        entry.describe(),
+                        path.display()
+                    ));
+                }
+                detach(&at)?;
+                note = Some(format!(
+                    "mount point {} was a dead expressfs mount ({}) left by a daemon that exited; \
+                     detached it lazily",
+                    path.display(),
+                    entry.describe()
+                ));
+            }
+            Err(e) => return Err(format!("mount point {}: {e}", path.display())),
+            Ok(meta) => {
+                if !meta.is_dir() {
+                    return Err(format!("mount point {} is not a directory", path.display()));
+                }
+                if let Some(entry) = mountinfo()
+                    .and_then(|info| mounted_at(&info, &resolved(path)))
+                    .filter(|e| e.fstype.starts_with("fuse"))
+                {
+                    return Err(format!(
+                        "mount point {} is already a live FUSE mount ({}); unmount it first",
+                        path.display(),
+                        entry.describe()
+                    ));
+                }
+                let mut entries = std::fs::read_dir(path)
+                    .map_err(|e| format!("mount point {}: {e}", path.display()))?;
+                if entries.next().is_some() {
+                    return Err(format!("mount point {} is not empty", path.display()));
+                }
+                return Ok(note);
+            }
+        }
+    }
+    Err(format!(
+        "mount point {}: dead mounts are stacked deeper than expected; unmount them (umount -l)",
+        path.display()
+    ))
+}
+
+/// The path as mountinfo writes it: absolute, with the parent's symlinks resolved (the path itself cannot
+/// be resolved while its mount is dead).
+fn resolved(path: &Path) -> PathBuf {
+    let absolute = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+    match (absolute.parent(), absolute.file_name()) {
+        (Some(parent), Some(name)) => parent
+            .canonicalize()
+            .map_or_else(|_| absolute.clone(), |p| p.join(name)),
+        _ => absolute,
+    }
+}
+
+fn mountinfo() -> Option<String> {
+    std::fs::read_to_string("/proc/self/mountinfo").ok()
+}
+
+/// The topmost mount at `at` (later lines are mounted over earlier ones).
+pub fn mounted_at(info: &str, at: &Path) -> Option<MountEntry> {
+    let at = at.to_string_lossy();
+    info.lines().rev().find_map(|line| {
+        let fields: Vec<&str> = line.split(' ').collect();
+        if unescape(fields.get(4)?) != at {
+            return None;
+        }
+        // Optional fields end at "-"; then come the type and the source.
+        let dash = fields.iter().position(|f| *f == "-")?;
+        Some(MountEntry {
+            fstype: unescape(fields.get(dash + 1)?),
+            source: unescape(fields.get(dash + 2)?),
+        })
+    })
+}
+
+/// mountinfo writes space, tab, newline and backslash as `\ooo`.
+fn unescape(field: &str) -> String {
+    let bytes = field.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let octal = bytes
+            .get(i + 1..i + 4)
+            .filter(|d| bytes[i] == b'\\' && d.iter().all(|c| (b'0'..=b'7').contains(c)));
+        match octal {
+            Some(d) => {
+                out.push((d[0] - b'0') * 64 + (d[1] - b'0') * 8 + (d[2] - b'0'));
+                i += 4;
+            }
+            None => {
+                out.push(bytes[i]);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Lazy unmount: umount2(MNT_DETACH) as root, else fusermount3 -u -z (a user's own FUSE mount).
+fn detach(at: &Path) -> Result<(), String> {
+    let direct = nix::mount::umount2(at, nix::mount::MntFlags::MNT_DETACH);
+    if direct.is_ok() {
+        return Ok(());
+    }
+    let helper = std::process::Command::new("fusermount3")
+        .arg("-u")
+        .arg("-z")
+        .arg(at)
+        .stdin(std::process::Stdio::null())
+        .output();
+    match helper {
+        Ok(out) if out.status.success() => Ok(()),
+        Ok(out) => Err(format!(
+            "mount point {} is a dead expressfs mount that could not be detached ({:?}; fusermount3: {})",
+            at.display(),
+            direct.unwrap_err(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        )),
+        Err(e) => Err(format!(
+            "mount point {} is a dead expressfs mount that could not be detached ({:?}; fusermount3: {e})",
+            at.display(),
+            direct.unwrap_err()
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const INFO: &str = "\
+22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw
+90 22 0:50 / /mnt/data rw,nosuid,nodev,relatime shared:40 - fuse expressfs:train--use1-az4--x-s3 rw,user_id=0
+91 22 0:51 / /mnt/other rw,relatime - fuse.sshfs host:/srv rw
+92 22 0:52 / /mnt/with\\040space rw - fuse.expressfs expressfs:b rw
+93 90 0:53 / /mnt/data rw - tmpfs tmpfs rw
+";
+
+    #[test]
+    fn mountinfo_lines_are_read_by_mount_point_topmost_last() {
+        let ours = mounted_at(INFO, Path::new("/mnt/with space")).unwrap();
+        assert_eq!(ours.fstype, "fuse.expressfs");
+        assert!(ours.is_ours());
+        let sshfs = mounted_at(INFO, Path::new("/mnt/other")).unwrap();
+        assert_eq!(sshfs.source, "host:/srv");
+        assert!(!sshfs.is_ours());
+        // A tmpfs mounted over our mount at the same place is what a stat there meets.
+        let top = mounted_at(INFO, Path::new("/mnt/data")).unwrap();
+        assert_eq!(top.fstype, "tmpfs");
+        assert!(mounted_at(INFO, Path::new("/mnt")).is_none());
+        assert!(
+            MountEntry {
+                fstype: "fuse".into(),
+                source: "expressfs:b/p".into()
+            }
+            .is_ours()
+        );
+        assert!(
+            !MountEntry {
+                fstype: "fuse".into(),
+                source: "s3fs".into()
+            }
+            .is_ours()
+        );
+    }
+
+    #[test]
+    fn plain_directories_pass_and_files_or_full_ones_do_not() {
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(prepare(dir.path()), Ok(None));
+        std::fs::write(dir.path().join("x"), b"x").unwrap();
+        assert!(prepare(dir.path()).unwrap_err().contains("not empty"));
+        assert!(
+            prepare(&dir.path().join("x"))
+                .unwrap_err()
+                .contains("not a directory")
+        );
+        assert!(
+            prepare(&dir.path().join("missing"))
+                .unwrap_err()
+                .contains("No such file")
+        );
+    }
+}

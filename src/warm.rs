@@ -1,0 +1,404 @@
+//! `expressfs warm PATH... [--jobs N] [--listing-only]`: fills a running mount's caches before a job needs
+//! them. It walks the given files and trees through the mount (every directory listed, every entry
+//! stat'ed: the metadata cache), then reads every file to the end with N parallel readers (the data cache,
+//! `--cache`, and the page cache for small files). It is an ordinary client of the mount: nothing passes
+//! between it and the daemon but file system calls.
+//!
+//! mount-s3 has no subcommands, so `expressfs warm DIR` could also mean "mount the bucket named warm at
+//! DIR". It means the mount when its one argument is a mount point in the making (an empty directory
+//! outside any FUSE mount, or a dead mount), or when flags other than warm's own are given; anything on a
+//! FUSE mount, a file, or several paths is a warm-up. `s3://warm` always names the bucket.
+
+use std::collections::VecDeque;
+use std::io::{IsTerminal, Read};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+
+#[derive(Parser, Debug, Clone)]
+#[command(
+    name = "expressfs warm",
+    bin_name = "expressfs warm",
+    about = "Fill a running mount's caches: list and read the given files and trees through the mount",
+    after_help = "Exits 1 and lists the files that could not be read, if any."
+)]
+pub struct WarmArgs {
+    /// Files or directories on an expressfs mount (directories are walked; symlinks inside them are not followed)
+    #[arg(required = true)]
+    pub paths: Vec<PathBuf>,
+    /// Files read at once
+    #[arg(short, long, default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..=1024))]
+    pub jobs: u16,
+    /// Only list directories and stat files (fills the metadata cache; reads no data)
+    #[arg(long)]
+    pub listing_only: bool,
+}
+
+/// True when `args` (the command line after the program name) asks for a warm-up; see the module's rule.
+pub fn is_warm_invocation(args: &[String]) -> bool {
+    let Some((first, rest)) = args.split_first() else {
+        return false;
+    };
+    if first != "warm" {
+        return false;
+    }
+    let mut positional = Vec::new();
+    let mut i = 0;
+    while i < rest.len() {
+        let arg = rest[i].as_str();
+        if arg == "--" {
+            positional.extend(rest[i + 1..].iter());
+            break;
+        }
+        if arg.starts_with('-') && arg.len() > 1 {
+            let takes_value = matches!(arg, "-j" | "--jobs");
+            let own = takes_value
+                || matches!(arg, "-h" | "--help" | "--listing-only")
+                || arg.starts_with("--jobs=")
+                || (arg.starts_with("-j") && arg[2..].parse::<u16>().is_ok());
+            if !own {
+                return false;
+            }
+            i += usize::from(takes_value);
+        } else {
+            positional.push(&rest[i]);
+        }
+        i += 1;
+    }
+    match positional.as_slice() {
+        [only] => !is_mount_point_to_be(Path::new(only.as_str())),
+        _ => true,
+    }
+}
+
+/// An empty directory outside any FUSE mount (nothing there to warm), or a dead mount.
+fn is_mount_point_to_be(path: &Path) -> bool {
+    match std::fs::metadata(path) {
+        Err(e) => e.raw_os_error() == Some(libc::ENOTCONN),
+        Ok(meta) => {
+            meta.is_dir()
+                && !on_fuse(path)
+                && std::fs::read_dir(path).is_ok_and(|mut d| d.next().is_none())
+        }
+    }
+}
+
+fn on_fuse(path: &Path) -> bool {
+    nix::sys::statfs::statfs(path)
+        .is_ok_and(|s| s.filesystem_type() == nix::sys::statfs::FUSE_SUPER_MAGIC)
+}
+
+/// Runs `expressfs warm`; `argv` starts with the program name and `warm`. Returns the exit code.
+pub fn main(argv: &[String]) -> i32 {
+    let args = match WarmArgs::try_parse_from(argv.iter().skip(1)) {
+        Ok(a) => a,
+        Err(e) => {
+            let _ = e.print();
+            return if e.use_stderr() { 2 } else { 0 };
+        }
+    };
+    for path in &args.paths {
+        if path.exists() && !on_fuse(path) {
+            eprintln!(
+                "expressfs warm: note: {} is not on a FUSE mount; reading it warms no expressfs cache",
+                path.display()
+            );
+        }
+    }
+    let outcome = run(&args, std::io::stderr().is_terminal());
+    println!("{}", outcome.summary(args.listing_only));
+    if outcome.failed.is_empty() {
+        return 0;
+    }
+    eprintln!("expressfs warm: {} path(s) failed:", outcome.failed.len());
+    for (path, error) in &outcome.failed {
+        eprintln!("  {}: {error}", path.display());
+    }
+    1
+}
+
+/// What a warm-up did.
+#[derive(Debug, Default)]
+pub struct Outcome {
+    pub files: u64,
+    pub directories: u64,
+    pub bytes: u64,
+    pub elapsed: Duration,
+    /// Paths that could not be listed, stat'ed or read, with the error, in path order.
+    pub failed: Vec<(PathBuf, String)>,
+}
+
+impl Outcome {
+    pub fn summary(&self, listing_only: bool) -> String {
+        let secs = self.elapsed.as_secs_f64();
+        let verb = if listing_only { "listed" } else { "warmed" };
+        let mut line = format!(
+            "expressfs warm: {verb} {} files in {} directories",
+            self.files, self.directories
+        );
+        if !listing_only {
+            line.push_str(&format!(
+                ", {:.1} MiB at {:.1} MiB/s",
+                self.bytes as f64 / (1 << 20) as f64,
+                self.bytes as f64 / (1 << 20) as f64 / secs.max(1e-3)
+            ));
+        }
+        line.push_str(&format!(" in {secs:.1} s; {} failed", self.failed.len()));
+        line
+    }
+}
+
+/// Walks, then reads (unless `--listing-only`), with `jobs` threads for each; `progress` draws a bar.
+pub fn run(args: &WarmArgs, progress: bool) -> Outcome {
+    let started = Instant::now();
+    let jobs = usize::from(args.jobs);
+    let walk = Walk::default();
+    for path in &args.paths {
+        // The paths given are followed if they are symlinks, as a user who names one means its target.
+        match std::fs::metadata(path) {
+            Ok(meta) if meta.is_dir() => walk.push_dir(path.clone()),
+            Ok(meta) => walk.found_file(path.clone(), meta.len()),
+            Err(e) => walk.failed(path.clone(), e),
+        }
+    }
+    let bar = if progress {
+        indicatif::ProgressBar::new_spinner()
+    } else {
+        indicatif::ProgressBar::hidden()
+    };
+    bar.enable_steady_tick(Duration::from_millis(200));
+    bar.set_message("listing");
+    std::thread::scope(|s| {
+        for _ in 0..jobs {
+            s.spawn(|| walk.work(&bar));
+        }
+    });
+    let directories = walk.directories.load(Ordering::Relaxed);
+    let Walk {
+        files, failures, ..
+    } = walk;
+    let files = files.into_inner().unwrap_or_else(|e| e.into_inner());
+    let failures = Mutex::new(failures.into_inner().unwrap_or_else(|e| e.into_inner()));
+    let total: u64 = files.iter().map(|(_, len)| len).sum();
+    let done_bytes = AtomicU64::new(0);
+    if !args.listing_only {
+        bar.set_position(0);
+        bar.set_length(total);
+        bar.set_style(
+            indicatif::ProgressStyle::with_template(
+                "{bar:30} {binary_bytes}/{binary_total_bytes} {binary_bytes_per_sec} {msg} ETA {eta}",
+            )
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        let next = AtomicUsize::new(0);
+        let done_files = AtomicUsize::new(0);
+        std::thread::scope(|s| {
+            for _ in 0..jobs {
+                s.spawn(|| {
+                    let mut buf = vec![0u8; 1 << 20];
+                    loop {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        let Some((path, _)) = files.get(i) else { break };
+                        if let Err(e) = read_to_end(path, &mut buf, &bar, &done_bytes) {
+                            failures
+                                .lock()
+                                .unwrap_or_else(|e| e.into_inner())
+                                .push((path.clone(), e.to_string()));
+                        }
+                        let n = done_files.fetch_add(1, Ordering::Relaxed) + 1;
+                        bar.set_message(format!("{n}/{} files", files.len()));
+                    }
+                });
+            }
+        });
+    }
+    bar.finish_and_clear();
+    let mut failed = failures.into_inner().unwrap_or_else(|e| e.into_inner());
+    failed.sort();
+    Outcome {
+        files: files.len() as u64,
+        directories,
+        bytes: done_bytes.load(Ordering::Relaxed),
+        elapsed: started.elapsed(),
+        failed,
+    }
+}
+
+fn read_to_end(
+    path: &Path,
+    buf: &mut [u8],
+    bar: &indicatif::ProgressBar,
+    done: &AtomicU64,
+) -> std::io::Result<()> {
+    let mut file = std::fs::File::open(path)?;
+    loop {
+        match file.read(buf) {
+            Ok(0) => return Ok(()),
+            Ok(n) => {
+                done.fetch_add(n as u64, Ordering::Relaxed);
+                bar.inc(n as u64);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// The parallel walk: a queue of directories to list, and how many are being listed (the walk is over
+/// when both are zero).
+#[derive(Default)]
+struct Walk {
+    queue: Mutex<(VecDeque<PathBuf>, usize)>,
+    wake: Condvar,
+    files: Mutex<Vec<(PathBuf, u64)>>,
+    failures: Mutex<Vec<(PathBuf, String)>>,
+    directories: AtomicU64,
+}
+
+impl Walk {
+    fn push_dir(&self, dir: PathBuf) {
+        self.queue
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .0
+            .push_back(dir);
+        self.wake.notify_one();
+    }
+
+    fn found_file(&self, path: PathBuf, len: u64) {
+        self.files
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((path, len));
+    }
+
+    fn failed(&self, path: PathBuf, error: std::io::Error) {
+        self.failures
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((path, error.to_string()));
+    }
+
+    fn work(&self, bar: &indicatif::ProgressBar) {
+        loop {
+            let dir = {
+                let mut state = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+                loop {
+                    if let Some(dir) = state.0.pop_front() {
+                        state.1 += 1;
+                        break dir;
+                    }
+                    if state.1 == 0 {
+                        self.wake.notify_all();
+                        return;
+                    }
+                    state = self.wake.wait(state).unwrap_or_else(|e| e.into_inner());
+                }
+            };
+            self.list(&dir);
+            let listed = self.directories.fetch_add(1, Ordering::Relaxed) + 1;
+            bar.set_message(format!("listing: {listed} directories"));
+            let mut state = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+            state.1 -= 1;
+            if state.0.is_empty() && state.1 == 0 {
+                self.wake.notify_all();
+            }
+        }
+    }
+
+    /// Lists one directory and stats every entry (a lookup each: the metadata cache).
+    fn list(&self, dir: &Path) {
+        let entries = match std::fs::read_dir(dir) {
+            Ok(entries) => entries,
+            Err(e) => return self.failed(dir.to_path_buf(), e),
+        };
+        for entry in entries {
+            let entry = match entry {
+                Ok(entry) => entry,
+                Err(e) => return self.failed(dir.to_path_buf(), e),
+            };
+            let path = entry.path();
+            match std::fs::symlink_metadata(&path) {
+                Ok(meta) if meta.is_dir() => self.push_dir(path),
+                Ok(meta) if meta.is_file() => self.found_file(path, meta.len()),
+                Ok(_) => {}
+                Err(e) => self.failed(path, e),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn argv(args: &[&str]) -> Vec<String> {
+        args.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn warm_is_a_subcommand_unless_it_reads_as_a_mount() {
+        let empty = tempfile::tempdir().unwrap();
+        let full = tempfile::tempdir().unwrap();
+        std::fs::write(full.path().join("f"), b"x").unwrap();
+        let e = empty.path().to_str().unwrap();
+        let f = full.path().to_str().unwrap();
+        // A bucket named warm, mounted at an empty directory (mount-s3's reading).
+        assert!(!is_warm_invocation(&argv(&["warm", e])));
+        assert!(!is_warm_invocation(&argv(&["warm", e, "--foreground"])));
+        assert!(!is_warm_invocation(&argv(&["warm", f, "-o", "ro"])));
+        assert!(!is_warm_invocation(&argv(&["bucket", e])));
+        assert!(!is_warm_invocation(&argv(&[])));
+        // Something to read: a warm-up.
+        assert!(is_warm_invocation(&argv(&["warm", f])));
+        assert!(is_warm_invocation(&argv(&["warm", e, f])));
+        assert!(is_warm_invocation(&argv(&["warm", "--jobs", "4", f])));
+        assert!(is_warm_invocation(&argv(&[
+            "warm",
+            "-j8",
+            "--listing-only",
+            f
+        ])));
+        assert!(is_warm_invocation(&argv(&[
+            "warm",
+            "--jobs=2",
+            "/no/such/path"
+        ])));
+        assert!(is_warm_invocation(&argv(&["warm", "--help"])));
+    }
+
+    #[test]
+    fn a_local_tree_is_walked_and_read_and_failures_are_listed() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("a/b")).unwrap();
+        std::fs::write(dir.path().join("a/one"), vec![1u8; 3000]).unwrap();
+        std::fs::write(dir.path().join("a/b/two"), vec![2u8; 5000]).unwrap();
+        std::fs::write(dir.path().join("top"), b"xyz").unwrap();
+        std::os::unix::fs::symlink("top", dir.path().join("link")).unwrap();
+        let missing = dir.path().join("missing");
+        let args = WarmArgs {
+            paths: vec![dir.path().to_path_buf(), missing.clone()],
+            jobs: 3,
+            listing_only: false,
+        };
+        let out = run(&args, false);
+        assert_eq!((out.files, out.directories, out.bytes), (3, 3, 8003));
+        assert_eq!(out.failed.len(), 1);
+        assert_eq!(out.failed[0].0, missing);
+        assert!(
+            out.summary(false)
+                .contains("warmed 3 files in 3 directories")
+        );
+        let listed = run(
+            &WarmArgs {
+                listing_only: true,
+                ..args
+            },
+            false,
+        );
+        assert_eq!((listed.files, listed.bytes), (3, 0));
+    }
+}

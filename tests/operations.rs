@@ -1,0 +1,514 @@
+//! Operating a mount (issue 20): background logs reach syslog, a dead mount left by a killed daemon heals on
+//! restart while anything else mounted there is refused, `--log-metrics` prints the traffic, and
+//! `expressfs warm` fills the caches so that an epoch, and one after a remount, sends no GET.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::os::unix::net::UnixDatagram;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{
+    Mount, emulator, expressfs_command, fresh_bucket, is_mounted, op_count, pattern, put, put_many,
+    runtime, s3_client, sha256_hex,
+};
+
+const SYSLOG_ENV: &str = "EXPRESSFS_SYSLOG_SOCKET";
+
+fn run(mut cmd: Command) -> Output {
+    cmd.stdin(Stdio::null());
+    cmd.output().expect("run expressfs")
+}
+
+/// A syslog socket of our own, like /dev/log.
+struct Syslog {
+    _dir: tempfile::TempDir,
+    path: PathBuf,
+    socket: UnixDatagram,
+    seen: Vec<String>,
+}
+
+impl Syslog {
+    fn bind() -> Syslog {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("log");
+        let socket = UnixDatagram::bind(&path).unwrap();
+        socket
+            .set_read_timeout(Some(Duration::from_millis(200)))
+            .unwrap();
+        Syslog {
+            _dir: dir,
+            path,
+            socket,
+            seen: Vec::new(),
+        }
+    }
+
+    /// The first line (seen before or arriving within 15 s) that contains `needle`.
+    fn wait_for(&mut self, needle: &str) -> String {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            if let Some(line) = self.seen.iter().find(|l| l.contains(needle)) {
+                return line.clone();
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no syslog line with {needle:?}; got:\n{}",
+                self.seen.join("\n")
+            );
+            let mut buf = vec![0u8; 65536];
+            if let Ok(n) = self.socket.recv(&mut buf) {
+                self.seen
+                    .push(String::from_utf8_lossy(&buf[..n]).into_owned());
+            }
+        }
+    }
+}
+
+/// The pid in `<PRI>Mmm dd hh:mm:ss expressfs[PID]: ...`.
+fn pid_of(line: &str) -> i32 {
+    let start = line.find("expressfs[").expect("identifier") + "expressfs[".len();
+    line[start..].split(']').next().unwrap().parse().unwrap()
+}
+
+fn background_mount(bucket: &str, dir: &Path, syslog: &Path, extra: &[&str]) -> Output {
+    let mut cmd = expressfs_command(emulator());
+    cmd.env(SYSLOG_ENV, syslog).args(extra).arg(bucket).arg(dir);
+    run(cmd)
+}
+
+fn wait_gone(pid: i32) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while Path::new(&format!("/proc/{pid}")).exists() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        !Path::new(&format!("/proc/{pid}")).exists(),
+        "pid {pid} lives on"
+    );
+}
+
+/// Detaches whatever a failed test left mounted at the path (a dead mount would outlive the test).
+struct DetachOnDrop(PathBuf);
+
+impl Drop for DetachOnDrop {
+    fn drop(&mut self) {
+        let _ = nix::mount::umount2(&self.0, nix::mount::MntFlags::MNT_DETACH);
+    }
+}
+
+fn signal(pid: i32, sig: nix::sys::signal::Signal) {
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), sig).unwrap();
+}
+
+#[test]
+fn background_logs_go_to_syslog_unless_a_log_directory_is_given() {
+    let bucket = fresh_bucket(true, "syslog");
+    put(emulator(), &bucket, "a.txt", b"a".to_vec());
+    let mut syslog = Syslog::bind();
+    let dir = tempfile::tempdir().unwrap();
+    let _cleanup = DetachOnDrop(dir.path().to_path_buf());
+    let out = background_mount(&bucket, dir.path(), &syslog.path, &[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // info -> LOG_DAEMON|LOG_INFO = 3*8+6.
+    let mounted = syslog.wait_for("mounted");
+    assert!(mounted.starts_with("<30>"), "{mounted}");
+    assert!(mounted.contains(&bucket), "{mounted}");
+    let pid = pid_of(&mounted);
+    assert_ne!(pid, std::process::id() as i32);
+    signal(pid, nix::sys::signal::Signal::SIGTERM);
+    let stopping = syslog.wait_for("signal received");
+    assert!(
+        stopping.starts_with("<30>") && pid_of(&stopping) == pid,
+        "{stopping}"
+    );
+    wait_gone(pid);
+    assert!(!is_mounted(dir.path()));
+
+    // With --log-directory the file gets the lines and syslog none.
+    let logs = tempfile::tempdir().unwrap();
+    let mut quiet = Syslog::bind();
+    let out = background_mount(
+        &bucket,
+        dir.path(),
+        &quiet.path,
+        &["--log-directory", logs.path().to_str().unwrap()],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut buf = [0u8; 4096];
+    assert!(
+        quiet.socket.recv(&mut buf).is_err(),
+        "a daemon with --log-directory wrote to syslog"
+    );
+    quiet.seen.clear();
+    nix::mount::umount(dir.path()).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let written = || {
+        std::fs::read_dir(logs.path()).unwrap().flatten().any(|e| {
+            std::fs::read_to_string(e.path())
+                .unwrap_or_default()
+                .contains("mounted")
+        })
+    };
+    while !written() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(written(), "the log directory has no 'mounted' line");
+}
+
+/// What systemd's Restart=on-failure does after a crash: start again on the same path.
+#[test]
+fn a_killed_daemon_leaves_a_dead_mount_that_a_restart_heals() {
+    let bucket = fresh_bucket(true, "heal");
+    put(emulator(), &bucket, "kept.txt", b"still here".to_vec());
+    let mut syslog = Syslog::bind();
+    let dir = tempfile::tempdir().unwrap();
+    let _cleanup = DetachOnDrop(dir.path().to_path_buf());
+    let out = background_mount(&bucket, dir.path(), &syslog.path, &[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let pid = pid_of(&syslog.wait_for("mounted"));
+    signal(pid, nix::sys::signal::Signal::SIGKILL);
+    wait_gone(pid);
+    let dead = std::fs::metadata(dir.path()).unwrap_err();
+    assert_eq!(dead.raw_os_error(), Some(libc::ENOTCONN), "{dead}");
+
+    let out = background_mount(&bucket, dir.path(), &syslog.path, &[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        std::fs::read(dir.path().join("kept.txt")).unwrap(),
+        b"still here"
+    );
+    // warn -> LOG_DAEMON|LOG_WARNING = 3*8+4.
+    let healed = syslog.wait_for("dead expressfs mount");
+    assert!(healed.starts_with("<28>"), "{healed}");
+    assert_ne!(pid_of(&healed), pid);
+    nix::mount::umount(dir.path()).unwrap();
+}
+
+#[test]
+fn a_live_mount_or_a_dead_foreign_mount_is_refused() {
+    let bucket = fresh_bucket(true, "refuse");
+    let live = Mount::new(&bucket, &[]);
+    let mut cmd = expressfs_command(emulator());
+    cmd.arg(&bucket).arg(live.path());
+    let out = run(cmd);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "mounted over a live mount");
+    assert!(stderr.contains("already a live FUSE mount"), "{stderr}");
+    assert_eq!(std::fs::read_dir(live.path()).unwrap().count(), 0);
+    drop(live);
+
+    // A FUSE mount of some other file system whose server is gone: /dev/fuse opened, mounted, closed.
+    let dir = tempfile::tempdir().unwrap();
+    let _cleanup = DetachOnDrop(dir.path().to_path_buf());
+    {
+        use std::os::fd::AsRawFd;
+        let fuse = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open("/dev/fuse")
+            .unwrap();
+        let data = format!(
+            "fd={},rootmode=40000,user_id=0,group_id=0",
+            fuse.as_raw_fd()
+        );
+        nix::mount::mount(
+            Some("otherfs-source"),
+            dir.path(),
+            Some("fuse.otherfs"),
+            nix::mount::MsFlags::empty(),
+            Some(data.as_str()),
+        )
+        .unwrap();
+    }
+    let dead = std::fs::metadata(dir.path()).unwrap_err();
+    assert_eq!(dead.raw_os_error(), Some(libc::ENOTCONN), "{dead}");
+    let mut cmd = expressfs_command(emulator());
+    cmd.arg(&bucket).arg(dir.path());
+    let out = run(cmd);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let still_there = is_mounted(dir.path());
+    let _ = nix::mount::umount2(dir.path(), nix::mount::MntFlags::MNT_DETACH);
+    assert!(
+        !out.status.success(),
+        "took over another file system's mount"
+    );
+    assert!(
+        stderr.contains("dead mount of another file system") && stderr.contains("fuse.otherfs"),
+        "{stderr}"
+    );
+    assert!(still_there, "the foreign mount was detached");
+}
+
+#[test]
+fn log_metrics_prints_the_traffic_of_each_period() {
+    let bucket = fresh_bucket(true, "logmetrics");
+    put(emulator(), &bucket, "data.bin", pattern(1, 3 << 20));
+    let mount = Mount::new(
+        &bucket,
+        &["-o", "log-metrics", "--log-metrics-interval", "0.2"],
+    );
+    assert_eq!(
+        std::fs::read(mount.path().join("data.bin")).unwrap().len(),
+        3 << 20
+    );
+    let busy = |log: &str| {
+        log.lines().any(|l| {
+            l.contains("metrics: ")
+                && !l.contains("fuse_requests=0 ")
+                && !l.contains("read_mib_s=0.0 ")
+                && !l.contains("s3_requests=0 ")
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !busy(&mount.log()) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(busy(&mount.log()), "no busy metrics line:\n{}", mount.log());
+}
+
+fn warm(args: &[&str]) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_expressfs"));
+    cmd.arg("warm").args(args);
+    run(cmd)
+}
+
+/// Every file under `root`, by path relative to it, with its SHA-256.
+fn tree_hashes(root: &Path) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    let mut dirs = vec![root.to_path_buf()];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else {
+                let rel = path
+                    .strip_prefix(root)
+                    .unwrap()
+                    .to_string_lossy()
+                    .into_owned();
+                out.insert(rel, sha256_hex(&std::fs::read(&path).unwrap()));
+            }
+        }
+    }
+    out
+}
+
+/// Waits until the block files stop changing (cache writes happen in the background).
+fn wait_for_cache_writes(cache: &Path) {
+    let count = || {
+        std::fs::read_dir(cache.join("blocks"))
+            .map(|d| d.count())
+            .unwrap_or(0)
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let (mut last, mut since) = (count(), Instant::now());
+    while Instant::now() < deadline && since.elapsed() < Duration::from_millis(500) {
+        std::thread::sleep(Duration::from_millis(100));
+        let now = count();
+        if now != last {
+            (last, since) = (now, Instant::now());
+        }
+    }
+}
+
+#[test]
+fn warm_fills_the_cache_so_an_epoch_and_a_remount_send_no_get() {
+    let bucket = fresh_bucket(true, "warm");
+    let mut objects: Vec<(String, Vec<u8>)> = (0..150)
+        .map(|i| {
+            (
+                format!("train/part{}/{i:04}.jpg", i % 5),
+                pattern(i, 50_000),
+            )
+        })
+        .collect();
+    objects.push(("train/shard0.tar".into(), pattern(900, 40 << 20)));
+    objects.push(("other/skip.bin".into(), pattern(901, 1 << 20)));
+    let expected: BTreeMap<String, String> = objects
+        .iter()
+        .filter_map(|(k, d)| Some((k.strip_prefix("train/")?.to_string(), sha256_hex(d))))
+        .collect();
+    put_many(emulator(), &bucket, objects);
+    // The block cache keeps 5% of its disk free and evicts to do so: on a shared machine whose disk is
+    // nearly full that would decide the test, so the cache lives in memory when it can.
+    let shm = Path::new("/dev/shm");
+    let cache = if shm.is_dir() {
+        tempfile::tempdir_in(shm).unwrap()
+    } else {
+        tempfile::tempdir().unwrap()
+    };
+    let cache_arg = cache.path().to_str().unwrap();
+    let train = |m: &Mount| m.path().join("train");
+    {
+        let mount = Mount::new(&bucket, &["--cache", cache_arg]);
+        let gets_before = op_count(&bucket, "GetObject");
+        let out = warm(&[train(&mount).to_str().unwrap(), "--jobs", "8"]);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{stdout}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            stdout.contains("warmed 151 files in 6 directories") && stdout.contains("0 failed"),
+            "{stdout}"
+        );
+        assert!(
+            op_count(&bucket, "GetObject") > gets_before,
+            "warm read nothing"
+        );
+        wait_for_cache_writes(cache.path());
+        let before = op_count(&bucket, "GetObject");
+        assert_eq!(tree_hashes(&train(&mount)), expected, "epoch after warm");
+        assert_eq!(
+            op_count(&bucket, "GetObject"),
+            before,
+            "the epoch after warm went to the bucket"
+        );
+        assert!(mount.unmount().success());
+    }
+    let before = op_count(&bucket, "GetObject");
+    let mount = Mount::new(&bucket, &["--cache", cache_arg]);
+    assert_eq!(tree_hashes(&train(&mount)), expected, "epoch after remount");
+    assert_eq!(
+        op_count(&bucket, "GetObject"),
+        before,
+        "the warmed cache did not survive the remount"
+    );
+}
+
+#[test]
+fn warm_listing_only_fills_the_metadata_cache() {
+    let bucket = fresh_bucket(true, "warmlist");
+    let objects: Vec<(String, Vec<u8>)> = (0..40)
+        .map(|i| (format!("d{}/f{i}", i % 4), vec![b'x'; 10]))
+        .collect();
+    put_many(emulator(), &bucket, objects);
+    let mount = Mount::new(&bucket, &["--metadata-ttl", "300"]);
+    let lists_before = op_count(&bucket, "ListObjectsV2");
+    let out = warm(&["--listing-only", mount.path().to_str().unwrap()]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert!(
+        stdout.contains("listed 40 files in 5 directories"),
+        "{stdout}"
+    );
+    let lists = op_count(&bucket, "ListObjectsV2");
+    assert!(lists > lists_before, "nothing was listed");
+    let (heads, gets) = (
+        op_count(&bucket, "HeadObject"),
+        op_count(&bucket, "GetObject"),
+    );
+    // The stats are answered from the listings, and no data is read.
+    assert_eq!((heads, gets), (0, 0), "--listing-only sent HEADs or GETs");
+    // A second walk with stats is answered from the metadata cache.
+    let mut n = 0;
+    for d in std::fs::read_dir(mount.path()).unwrap() {
+        for f in std::fs::read_dir(d.unwrap().path()).unwrap() {
+            assert_eq!(f.unwrap().metadata().unwrap().len(), 10);
+            n += 1;
+        }
+    }
+    assert_eq!(n, 40);
+    assert_eq!(
+        (
+            op_count(&bucket, "ListObjectsV2"),
+            op_count(&bucket, "HeadObject"),
+            op_count(&bucket, "GetObject")
+        ),
+        (lists, heads, gets),
+        "the walk after --listing-only went to the bucket"
+    );
+}
+
+#[test]
+fn warm_lists_the_files_it_could_not_read_and_fails() {
+    let bucket = fresh_bucket(true, "warmfail");
+    put(emulator(), &bucket, "ok.bin", pattern(3, 100_000));
+    put(emulator(), &bucket, "gone.bin", pattern(4, 2 << 20));
+    let mount = Mount::new(&bucket, &["--metadata-ttl", "300"]);
+    // Known to the mount, then deleted behind its back: the listing and the stat still show it.
+    assert_eq!(std::fs::read_dir(mount.path()).unwrap().count(), 2);
+    assert!(mount.path().join("gone.bin").metadata().is_ok());
+    runtime()
+        .block_on(
+            s3_client(emulator())
+                .delete_object()
+                .bucket(&bucket)
+                .key("gone.bin")
+                .send(),
+        )
+        .unwrap();
+    let out = warm(&[mount.path().to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{stdout}{stderr}");
+    assert!(stdout.contains("1 failed"), "{stdout}");
+    let gone = mount.path().join("gone.bin");
+    assert!(
+        stderr.contains(&format!("  {}: ", gone.display())),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("ok.bin"), "{stderr}");
+
+    // A path that does not exist is a failure too.
+    let missing = mount.path().join("no-such-dir");
+    let out = warm(&[
+        missing.to_str().unwrap(),
+        mount.path().join("ok.bin").to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no-such-dir"));
+}
+
+/// mount-s3 has no subcommands: `expressfs warm DIR --endpoint-url ...` still mounts a bucket named `warm`
+/// (here it does not exist, which the mount path reports), while `expressfs warm PATH_ON_A_MOUNT` warms.
+/// (Without flags, an empty DIR outside FUSE also means the mount: unit test in `warm`.)
+#[test]
+fn warm_as_a_bucket_name_still_mounts() {
+    let empty = tempfile::tempdir().unwrap();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_expressfs"));
+    cmd.env("AWS_EC2_METADATA_DISABLED", "true")
+        .env("AWS_ACCESS_KEY_ID", common::ACCESS_KEY)
+        .env("AWS_SECRET_ACCESS_KEY", common::SECRET_KEY)
+        .arg("warm")
+        .arg(empty.path())
+        .args([
+            "--endpoint-url",
+            &emulator().endpoint_url(),
+            "--region",
+            common::REGION,
+        ]);
+    let out = run(cmd);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("does not exist"), "{stderr}");
+
+    let bucket = fresh_bucket(true, "warmname");
+    put(emulator(), &bucket, "f", b"x".to_vec());
+    let mount = Mount::new(&bucket, &[]);
+    let out = warm(&[mount.path().to_str().unwrap()]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert!(stdout.contains("warmed 1 files"), "{stdout}");
+}
