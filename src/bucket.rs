@@ -57,6 +57,11 @@ pub fn parse_source(input: &str) -> Result<(BucketName, Option<String>), String>
 /// multi-region access points, whose region is empty).
 fn parse_access_point_arn(arn: &str) -> Result<BucketName, String> {
     let parts: Vec<&str> = arn.splitn(6, ':').collect();
+    if parts.get(2) == Some(&"s3-outposts") {
+        return Err(format!(
+            "{arn:?}: S3 on Outposts is not supported (its buckets take no checksums and are reached through the Outposts endpoint)"
+        ));
+    }
     let valid = parts.len() == 6
         && !parts[1].is_empty()
         && matches!(parts[2], "s3" | "s3-object-lambda")
@@ -235,6 +240,7 @@ mod tests {
             "arn:aws:s3:us-west-2:123:accesspoint/ap",
             "arn:aws:ec2:us-west-2:123456789012:accesspoint/ap",
             "arn:aws:s3:us-west-2:123456789012:bucket/b",
+            "arn:aws:s3-outposts:us-west-2:123456789012:outpost/op-01ac5d28a6a232904/bucket/b",
         ] {
             assert!(parse_source(bad).is_err(), "{bad}");
         }

@@ -444,7 +444,8 @@ pub fn expand_mount_options(argv: Vec<String>) -> Result<Vec<String>, String> {
             out.push(arg);
             continue;
         };
-        for opt in list.split(',').filter(|o| !o.is_empty()) {
+        for opt in split_mount_options(&list) {
+            let opt = opt.as_str();
             let (name, value) = opt
                 .split_once('=')
                 .map_or((opt, None), |(n, v)| (n, Some(v)));
@@ -465,6 +466,22 @@ pub fn expand_mount_options(argv: Vec<String>) -> Result<Vec<String>, String> {
         }
     }
     Ok(out)
+}
+
+/// Splits an `-o` list at commas; a backslash makes the next character (`,`, `\` or `"`) literal, as in
+/// mount-s3's fstab (`user-agent-prefix=foo\,bar`).
+fn split_mount_options(list: &str) -> Vec<String> {
+    let mut options = vec![String::new()];
+    let mut chars = list.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => options.last_mut().unwrap().extend(chars.next()),
+            ',' => options.push(String::new()),
+            c => options.last_mut().unwrap().push(c),
+        }
+    }
+    options.retain(|o| !o.is_empty());
+    options
 }
 
 #[cfg(test)]
@@ -509,6 +526,15 @@ mod tests {
         ])
         .unwrap();
         assert!(a.read_only && a.allow_other);
+        let escaped = parse(&[
+            "bkt",
+            "/mnt",
+            "-o",
+            r"rw,user-agent-prefix=foo\,bar\\baz,allow-other",
+        ])
+        .unwrap();
+        assert_eq!(escaped.user_agent_prefix.as_deref(), Some(r"foo,bar\baz"));
+        assert!(escaped.allow_other);
         assert_eq!(a.region.as_deref(), Some("us-west-2"));
         assert!(
             parse(&["b", "/mnt", "--prefix", "data"])

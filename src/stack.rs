@@ -138,6 +138,14 @@ fn explain(e: &ClientError, bucket: &str, region: &str, directory: bool) -> Stri
             };
             format!("access denied to bucket {bucket} ({code}: {message}){hint}")
         }
+        // A flag combination the endpoint rules or the HTTP client setup refused, before any request.
+        ClientError::Service {
+            status: 0,
+            code,
+            message,
+        } if code == "InvalidConfiguration" => {
+            format!("{message} (bucket {bucket}, region {region})")
+        }
         ClientError::NoCredentials(m) => format!(
             "no AWS credentials found ({m}): set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, use --profile, or run with an instance role"
         ),
@@ -167,6 +175,15 @@ mod tests {
         assert!(explain(&denied, "b", "us-east-1", false).contains("s3:ListBucket"));
         let none = ClientError::NoCredentials("empty chain".into());
         assert!(explain(&none, "b", "us-east-1", false).contains("--profile"));
+        let refused = ClientError::Service {
+            status: 0,
+            code: "InvalidConfiguration".into(),
+            message: "A custom endpoint cannot be combined with S3 Accelerate".into(),
+        };
+        assert_eq!(
+            explain(&refused, "b", "us-east-1", false),
+            "A custom endpoint cannot be combined with S3 Accelerate (bucket b, region us-east-1)"
+        );
         let other = ClientError::Malformed("xml".into());
         assert_eq!(
             explain(&other, "b", "eu-west-1", false),
