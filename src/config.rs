@@ -158,6 +158,17 @@ impl Args {
         config
     }
 
+    /// The client of the `--cache-xz` bucket: reached as the mounted one, with the same encryption and
+    /// expected owner (as in mount-s3), but the object settings meant for the mounted bucket's files (storage
+    /// class, content type, requester pays) stay off: a directory bucket would refuse the first two.
+    pub fn cache_client_config(&self, bucket: &BucketName, region: &str) -> SdkClientConfig {
+        let mut config = self.client_config(bucket, region);
+        config.storage_class = None;
+        config.infer_content_type = false;
+        config.requester_pays = false;
+        config
+    }
+
     /// The caches asked for; fails only on a `--cache-xz` that is not a bucket name.
     pub fn cache_config(&self) -> Result<CacheConfig, String> {
         let disk = self.cache.as_ref().map(|dir| DiskCacheConfig {
@@ -468,6 +479,18 @@ mod tests {
         );
         assert_eq!(c.user_agent_prefix.as_deref(), Some("team-a/1.0"));
         assert_eq!(c.bind, vec!["lo".to_string(), "lo".to_string()]);
+        let cache = args(&[
+            "--sse=aws:kms",
+            "--storage-class=STANDARD_IA",
+            "--infer-content-type",
+            "--requester-pays",
+            "--expected-bucket-owner=123456789012",
+        ])
+        .cache_client_config(&directory_bucket(), "us-east-1");
+        assert_eq!(cache.sse.as_deref(), Some("aws:kms"));
+        assert_eq!(cache.expected_bucket_owner.as_deref(), Some("123456789012"));
+        assert_eq!(cache.storage_class, None);
+        assert!(!cache.infer_content_type && !cache.requester_pays);
         let c = args(&["--transfer-acceleration"]).client_config(&general, "us-east-1");
         assert!(c.transfer_acceleration);
 

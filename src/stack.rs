@@ -56,7 +56,7 @@ pub async fn build_stack(
     if let Some(shared) = &caches.shared {
         let xz_name = &shared.bucket;
         let xz_client = async {
-            let c = SdkClient::new(args.client_config(xz_name, region)).await?;
+            let c = SdkClient::new(args.cache_client_config(xz_name, region)).await?;
             c.head_bucket().await?;
             Ok::<_, ClientError>(c)
         };
