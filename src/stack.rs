@@ -24,6 +24,11 @@ pub async fn build_stack(
     config: FsConfig,
     probes: &Probes,
 ) -> Result<S3Filesystem, String> {
+    if args.debug_crt {
+        tracing::info!(
+            "--debug-crt has no effect: there is no CRT here; the SDK's own logs follow RUST_LOG (e.g. aws_smithy_runtime=debug)"
+        );
+    }
     let caches = args.cache_config()?;
     let prefix = config.prefix.clone();
     let client = async {

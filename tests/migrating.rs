@@ -64,13 +64,15 @@ impl Fixture {
             "",
         );
         assert_eq!(status, 200);
+        let dirs = tempfile::tempdir().unwrap();
+        std::fs::write(dirs.path().join("garbage.pem"), "not a certificate\n").unwrap();
         Fixture {
             gp,
             xz,
             cache_xz,
             public,
             alias,
-            dirs: tempfile::tempdir().unwrap(),
+            dirs,
         }
     }
 
@@ -261,6 +263,11 @@ fn request_and_file_system_flags() {
                 "CONFIGURATION: CA bundle",
                 "{gp} /path/to/mount --ca-bundle /path/to/ca.pem",
                 Expect::Fails("--ca-bundle: /path/to/ca.pem"),
+            ),
+            (
+                "CONFIGURATION: CA bundle",
+                "{gp} /path/to/mount --ca-bundle {dirs}/garbage.pem",
+                Expect::Fails("no certificate"),
             ),
             (
                 "CONFIGURATION: encryption",
@@ -589,6 +596,10 @@ fn directory_buckets_get_sse_on_writes() {
             "--storage-class",
             "EXPRESS_ONEZONE",
             "--infer-content-type",
+            "--expected-bucket-owner",
+            "111122223333",
+            "--user-agent-prefix",
+            "xz/1",
         ],
     );
     std::fs::write(mount.path().join("page.html"), b"<p>").unwrap();
@@ -604,6 +615,19 @@ fn directory_buckets_get_sse_on_writes() {
         Some("EXPRESS_ONEZONE")
     );
     assert_eq!(header(&put[0], "content-type"), Some("text/html"));
+    // Session-signed requests carry the owner header too (signed with the session's keys).
+    let ours: Vec<_> = recorded(&bucket, None, None)
+        .into_iter()
+        .filter(|r| header(r, "user-agent").is_some_and(|a| a.starts_with("xz/1 ")))
+        .collect();
+    assert!(ours.iter().any(|r| r["op"] == "ListObjectsV2"));
+    for request in &ours {
+        assert_eq!(
+            header(request, "x-amz-expected-bucket-owner"),
+            Some("111122223333"),
+            "{request}"
+        );
+    }
 }
 
 #[test]
