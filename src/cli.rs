@@ -153,7 +153,7 @@ pub struct Args {
     #[arg(long, value_parser = parse_size, help_heading = "Performance and caching")]
     pub max_prefetch: Option<u64>,
     /// Network throughput to aim for, in Gbit/s: sizes each reader's read-ahead (how many part GETs run at
-    /// once). Default: the 10 Gbit/s the other defaults are set for
+    /// once) and the parts each file uploads at once. Default: the 10 Gbit/s the other defaults are set for
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..), help_heading = "Performance and caching")]
     pub maximum_throughput_gbps: Option<u64>,
     /// Bytes a lookup reads from the start of a file along with its metadata (one GET instead of a HEAD), so

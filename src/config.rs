@@ -113,6 +113,14 @@ impl Args {
         }
     }
 
+    /// Parts one file uploads at once: 4 (what 10 Gbit/s needs), scaled by `--maximum-throughput-gbps`; the
+    /// memory target still bounds them.
+    pub fn upload_parts_in_flight(&self) -> usize {
+        self.maximum_throughput_gbps.map_or(4, |gbps| {
+            gbps.saturating_mul(4).div_ceil(10).clamp(4, 64) as usize
+        })
+    }
+
     /// `--region`, else the region of an access point ARN or a directory bucket's zone, else
     /// `AWS_REGION`/`AWS_DEFAULT_REGION`, else us-east-1.
     pub fn region(&self, name: &BucketName) -> Result<String, String> {
@@ -206,6 +214,7 @@ impl Args {
         config.max_rename_objects = self.max_rename_objects;
         config.read_part_size = self.read_part_size();
         config.write_part_size = self.write_part_size();
+        config.upload_parts_in_flight = self.upload_parts_in_flight();
         config.max_prefetch = self.max_prefetch();
         config.lookup_prefetch = self.lookup_prefetch;
         config.direct_io_threshold = self.direct_io_threshold;
@@ -317,6 +326,7 @@ mod tests {
         assert_eq!(c.lookup_prefetch, 256 << 10);
         assert_eq!(c.direct_io_threshold, 32 << 20);
         assert_eq!(c.max_writers, 64);
+        assert_eq!(c.upload_parts_in_flight, 4);
         assert_eq!(c.memory.limit(), crate::memory::default_target());
         assert!(c.memory.limit() >= 256 << 20);
         assert_eq!(c.metadata_ttl, Duration::from_secs(1));
@@ -593,6 +603,16 @@ mod tests {
         assert_eq!(at("1"), 16 << 20, "at least two read parts");
         assert_eq!(at("25"), 160 << 20);
         assert_eq!(at("1000"), 2 << 30, "mount-s3's window cap");
+        let parts = |flags: &[&str]| args(flags).fs_config().upload_parts_in_flight;
+        assert_eq!(parts(&[]), 4);
+        assert_eq!(
+            parts(&["--maximum-throughput-gbps=5"]),
+            4,
+            "never below the default"
+        );
+        assert_eq!(parts(&["--maximum-throughput-gbps=25"]), 10);
+        assert_eq!(parts(&["--maximum-throughput-gbps=100"]), 40);
+        assert_eq!(parts(&["--maximum-throughput-gbps=400"]), 64);
         let explicit = args(&["--maximum-throughput-gbps=100", "--max-prefetch=8M"]);
         assert_eq!(explicit.fs_config().max_prefetch, 8 << 20);
     }
