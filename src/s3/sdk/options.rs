@@ -315,6 +315,21 @@ mod tests {
     }
 
     #[test]
+    fn the_default_client_and_headers_stay_unless_a_flag_asks() {
+        let mut c = config("my-bucket");
+        assert!(http_client(&c).unwrap().is_none());
+        assert!(RequestHeaders::from_config(&c).is_none());
+        c.bind = vec!["lo".into(), "lo".into()];
+        assert!(http_client(&c).unwrap().is_some());
+        c.bind.clear();
+        c.ca_bundle = Some("/nonexistent/ca.pem".into());
+        assert!(http_client(&c).unwrap_err().contains("/nonexistent/ca.pem"));
+        c.ca_bundle = None;
+        c.requester_pays = true;
+        assert!(RequestHeaders::from_config(&c).is_some());
+    }
+
+    #[test]
     fn ca_bundles_and_interfaces_are_checked() {
         let dir = tempfile::tempdir().unwrap();
         let missing = dir.path().join("missing.pem");
