@@ -13,6 +13,73 @@ impl BucketName {
     pub fn is_directory(&self) -> bool {
         self.zone.is_some()
     }
+
+    /// An access point ARN (`arn:aws:s3:REGION:ACCOUNT:accesspoint/NAME`), which the SDK's endpoint rules
+    /// turn into the access point's own host.
+    pub fn is_arn(&self) -> bool {
+        self.name.starts_with("arn:")
+    }
+
+    /// The region an access point ARN names (empty for a multi-region access point).
+    pub fn arn_region(&self) -> Option<&str> {
+        self.is_arn()
+            .then(|| self.name.split(':').nth(3))
+            .flatten()
+            .filter(|r| !r.is_empty())
+    }
+}
+
+/// What the first argument names: a bucket, access point ARN or alias, or `s3://bucket/prefix/` (mount-s3's
+/// forms). Returns the bucket and the URI's prefix, if any.
+pub fn parse_source(input: &str) -> Result<(BucketName, Option<String>), String> {
+    if let Some(rest) = input.strip_prefix("s3://") {
+        let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+        if bucket.starts_with("arn:") {
+            return Err(format!(
+                "{input:?}: an access point ARN cannot be written as an s3:// URI; give the ARN alone (and --prefix)"
+            ));
+        }
+        if !prefix.is_empty() && !prefix.ends_with('/') {
+            return Err(format!(
+                "{input:?}: the prefix in an s3:// URI must end in '/'"
+            ));
+        }
+        let prefix = (!prefix.is_empty()).then(|| prefix.to_string());
+        return Ok((parse(bucket)?, prefix));
+    }
+    if input.starts_with("arn:") {
+        return parse_access_point_arn(input).map(|b| (b, None));
+    }
+    Ok((parse(input)?, None))
+}
+
+/// `arn:PARTITION:s3:REGION:ACCOUNT:accesspoint/NAME` (also Object Lambda's `s3-object-lambda`, and
+/// multi-region access points, whose region is empty).
+fn parse_access_point_arn(arn: &str) -> Result<BucketName, String> {
+    let parts: Vec<&str> = arn.splitn(6, ':').collect();
+    if parts.get(2) == Some(&"s3-outposts") {
+        return Err(format!(
+            "{arn:?}: S3 on Outposts is not supported (its buckets take no checksums and are reached through the Outposts endpoint)"
+        ));
+    }
+    let valid = parts.len() == 6
+        && !parts[1].is_empty()
+        && matches!(parts[2], "s3" | "s3-object-lambda")
+        && parts[4].len() == 12
+        && parts[4].bytes().all(|b| b.is_ascii_digit())
+        && parts[5]
+            .strip_prefix("accesspoint/")
+            .or_else(|| parts[5].strip_prefix("accesspoint:"))
+            .is_some_and(|name| !name.is_empty() && !name.contains('/'));
+    if !valid {
+        return Err(format!(
+            "{arn:?} is not an access point ARN (arn:aws:s3:REGION:ACCOUNT:accesspoint/NAME)"
+        ));
+    }
+    Ok(BucketName {
+        name: arn.to_string(),
+        zone: None,
+    })
 }
 
 /// Region codes used in AZ IDs (`use1-az4` is in us-east-1).
@@ -98,7 +165,14 @@ pub fn parse(input: &str) -> Result<BucketName, String> {
             zone: Some(zone.to_string()),
         });
     }
-    if name.contains("--") || name.ends_with("-s3alias") || name.starts_with("xn--") {
+    // Access point aliases (general purpose `...-s3alias`, Object Lambda `...--ol-s3`) are used as names.
+    if name.ends_with("-s3alias") || name.ends_with("--ol-s3") {
+        return Ok(BucketName {
+            name: name.to_string(),
+            zone: None,
+        });
+    }
+    if name.contains("--") || name.starts_with("xn--") {
         return Err(format!(
             "bucket name {name:?} uses a reserved form ('--' is only for directory buckets: base--azid--x-s3)"
         ));
@@ -131,6 +205,50 @@ mod tests {
         assert_eq!(region_of_zone("zzz9-az1"), None);
         assert!(!parse("my.bucket-1").unwrap().is_directory());
         assert_eq!(parse("s3://plain-bucket/").unwrap().name, "plain-bucket");
+    }
+
+    #[test]
+    fn uris_arns_and_aliases() {
+        let (b, p) = parse_source("s3://data--use1-az4--x-s3/train/2024/").unwrap();
+        assert_eq!(
+            (b.name.as_str(), p.as_deref()),
+            ("data--use1-az4--x-s3", Some("train/2024/"))
+        );
+        assert!(b.is_directory());
+        let (b, p) = parse_source("s3://plain-bucket").unwrap();
+        assert_eq!((b.name.as_str(), p), ("plain-bucket", None));
+        assert_eq!(parse_source("s3://plain-bucket/").unwrap().1, None);
+        assert!(
+            parse_source("s3://plain-bucket/train")
+                .unwrap_err()
+                .contains("end in '/'")
+        );
+        let arn = "arn:aws:s3:us-west-2:123456789012:accesspoint/my-ap";
+        let (b, p) = parse_source(arn).unwrap();
+        assert!(b.is_arn() && !b.is_directory() && p.is_none());
+        assert_eq!(b.arn_region(), Some("us-west-2"));
+        let mrap = parse_source("arn:aws:s3::123456789012:accesspoint/mfzwi23gnjvgw.mrap")
+            .unwrap()
+            .0;
+        assert_eq!(mrap.arn_region(), None);
+        assert!(
+            parse_source(&format!("s3://{arn}/"))
+                .unwrap_err()
+                .contains("ARN")
+        );
+        for bad in [
+            "arn:aws:s3:us-west-2:123:accesspoint/ap",
+            "arn:aws:ec2:us-west-2:123456789012:accesspoint/ap",
+            "arn:aws:s3:us-west-2:123456789012:bucket/b",
+            "arn:aws:s3-outposts:us-west-2:123456789012:outpost/op-01ac5d28a6a232904/bucket/b",
+        ] {
+            assert!(parse_source(bad).is_err(), "{bad}");
+        }
+        let alias = parse_source("my-ap-hrzrlukc5m36ft7okagglf3gmwluquse1b-s3alias")
+            .unwrap()
+            .0;
+        assert!(!alias.is_directory() && !alias.is_arn());
+        assert!(parse("my-ol-ap-abcdefghijk--ol-s3").is_ok());
     }
 
     #[test]

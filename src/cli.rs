@@ -17,7 +17,8 @@ use crate::s3::UploadChecksum;
                   Directory buckets need the s3express:CreateSession permission."
 )]
 pub struct Args {
-    /// Bucket to mount: base--azid--x-s3 (directory bucket) or a general purpose bucket name
+    /// Bucket to mount: base--azid--x-s3 (directory bucket), a general purpose bucket name, an access point
+    /// ARN or alias, or s3://bucket/prefix/ (the same as --prefix prefix/)
     pub bucket: String,
 
     /// Directory to mount the bucket at (must exist and be empty)
@@ -42,6 +43,48 @@ pub struct Args {
     /// Additional checksum sent with every upload
     #[arg(long, value_parser = ["crc32c", "crc64nvme", "off"], default_value = "crc32c", help_heading = "Bucket options")]
     pub upload_checksums: String,
+    /// Treat the bucket as this kind (default: a name ending in --x-s3 is a directory bucket); must agree with
+    /// the name
+    #[arg(long, value_parser = ["general-purpose", "directory"], help_heading = "Bucket options")]
+    pub bucket_type: Option<String>,
+    /// Server-side encryption of new objects: aws:kms, aws:kms:dsse or AES256 (default: the bucket's)
+    #[arg(long, help_heading = "Bucket options")]
+    pub sse: Option<String>,
+    /// KMS key ARN for --sse aws:kms or aws:kms:dsse (default: the AWS managed key)
+    #[arg(long, help_heading = "Bucket options")]
+    pub sse_kms_key_id: Option<String>,
+    /// Storage class of new objects, e.g. STANDARD_IA (default: the bucket's; directory buckets only take
+    /// EXPRESS_ONEZONE)
+    #[arg(long, help_heading = "Bucket options")]
+    pub storage_class: Option<String>,
+    /// Set Content-Type of new objects from the file name's extension (default: binary/octet-stream)
+    #[arg(long, help_heading = "Bucket options")]
+    pub infer_content_type: bool,
+    /// Send x-amz-request-payer: requester on every request (general purpose buckets)
+    #[arg(long, help_heading = "Bucket options")]
+    pub requester_pays: bool,
+    /// Account ID that must own the bucket (and the --cache-xz bucket); requests to another owner's fail
+    #[arg(long, help_heading = "Bucket options")]
+    pub expected_bucket_owner: Option<String>,
+    /// Send anonymous requests (a public bucket); no credentials are loaded
+    #[arg(long, help_heading = "Bucket options")]
+    pub no_sign_request: bool,
+    /// Use the dual-stack (IPv4 and IPv6) endpoint
+    #[arg(long, help_heading = "Bucket options")]
+    pub dual_stack: bool,
+    /// Use the Transfer Acceleration endpoint (general purpose buckets with acceleration enabled)
+    #[arg(long, help_heading = "Bucket options")]
+    pub transfer_acceleration: bool,
+    /// PEM file of the certificate authorities to trust instead of the system's
+    #[arg(long, env = "AWS_CA_BUNDLE", help_heading = "Bucket options")]
+    pub ca_bundle: Option<PathBuf>,
+    /// Text put in front of the User-Agent of every request
+    #[arg(long, help_heading = "Bucket options")]
+    pub user_agent_prefix: Option<String>,
+    /// Network interface to send requests through (SO_BINDTODEVICE; repeat to spread connections over
+    /// several). Needs root or CAP_NET_RAW
+    #[arg(long = "bind", value_name = "IFACE", help_heading = "Bucket options")]
+    pub bind: Vec<String>,
 
     // ---- Mount options
     /// Refuse every write (EROFS)
@@ -106,9 +149,13 @@ pub struct Args {
     /// Sets both --read-part-size and --write-part-size
     #[arg(long, value_parser = parse_size, help_heading = "Performance and caching")]
     pub part_size: Option<u64>,
-    /// Most bytes fetched ahead for one sequential reader
-    #[arg(long, default_value = "64M", value_parser = parse_size, help_heading = "Performance and caching")]
-    pub max_prefetch: u64,
+    /// Most bytes fetched ahead for one sequential reader (default 64M, or as --maximum-throughput-gbps sets)
+    #[arg(long, value_parser = parse_size, help_heading = "Performance and caching")]
+    pub max_prefetch: Option<u64>,
+    /// Network throughput to aim for, in Gbit/s: sizes each reader's read-ahead (how many part GETs run at
+    /// once) and the parts each file uploads at once. Default: the 10 Gbit/s the other defaults are set for
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..), help_heading = "Performance and caching")]
+    pub maximum_throughput_gbps: Option<u64>,
     /// Bytes a lookup reads from the start of a file along with its metadata (one GET instead of a HEAD), so
     /// that opening and reading a small file right after needs no request of its own. 0: lookups are HEADs
     #[arg(long, default_value = "256K", value_parser = parse_size, help_heading = "Performance and caching")]
@@ -153,10 +200,13 @@ pub struct Args {
 
     // ---- Logging
     /// Debug logging for expressfs (RUST_LOG overrides)
-    #[arg(long, help_heading = "Logging")]
+    #[arg(short, long, help_heading = "Logging")]
     pub debug: bool,
-    /// Write logs to files in this directory (default: stderr in the foreground, nothing in the background)
+    /// Accepted for mount-s3 command lines: there is no CRT here; the SDK's own logs follow RUST_LOG
     #[arg(long, help_heading = "Logging")]
+    pub debug_crt: bool,
+    /// Write logs to files in this directory (default: stderr in the foreground, nothing in the background)
+    #[arg(short, long, help_heading = "Logging")]
     pub log_directory: Option<PathBuf>,
     /// No logging at all
     #[arg(long, help_heading = "Logging")]
@@ -192,7 +242,16 @@ impl Args {
 
     /// Checks that the flags make sense together.
     pub fn validate(&self) -> Result<(), String> {
-        if let Some(prefix) = &self.prefix {
+        let uri_prefix = crate::bucket::parse_source(&self.bucket)
+            .ok()
+            .and_then(|(_, p)| p);
+        if self.prefix.is_some() && uri_prefix.is_some() {
+            return Err(
+                "--prefix cannot be combined with an s3://bucket/prefix/ argument: give the prefix once"
+                    .into(),
+            );
+        }
+        if let Some(prefix) = self.prefix.as_ref().or(uri_prefix.as_ref()) {
             if !prefix.is_empty() && !prefix.ends_with('/') {
                 return Err(format!("--prefix {prefix:?} must end in '/'"));
             }
@@ -217,13 +276,8 @@ impl Args {
         }
         if let Some(xz) = &self.cache_xz {
             let xz = xz.strip_prefix("s3://").unwrap_or(xz).trim_end_matches('/');
-            if xz
-                == self
-                    .bucket
-                    .strip_prefix("s3://")
-                    .unwrap_or(&self.bucket)
-                    .trim_end_matches('/')
-            {
+            let mounted = crate::bucket::parse_source(&self.bucket).map(|(b, _)| b.name);
+            if mounted.is_ok_and(|m| m == xz) {
                 return Err("--cache-xz must name a different bucket than the one mounted".into());
             }
         }
@@ -232,6 +286,68 @@ impl Args {
         }
         if self.max_threads == 0 {
             return Err("--max-threads must be at least 1".into());
+        }
+        self.validate_request_options()
+    }
+
+    /// The flags that change requests, checked as far as they can be without knowing the bucket (see
+    /// `Args::bucket_name` for the rest). The reasons are the service's, so a command line that S3 would
+    /// refuse at the first write is refused before mounting.
+    fn validate_request_options(&self) -> Result<(), String> {
+        match self.sse.as_deref() {
+            None | Some("aws:kms" | "aws:kms:dsse" | "AES256") => {}
+            Some(c) if c.eq_ignore_ascii_case("sse-c") || c.eq_ignore_ascii_case("customer") => {
+                return Err("--sse: SSE-C (customer-provided keys) is not supported: every read would need the key; use aws:kms or AES256".into());
+            }
+            Some(other) => {
+                return Err(format!(
+                    "--sse {other:?}: must be aws:kms, aws:kms:dsse or AES256"
+                ));
+            }
+        }
+        if let Some(key) = &self.sse_kms_key_id {
+            if !matches!(self.sse.as_deref(), Some("aws:kms" | "aws:kms:dsse")) {
+                return Err("--sse-kms-key-id needs --sse aws:kms or --sse aws:kms:dsse".into());
+            }
+            let parts: Vec<&str> = key.splitn(6, ':').collect();
+            let is_key_arn = parts.len() == 6
+                && parts[0] == "arn"
+                && parts[2] == "kms"
+                && parts[5].starts_with("key/");
+            if !is_key_arn {
+                return Err(format!(
+                    "--sse-kms-key-id {key:?}: give the key's full ARN (arn:aws:kms:REGION:ACCOUNT:key/ID)"
+                ));
+            }
+        }
+        if let Some(owner) = &self.expected_bucket_owner
+            && (owner.len() != 12 || !owner.bytes().all(|b| b.is_ascii_digit()))
+        {
+            return Err(format!(
+                "--expected-bucket-owner {owner:?}: an AWS account ID is 12 digits"
+            ));
+        }
+        if let Some(class) = &self.storage_class
+            && !aws_sdk_s3::types::StorageClass::values().contains(&class.as_str())
+        {
+            return Err(format!(
+                "--storage-class {class:?}: not a storage class S3 knows ({})",
+                aws_sdk_s3::types::StorageClass::values().join(", ")
+            ));
+        }
+        if self.no_sign_request && self.profile.is_some() {
+            return Err("--no-sign-request and --profile exclude each other".into());
+        }
+        if let Some(prefix) = &self.user_agent_prefix
+            && (prefix.is_empty() || !prefix.bytes().all(|b| (0x20..0x7f).contains(&b)))
+        {
+            return Err("--user-agent-prefix must be printable ASCII".into());
+        }
+        for iface in &self.bind {
+            crate::s3::sdk::check_interface(iface).map_err(|e| format!("--bind: {e}"))?;
+        }
+        if let Some(bundle) = &self.ca_bundle {
+            crate::s3::sdk::load_ca_bundle(bundle).map_err(|e| format!("--ca-bundle: {e}"))?;
         }
         Ok(())
     }
@@ -343,7 +459,8 @@ pub fn expand_mount_options(argv: Vec<String>) -> Result<Vec<String>, String> {
             out.push(arg);
             continue;
         };
-        for opt in list.split(',').filter(|o| !o.is_empty()) {
+        for opt in split_mount_options(&list) {
+            let opt = opt.as_str();
             let (name, value) = opt
                 .split_once('=')
                 .map_or((opt, None), |(n, v)| (n, Some(v)));
@@ -364,6 +481,22 @@ pub fn expand_mount_options(argv: Vec<String>) -> Result<Vec<String>, String> {
         }
     }
     Ok(out)
+}
+
+/// Splits an `-o` list at commas; a backslash makes the next character (`,`, `\` or `"`) literal, as in
+/// mount-s3's fstab (`user-agent-prefix=foo\,bar`).
+fn split_mount_options(list: &str) -> Vec<String> {
+    let mut options = vec![String::new()];
+    let mut chars = list.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => options.last_mut().unwrap().extend(chars.next()),
+            ',' => options.push(String::new()),
+            c => options.last_mut().unwrap().push(c),
+        }
+    }
+    options.retain(|o| !o.is_empty());
+    options
 }
 
 #[cfg(test)]
@@ -408,6 +541,15 @@ mod tests {
         ])
         .unwrap();
         assert!(a.read_only && a.allow_other);
+        let escaped = parse(&[
+            "bkt",
+            "/mnt",
+            "-o",
+            r"rw,user-agent-prefix=foo\,bar\\baz,allow-other",
+        ])
+        .unwrap();
+        assert_eq!(escaped.user_agent_prefix.as_deref(), Some(r"foo,bar\baz"));
+        assert!(escaped.allow_other);
         assert_eq!(a.region.as_deref(), Some("us-west-2"));
         assert!(
             parse(&["b", "/mnt", "--prefix", "data"])
@@ -420,10 +562,94 @@ mod tests {
                 .contains("5M")
         );
         assert!(parse(&["b", "/mnt", "--read-only", "--allow-delete"]).is_err());
+        // mount-s3's short flags and its `s3://` form.
+        let d = parse(&[
+            "s3://bkt/p/",
+            "/mnt",
+            "-d",
+            "-l",
+            "/var/log/x",
+            "--debug-crt",
+        ])
+        .unwrap();
+        assert!(d.debug && d.debug_crt);
+        assert_eq!(d.log_directory, Some(PathBuf::from("/var/log/x")));
+        assert!(
+            parse(&["s3://bkt/p/", "/mnt", "--prefix", "q/"])
+                .unwrap_err()
+                .contains("give the prefix once")
+        );
         let p = parse(&["b", "/mnt", "--part-size", "16M"]).unwrap();
         assert_eq!(
             (p.read_part_size(), p.write_part_size()),
             (16 << 20, 16 << 20)
         );
+    }
+}
+
+#[cfg(test)]
+mod request_option_tests {
+    use super::*;
+
+    fn check(flags: &[&str]) -> Result<Args, String> {
+        let argv: Vec<String> = ["expressfs", "plain-bucket", "/mnt"]
+            .into_iter()
+            .chain(flags.iter().copied())
+            .map(String::from)
+            .collect();
+        let a = Args::try_parse_from(expand_mount_options(argv)?).map_err(|e| e.to_string())?;
+        a.validate()?;
+        Ok(a)
+    }
+
+    #[test]
+    fn request_options_are_checked_before_mounting() {
+        let key = "arn:aws:kms:us-east-1:123456789012:key/k1";
+        assert!(check(&["--sse", "aws:kms", "--sse-kms-key-id", key]).is_ok());
+        assert!(check(&["--sse", "aws:kms:dsse", "--sse-kms-key-id", key]).is_ok());
+        assert!(check(&["--sse", "AES256"]).is_ok());
+        for (flags, says) in [
+            (&["--sse", "SSE-C"][..], "SSE-C"),
+            (&["--sse", "aws:kms:x"][..], "must be aws:kms"),
+            (&["--sse-kms-key-id", key][..], "needs --sse aws:kms"),
+            (
+                &["--sse", "AES256", "--sse-kms-key-id", key][..],
+                "needs --sse aws:kms",
+            ),
+            (
+                &["--sse", "aws:kms", "--sse-kms-key-id", "alias/mine"][..],
+                "full ARN",
+            ),
+            (&["--expected-bucket-owner", "12345"][..], "12 digits"),
+            (&["--storage-class", "COLD"][..], "STANDARD_IA"),
+            (
+                &["--no-sign-request", "--profile", "p"][..],
+                "exclude each other",
+            ),
+            (&["--user-agent-prefix", "tab\there"][..], "printable"),
+            (
+                &["--bind", "nosuchif0"][..],
+                "no network interface named \"nosuchif0\"",
+            ),
+            (
+                &["--ca-bundle", "/nonexistent/ca.pem"][..],
+                "--ca-bundle: /nonexistent/ca.pem",
+            ),
+            (&["--maximum-throughput-gbps", "0"][..], "0"),
+        ] {
+            let e = check(flags).unwrap_err();
+            assert!(e.contains(says), "{flags:?}: {e}");
+        }
+        let a = check(&[
+            "--maximum-throughput-gbps",
+            "25",
+            "--bind",
+            "lo",
+            "-o",
+            "bind=lo",
+        ])
+        .unwrap();
+        assert_eq!(a.maximum_throughput_gbps, Some(25));
+        assert_eq!(a.bind.len(), 2);
     }
 }

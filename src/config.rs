@@ -34,12 +34,101 @@ pub struct CacheConfig {
     pub shared: Option<SharedCacheConfig>,
 }
 
+/// `--maximum-throughput-gbps`: the default 64 MiB window is what 10 Gbit/s needs; it scales linearly.
+const PREFETCH_AT_10_GBPS: u64 = 64 << 20;
+/// mount-s3's cap on one reader's window.
+const MAX_PREFETCH_WINDOW: u64 = 2 << 30;
+
 impl Args {
-    /// `--region`, else the region of a directory bucket's zone, else `AWS_REGION`/`AWS_DEFAULT_REGION`,
-    /// else us-east-1.
+    /// The mounted bucket (name, access point ARN or alias, or the bucket of an `s3://` URI), checked against
+    /// `--bucket-type` and against the flags a bucket of its kind cannot take, with the service's reasons.
+    pub fn bucket_name(&self) -> Result<BucketName, String> {
+        let (name, _) = bucket::parse_source(&self.bucket)?;
+        let shown = &name.name;
+        match self.bucket_type.as_deref() {
+            Some("directory") if !name.is_directory() => {
+                return Err(format!(
+                    "--bucket-type directory: {shown:?} is not a directory bucket name (base--azid--x-s3)"
+                ));
+            }
+            Some("general-purpose") if name.is_directory() => {
+                return Err(format!(
+                    "--bucket-type general-purpose: {shown:?} is a directory bucket name (it ends in --x-s3)"
+                ));
+            }
+            _ => {}
+        }
+        let storage_class = self.storage_class.as_deref();
+        if name.is_directory() {
+            let refusal = if self.transfer_acceleration {
+                Some(
+                    "--transfer-acceleration: S3 Express One Zone does not support Transfer Acceleration",
+                )
+            } else if storage_class.is_some_and(|c| c != "EXPRESS_ONEZONE") {
+                Some("--storage-class: directory buckets store objects only in EXPRESS_ONEZONE")
+            } else if self.requester_pays {
+                Some("--requester-pays: directory buckets do not support Requester Pays")
+            } else if self.sse.as_deref() == Some("aws:kms:dsse") {
+                Some("--sse aws:kms:dsse: directory buckets support only AES256 and aws:kms")
+            } else if self.no_sign_request {
+                Some(
+                    "--no-sign-request: directory buckets take no anonymous requests (each one is signed with a CreateSession session)",
+                )
+            } else {
+                None
+            };
+            if let Some(reason) = refusal {
+                return Err(format!("{reason} (bucket {shown})"));
+            }
+        } else if storage_class == Some("EXPRESS_ONEZONE") {
+            return Err(format!(
+                "--storage-class EXPRESS_ONEZONE is only for directory buckets ({shown} is a general purpose bucket)"
+            ));
+        }
+        if name.is_arn() && self.force_path_style {
+            return Err(format!(
+                "--force-path-style: an access point ARN is always addressed by its own host name ({shown})"
+            ));
+        }
+        Ok(name)
+    }
+
+    /// `--prefix`, or the prefix of an `s3://bucket/prefix/` argument (`validate` refuses both at once).
+    pub fn mount_prefix(&self) -> String {
+        self.prefix
+            .clone()
+            .or_else(|| bucket::parse_source(&self.bucket).ok().and_then(|(_, p)| p))
+            .unwrap_or_default()
+    }
+
+    /// `--max-prefetch`, else what `--maximum-throughput-gbps` needs, else 64 MiB.
+    pub fn max_prefetch(&self) -> u64 {
+        if let Some(bytes) = self.max_prefetch {
+            return bytes;
+        }
+        match self.maximum_throughput_gbps {
+            None => 64 << 20,
+            Some(gbps) => (gbps.saturating_mul(PREFETCH_AT_10_GBPS) / 10)
+                .clamp(2 * self.read_part_size(), MAX_PREFETCH_WINDOW),
+        }
+    }
+
+    /// Parts one file uploads at once: 4 (what 10 Gbit/s needs), scaled by `--maximum-throughput-gbps`; the
+    /// memory target still bounds them.
+    pub fn upload_parts_in_flight(&self) -> usize {
+        self.maximum_throughput_gbps.map_or(4, |gbps| {
+            gbps.saturating_mul(4).div_ceil(10).clamp(4, 64) as usize
+        })
+    }
+
+    /// `--region`, else the region of an access point ARN or a directory bucket's zone, else
+    /// `AWS_REGION`/`AWS_DEFAULT_REGION`, else us-east-1.
     pub fn region(&self, name: &BucketName) -> Result<String, String> {
         if let Some(r) = &self.region {
             return Ok(r.clone());
+        }
+        if let Some(r) = name.arn_region() {
+            return Ok(r.to_string());
         }
         if let Some(zone) = &name.zone {
             return bucket::region_of_zone(zone).map(str::to_string).ok_or_else(|| {
@@ -56,10 +145,35 @@ impl Args {
     pub fn client_config(&self, bucket: &BucketName, region: &str) -> SdkClientConfig {
         let mut config = SdkClientConfig::new(bucket.name.clone(), region);
         config.endpoint_url = self.endpoint_url.clone();
-        config.force_path_style = self.force_path_style || self.endpoint_url.is_some();
+        // An ARN names its own host: the endpoint rules refuse path style for it.
+        config.force_path_style =
+            self.force_path_style || (self.endpoint_url.is_some() && !bucket.is_arn());
         config.profile = self.profile.clone();
         config.is_directory_bucket = bucket.is_directory();
         config.upload_checksum = self.upload_checksum();
+        config.sse = self.sse.clone();
+        config.sse_kms_key_id = self.sse_kms_key_id.clone();
+        config.storage_class = self.storage_class.clone();
+        config.infer_content_type = self.infer_content_type;
+        config.requester_pays = self.requester_pays;
+        config.expected_bucket_owner = self.expected_bucket_owner.clone();
+        config.no_sign_request = self.no_sign_request;
+        config.dual_stack = self.dual_stack;
+        config.transfer_acceleration = self.transfer_acceleration;
+        config.ca_bundle = self.ca_bundle.clone();
+        config.user_agent_prefix = self.user_agent_prefix.clone();
+        config.bind = self.bind.clone();
+        config
+    }
+
+    /// The client of the `--cache-xz` bucket: reached as the mounted one, with the same encryption and
+    /// expected owner (as in mount-s3), but the object settings meant for the mounted bucket's files (storage
+    /// class, content type, requester pays) stay off: a directory bucket would refuse the first two.
+    pub fn cache_client_config(&self, bucket: &BucketName, region: &str) -> SdkClientConfig {
+        let mut config = self.client_config(bucket, region);
+        config.storage_class = None;
+        config.infer_content_type = false;
+        config.requester_pays = false;
         config
     }
 
@@ -89,7 +203,7 @@ impl Args {
             self.uid.unwrap_or_else(|| nix::unistd::getuid().as_raw()),
             self.gid.unwrap_or_else(|| nix::unistd::getgid().as_raw()),
         );
-        config.prefix = self.prefix.clone().unwrap_or_default();
+        config.prefix = self.mount_prefix();
         config.dir_mode = self.dir_mode;
         config.file_mode = self.file_mode;
         config.read_only = self.read_only;
@@ -100,7 +214,8 @@ impl Args {
         config.max_rename_objects = self.max_rename_objects;
         config.read_part_size = self.read_part_size();
         config.write_part_size = self.write_part_size();
-        config.max_prefetch = self.max_prefetch;
+        config.upload_parts_in_flight = self.upload_parts_in_flight();
+        config.max_prefetch = self.max_prefetch();
         config.lookup_prefetch = self.lookup_prefetch;
         config.direct_io_threshold = self.direct_io_threshold;
         config.max_writers = self.max_open_writers;
@@ -129,7 +244,7 @@ impl Args {
     /// The source shown by `mount` and `df`. The root mount path ignores the subtype (the type is plain
     /// "fuse"), so the source names us and the bucket.
     pub fn fs_name(&self, bucket: &BucketName) -> String {
-        match self.prefix.as_deref().unwrap_or_default() {
+        match self.mount_prefix().as_str() {
             "" => format!("expressfs:{}", bucket.name),
             prefix => format!("expressfs:{}/{}", bucket.name, prefix.trim_end_matches('/')),
         }
@@ -183,6 +298,17 @@ mod tests {
         a
     }
 
+    fn args_for(bucket: &str, flags: &[&str]) -> Args {
+        let argv: Vec<String> = ["expressfs", bucket, "/mnt"]
+            .into_iter()
+            .chain(flags.iter().copied())
+            .map(String::from)
+            .collect();
+        let a = Args::try_parse_from(expand_mount_options(argv).unwrap()).unwrap();
+        a.validate().unwrap();
+        a
+    }
+
     fn directory_bucket() -> BucketName {
         bucket::parse("b--use1-az4--x-s3").unwrap()
     }
@@ -200,6 +326,7 @@ mod tests {
         assert_eq!(c.lookup_prefetch, 256 << 10);
         assert_eq!(c.direct_io_threshold, 32 << 20);
         assert_eq!(c.max_writers, 64);
+        assert_eq!(c.upload_parts_in_flight, 4);
         assert_eq!(c.memory.limit(), crate::memory::default_target());
         assert!(c.memory.limit() >= 256 << 20);
         assert_eq!(c.metadata_ttl, Duration::from_secs(1));
@@ -315,6 +442,179 @@ mod tests {
             .client_config(&general, "us-east-1");
         assert!(c.force_path_style && !c.is_directory_bucket);
         assert_eq!(c.upload_checksum, UploadChecksum::Off);
+    }
+
+    #[test]
+    fn mount_s3_request_flags_land_in_the_client_config() {
+        let general = bucket::parse("plain-bucket").unwrap();
+        let c = args(&[]).client_config(&general, "us-east-1");
+        assert_eq!(
+            (c.sse, c.sse_kms_key_id, c.storage_class),
+            (None, None, None)
+        );
+        assert!(!c.infer_content_type && !c.requester_pays && !c.no_sign_request);
+        assert!(!c.dual_stack && !c.transfer_acceleration);
+        assert_eq!((c.expected_bucket_owner, c.user_agent_prefix), (None, None));
+        assert!(c.bind.is_empty());
+        // --ca-bundle falls back to AWS_CA_BUNDLE, as in mount-s3 and the AWS CLI.
+        assert_eq!(
+            c.ca_bundle,
+            std::env::var_os("AWS_CA_BUNDLE").map(PathBuf::from)
+        );
+
+        let key = "arn:aws:kms:us-east-1:123456789012:key/1234abcd-12ab-34cd-56ef-1234567890ab";
+        let c = args(&[
+            "--sse=aws:kms",
+            &format!("--sse-kms-key-id={key}"),
+            "--storage-class=STANDARD_IA",
+            "--infer-content-type",
+            "--requester-pays",
+            "--expected-bucket-owner=123456789012",
+            "--no-sign-request",
+            "--dual-stack",
+            "--ca-bundle=/etc/ssl/certs/ca-certificates.crt",
+            "--user-agent-prefix=team-a/1.0",
+            "--bind=lo",
+            "--bind=lo",
+        ])
+        .client_config(&general, "us-east-1");
+        assert_eq!(c.sse.as_deref(), Some("aws:kms"));
+        assert_eq!(c.sse_kms_key_id.as_deref(), Some(key));
+        assert_eq!(c.storage_class.as_deref(), Some("STANDARD_IA"));
+        assert!(c.infer_content_type && c.requester_pays && c.no_sign_request && c.dual_stack);
+        assert_eq!(c.expected_bucket_owner.as_deref(), Some("123456789012"));
+        assert_eq!(
+            c.ca_bundle,
+            Some(PathBuf::from("/etc/ssl/certs/ca-certificates.crt"))
+        );
+        assert_eq!(c.user_agent_prefix.as_deref(), Some("team-a/1.0"));
+        assert_eq!(c.bind, vec!["lo".to_string(), "lo".to_string()]);
+        let cache = args(&[
+            "--sse=aws:kms",
+            "--storage-class=STANDARD_IA",
+            "--infer-content-type",
+            "--requester-pays",
+            "--expected-bucket-owner=123456789012",
+        ])
+        .cache_client_config(&directory_bucket(), "us-east-1");
+        assert_eq!(cache.sse.as_deref(), Some("aws:kms"));
+        assert_eq!(cache.expected_bucket_owner.as_deref(), Some("123456789012"));
+        assert_eq!(cache.storage_class, None);
+        assert!(!cache.infer_content_type && !cache.requester_pays);
+        let c = args(&["--transfer-acceleration"]).client_config(&general, "us-east-1");
+        assert!(c.transfer_acceleration);
+
+        // fstab spelling of the same flags.
+        let c = args(&[
+            "-o",
+            "sse=AES256,storage_class=GLACIER_IR,infer_content_type,requester_pays,expected_bucket_owner=111122223333,user_agent_prefix=fstab,bind=lo",
+        ])
+        .client_config(&general, "us-east-1");
+        assert_eq!(c.sse.as_deref(), Some("AES256"));
+        assert_eq!(c.storage_class.as_deref(), Some("GLACIER_IR"));
+        assert!(c.infer_content_type && c.requester_pays);
+        assert_eq!(c.expected_bucket_owner.as_deref(), Some("111122223333"));
+        assert_eq!(c.user_agent_prefix.as_deref(), Some("fstab"));
+        assert_eq!(c.bind, vec!["lo".to_string()]);
+    }
+
+    #[test]
+    fn uris_arns_and_bucket_types() {
+        let a = args_for("s3://data--use1-az4--x-s3/train/", &[]);
+        let name = a.bucket_name().unwrap();
+        assert_eq!(name.name, "data--use1-az4--x-s3");
+        assert_eq!(a.fs_config().prefix, "train/");
+        assert_eq!(a.fs_name(&name), "expressfs:data--use1-az4--x-s3/train");
+        let arn = "arn:aws:s3:eu-west-1:123456789012:accesspoint/my-ap";
+        let a = args_for(arn, &["--endpoint-url=http://127.0.0.1:9000"]);
+        let name = a.bucket_name().unwrap();
+        assert!(name.is_arn());
+        assert_eq!(a.region(&name).unwrap(), "eu-west-1");
+        let c = a.client_config(&name, "eu-west-1");
+        assert!(!c.force_path_style, "an ARN is never path style");
+        assert_eq!(c.bucket, arn);
+        assert!(
+            args_for(arn, &["--force-path-style"])
+                .bucket_name()
+                .unwrap_err()
+                .contains("ARN")
+        );
+        assert!(
+            args_for("plain-bucket", &["--bucket-type=directory"])
+                .bucket_name()
+                .unwrap_err()
+                .contains("not a directory bucket")
+        );
+        assert!(
+            args(&["--bucket-type=general-purpose"])
+                .bucket_name()
+                .unwrap_err()
+                .contains("is a directory bucket")
+        );
+        assert!(args(&["--bucket-type=directory"]).bucket_name().is_ok());
+        assert!(
+            args_for("plain-bucket", &["--bucket-type=general-purpose"])
+                .bucket_name()
+                .is_ok()
+        );
+    }
+
+    #[test]
+    fn flags_a_bucket_kind_cannot_take_are_refused_with_the_reason() {
+        for (flags, says) in [
+            (&["--transfer-acceleration"][..], "Transfer Acceleration"),
+            (&["--storage-class=STANDARD"][..], "EXPRESS_ONEZONE"),
+            (&["--requester-pays"][..], "Requester Pays"),
+            (&["--sse=aws:kms:dsse"][..], "AES256 and aws:kms"),
+            (&["--no-sign-request"][..], "anonymous"),
+        ] {
+            let e = args(flags).bucket_name().unwrap_err();
+            assert!(
+                e.contains(says) && e.contains("b--use1-az4--x-s3"),
+                "{flags:?}: {e}"
+            );
+        }
+        assert!(
+            args(&["--storage-class=EXPRESS_ONEZONE", "--sse=aws:kms"])
+                .bucket_name()
+                .is_ok()
+        );
+        let e = args_for("plain-bucket", &["--storage-class=EXPRESS_ONEZONE"])
+            .bucket_name()
+            .unwrap_err();
+        assert!(e.contains("only for directory buckets"), "{e}");
+        assert!(
+            args_for("plain-bucket", &["--requester-pays", "--sse=aws:kms:dsse"])
+                .bucket_name()
+                .is_ok()
+        );
+    }
+
+    #[test]
+    fn throughput_sizes_the_read_ahead_unless_given() {
+        assert_eq!(args(&[]).fs_config().max_prefetch, 64 << 20);
+        let at = |gbps: &str| {
+            args(&[&format!("--maximum-throughput-gbps={gbps}")])
+                .fs_config()
+                .max_prefetch
+        };
+        assert_eq!(at("10"), 64 << 20);
+        assert_eq!(at("100"), 640 << 20);
+        assert_eq!(at("1"), 16 << 20, "at least two read parts");
+        assert_eq!(at("25"), 160 << 20);
+        assert_eq!(at("1000"), 2 << 30, "mount-s3's window cap");
+        let parts = |flags: &[&str]| args(flags).fs_config().upload_parts_in_flight;
+        assert_eq!(parts(&[]), 4);
+        assert_eq!(
+            parts(&["--maximum-throughput-gbps=5"]),
+            4,
+            "never below the default"
+        );
+        assert_eq!(parts(&["--maximum-throughput-gbps=25"]), 10);
+        assert_eq!(parts(&["--maximum-throughput-gbps=100"]), 40);
+        assert_eq!(parts(&["--maximum-throughput-gbps=400"]), 64);
+        let explicit = args(&["--maximum-throughput-gbps=100", "--max-prefetch=8M"]);
+        assert_eq!(explicit.fs_config().max_prefetch, 8 << 20);
     }
 
     #[test]

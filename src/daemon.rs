@@ -123,7 +123,7 @@ pub fn main() -> i32 {
     if let Err(e) = args.validate() {
         return terminal.fail(&e);
     }
-    let name = match bucket::parse(&args.bucket) {
+    let name = match args.bucket_name() {
         Ok(n) => n,
         Err(e) => return terminal.fail(&e),
     };

@@ -24,6 +24,11 @@ pub async fn build_stack(
     config: FsConfig,
     probes: &Probes,
 ) -> Result<S3Filesystem, String> {
+    if args.debug_crt {
+        tracing::info!(
+            "--debug-crt has no effect: there is no CRT here; the SDK's own logs follow RUST_LOG (e.g. aws_smithy_runtime=debug)"
+        );
+    }
     let caches = args.cache_config()?;
     let prefix = config.prefix.clone();
     let client = async {
@@ -56,7 +61,7 @@ pub async fn build_stack(
     if let Some(shared) = &caches.shared {
         let xz_name = &shared.bucket;
         let xz_client = async {
-            let c = SdkClient::new(args.client_config(xz_name, region)).await?;
+            let c = SdkClient::new(args.cache_client_config(xz_name, region)).await?;
             c.head_bucket().await?;
             Ok::<_, ClientError>(c)
         };
@@ -138,6 +143,14 @@ fn explain(e: &ClientError, bucket: &str, region: &str, directory: bool) -> Stri
             };
             format!("access denied to bucket {bucket} ({code}: {message}){hint}")
         }
+        // A flag combination the endpoint rules or the HTTP client setup refused, before any request.
+        ClientError::Service {
+            status: 0,
+            code,
+            message,
+        } if code == "InvalidConfiguration" => {
+            format!("{message} (bucket {bucket}, region {region})")
+        }
         ClientError::NoCredentials(m) => format!(
             "no AWS credentials found ({m}): set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, use --profile, or run with an instance role"
         ),
@@ -167,6 +180,15 @@ mod tests {
         assert!(explain(&denied, "b", "us-east-1", false).contains("s3:ListBucket"));
         let none = ClientError::NoCredentials("empty chain".into());
         assert!(explain(&none, "b", "us-east-1", false).contains("--profile"));
+        let refused = ClientError::Service {
+            status: 0,
+            code: "InvalidConfiguration".into(),
+            message: "A custom endpoint cannot be combined with S3 Accelerate".into(),
+        };
+        assert_eq!(
+            explain(&refused, "b", "us-east-1", false),
+            "A custom endpoint cannot be combined with S3 Accelerate (bucket b, region us-east-1)"
+        );
         let other = ClientError::Malformed("xml".into());
         assert_eq!(
             explain(&other, "b", "eu-west-1", false),

@@ -6,6 +6,7 @@
 //! Library API (used by the `expressfs-emulator` binary and by in-process tests):
 //! `Emulator::start_background(config)` binds, serves on its own thread/runtime, and returns a handle.
 
+pub mod access;
 pub mod body;
 pub mod buckets;
 pub mod copy;
@@ -54,6 +55,12 @@ pub struct EmulatorConfig {
     pub ttfb: Duration,
     pub log_requests: bool,
     pub faults: FaultConfig,
+    /// General purpose buckets that serve anonymous reads (as a public bucket policy would).
+    pub public_buckets: Vec<String>,
+    /// Access point aliases, each standing for a bucket: `(alias, bucket)`.
+    pub access_point_aliases: Vec<(String, String)>,
+    /// Keep the headers of recent requests for `GET /_emulator/requests` (also switched at run time).
+    pub record_requests: bool,
 }
 
 impl Default for EmulatorConfig {
@@ -69,6 +76,9 @@ impl Default for EmulatorConfig {
             ttfb: Duration::ZERO,
             log_requests: false,
             faults: FaultConfig::default(),
+            public_buckets: Vec::new(),
+            access_point_aliases: Vec::new(),
+            record_requests: false,
         }
     }
 }
@@ -140,7 +150,13 @@ pub fn prepare(config: EmulatorConfig) -> anyhow::Result<Arc<server::State>> {
             .create_bucket(bucket)
             .map_err(|e| anyhow::anyhow!("bucket {bucket:?}: {}", e.message))?;
     }
+    let access = access::Access::new(
+        &config.public_buckets,
+        &config.access_point_aliases,
+        config.record_requests,
+    );
     Ok(Arc::new(server::State {
+        access,
         config,
         store,
         faults: std::sync::Mutex::new(faults),

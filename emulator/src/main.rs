@@ -43,6 +43,15 @@ struct Args {
     /// Log every request (method, path, operation, status, time).
     #[arg(long)]
     log_requests: bool,
+    /// General purpose bucket that serves anonymous reads (repeatable), like a public bucket policy
+    #[arg(long = "public-bucket")]
+    public_buckets: Vec<String>,
+    /// Access point alias standing for a bucket, ALIAS=BUCKET (repeatable)
+    #[arg(long = "access-point-alias", value_parser = parse_alias)]
+    access_point_aliases: Vec<(String, String)>,
+    /// Keep the headers of recent requests for GET /_emulator/requests
+    #[arg(long)]
+    record_requests: bool,
     /// Fraction of requests (0..=1) that get an injected fault.
     #[arg(long, default_value_t = 0.0)]
     fault_rate: f64,
@@ -82,6 +91,9 @@ fn main() -> anyhow::Result<()> {
         session_ttl: Duration::from_secs(args.session_ttl),
         ttfb: Duration::from_millis(args.ttfb_ms),
         log_requests: args.log_requests,
+        public_buckets: args.public_buckets,
+        access_point_aliases: args.access_point_aliases,
+        record_requests: args.record_requests,
         faults: FaultConfig {
             rate: args.fault_rate,
             seed: args.fault_seed,
@@ -108,4 +120,11 @@ fn main() -> anyhow::Result<()> {
         }
         Ok(())
     })
+}
+
+fn parse_alias(s: &str) -> Result<(String, String), String> {
+    s.split_once('=')
+        .filter(|(a, b)| !a.is_empty() && !b.is_empty())
+        .map(|(a, b)| (a.to_string(), b.to_string()))
+        .ok_or_else(|| format!("{s:?}: expected ALIAS=BUCKET"))
 }

@@ -18,6 +18,8 @@ use crate::{EmulatorConfig, sigv4};
 
 pub struct State {
     pub config: EmulatorConfig,
+    /// Public buckets, access point aliases, the header record.
+    pub access: crate::access::Access,
     pub store: Store,
     pub faults: Mutex<Faults>,
     /// Set by `POST /_emulator/pause?ms=N`: S3 requests wait until then.
@@ -31,6 +33,8 @@ pub enum Principal {
     Root,
     /// An S3 Express session for one bucket.
     Session { read_only: bool },
+    /// An unsigned request, let through by a public bucket (reads only).
+    Anonymous,
 }
 
 /// One decoded S3 request, as the operations see it.
@@ -316,7 +320,9 @@ pub async fn handle(
     let method = req.method().clone();
     let headers = req.headers().clone();
     let (bucket, key) = locate(&state, &headers, &raw_path);
+    let bucket = state.access.resolve(bucket);
     let op = operation_name(&method, &bucket, &key, &query, &headers);
+    state.access.record(op, &bucket, &key, &headers);
 
     let outcome = run(
         &state, req, op, &method, &raw_path, &headers, query, &bucket, &key,
@@ -460,8 +466,23 @@ async fn run(
     if op == "Unknown" {
         return Err(S3Error::not_implemented(&format!("{method} {raw_path}")).into());
     }
-    let principal = authenticate(state, method, raw_path, headers, &query, bucket)?;
     let directory = crate::store::is_directory_bucket_name(bucket);
+    let principal = match authenticate(state, method, raw_path, headers, &query, bucket) {
+        // S3 answers an unsigned request from its bucket policy: here, reads of a public general purpose
+        // bucket. Every other unsigned request stays AccessDenied.
+        Err(_)
+            if !directory
+                && crate::access::anonymous_may(op)
+                && state.access.is_public(bucket)
+                && matches!(
+                    sigv4::parse(headers, &query),
+                    Err(sigv4::AuthParseError::Missing)
+                ) =>
+        {
+            Principal::Anonymous
+        }
+        other => other?,
+    };
     if directory && needs_session(op) && principal == Principal::Root {
         let exists = state.store.buckets().contains_key(bucket);
         if !exists {
@@ -637,6 +658,34 @@ async fn admin(state: &State, req: Request<Incoming>) -> Response<ResponseBody> 
                 Err(e) => json(400, format!("{{\"error\":{e:?}}}")),
             }
         }
+        ("POST", "/_emulator/public") => match param(&query, "bucket") {
+            Some(bucket) => {
+                state.access.set_public(bucket);
+                json(200, "{}".into())
+            }
+            None => json(400, "{\"error\":\"public needs ?bucket=NAME\"}".into()),
+        },
+        ("POST", "/_emulator/alias") => match (param(&query, "alias"), param(&query, "bucket")) {
+            (Some(alias), Some(bucket)) => {
+                state.access.set_alias(alias, bucket);
+                json(200, "{}".into())
+            }
+            _ => json(400, "{\"error\":\"alias needs ?alias=A&bucket=B\"}".into()),
+        },
+        ("POST", "/_emulator/requests/record") => {
+            state
+                .access
+                .set_recording(param(&query, "on") != Some("false"));
+            json(200, "{}".into())
+        }
+        ("GET", "/_emulator/requests") => json(
+            200,
+            state.access.recorded(
+                param(&query, "bucket"),
+                param(&query, "key"),
+                param(&query, "op"),
+            ),
+        ),
         ("GET", "/_emulator/uploads") => {
             let bucket = query
                 .iter()
@@ -658,4 +707,11 @@ async fn admin(state: &State, req: Request<Incoming>) -> Response<ResponseBody> 
         }
         _ => json(404, "{\"error\":\"unknown admin endpoint\"}".into()),
     }
+}
+
+fn param<'a>(query: &'a [(String, String)], name: &str) -> Option<&'a str> {
+    query
+        .iter()
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| v.as_str())
 }

@@ -453,6 +453,7 @@ impl S3Filesystem {
             staging_dir: self.config.staging_dir.clone(),
             staging_limit: self.config.staging_limit,
             memory: Arc::clone(&self.config.memory),
+            parts_in_flight: self.config.upload_parts_in_flight,
         }
     }
 

@@ -69,6 +69,8 @@ pub struct FsConfig {
     /// Files at least this big are read around the kernel's page cache (u64::MAX: never).
     pub direct_io_threshold: u64,
     pub write_part_size: u64,
+    /// Parts one file uploads at once (4: enough for 10 Gbit/s; `--maximum-throughput-gbps` scales it).
+    pub upload_parts_in_flight: usize,
     /// Files open for writing at once (each holds up to a few parts in memory).
     pub max_writers: usize,
     /// Where out-of-order writes are staged; None disables staging.
@@ -100,6 +102,7 @@ impl FsConfig {
             lookup_prefetch: 256 * 1024,
             direct_io_threshold: 32 * 1024 * 1024,
             write_part_size: 8 * 1024 * 1024,
+            upload_parts_in_flight: 4,
             max_writers: 64,
             staging_dir: Some(std::env::temp_dir()),
             staging_limit: 256 * 1024 * 1024,

@@ -40,9 +40,6 @@ pub use ranges::RangeSet;
 /// request per MiB, not one per page.
 const FETCH_BLOCK: u64 = 1024 * 1024;
 
-/// Parts of an upload in flight at once (each holds at most one part in memory).
-const PARTS_IN_FLIGHT: usize = 4;
-
 /// What every staged file of a mount shares.
 #[derive(Clone)]
 pub struct StagingContext {
@@ -53,6 +50,8 @@ pub struct StagingContext {
     /// Most bytes one staged file may hold locally or add to its base (`--max-staged-file-size`).
     pub limit: u64,
     pub part_size: u64,
+    /// Parts of an upload in flight at once (each holds at most one part in memory).
+    pub parts_in_flight: usize,
 }
 
 /// The object version whose bytes fill what was neither written nor cut away.
@@ -511,7 +510,7 @@ impl StagedFile {
                     }
                 };
                 in_flight.push_back(task);
-                while in_flight.len() >= PARTS_IN_FLIGHT {
+                while in_flight.len() >= self.ctx.parts_in_flight.max(1) {
                     done.push(
                         self.finish(in_flight.pop_front().expect("non-empty"))
                             .await?,

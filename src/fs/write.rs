@@ -27,9 +27,6 @@ use crate::s3::{ObjectClient, PutResult, UploadedPart, WriteCondition};
 
 mod metadata;
 
-/// Parts uploading at once per file: enough to keep the link busy, small enough to bound memory.
-const MAX_PARTS_IN_FLIGHT: usize = 4;
-
 /// Waits for the oldest parts until at most `keep` are in flight.
 async fn wait_for_parts(mp: &mut Multipart, key: &str, keep: usize) -> FsResult<()> {
     while mp.in_flight.len() > keep {
@@ -68,6 +65,8 @@ pub struct Writer {
     staging_dir: Option<PathBuf>,
     staging_limit: u64,
     memory: Arc<MemoryBudget>,
+    /// Parts uploading at once: enough to keep the link busy, few enough to bound memory.
+    parts_in_flight: usize,
     failed: Option<FsError>,
     /// Local copy of a streamed file (within the staging limit), kept so that a later out-of-order write
     /// can still switch to staging after parts were uploaded. Started when the first part leaves.
@@ -93,6 +92,8 @@ pub struct WriterOptions {
     pub staging_dir: Option<PathBuf>,
     pub staging_limit: u64,
     pub memory: Arc<MemoryBudget>,
+    /// `FsConfig::upload_parts_in_flight`.
+    pub parts_in_flight: usize,
     /// Some with `--preserve-metadata`.
     pub attrs: Option<StoredAttrs>,
 }
@@ -112,6 +113,7 @@ impl Writer {
             staging_dir: options.staging_dir,
             staging_limit: options.staging_limit,
             memory: options.memory,
+            parts_in_flight: options.parts_in_flight.max(1),
             failed: None,
             tee: None,
             tee_off: false,
@@ -379,7 +381,7 @@ impl Writer {
             crate::buffers::give_back(buffer);
             done
         }));
-        wait_for_parts(mp, &self.key, MAX_PARTS_IN_FLIGHT).await
+        wait_for_parts(mp, &self.key, self.parts_in_flight).await
     }
 
     /// Makes everything written so far durable in the bucket (fsync and close).
@@ -543,8 +545,37 @@ mod tests {
             staging_dir: staging,
             staging_limit: 64 << 20,
             memory: MemoryBudget::unlimited(),
+            parts_in_flight: 4,
             attrs: None,
         }
+    }
+
+    #[tokio::test]
+    async fn parts_in_flight_follow_the_option() {
+        let fake = Arc::new(FakeClient::new("b", false));
+        let gate = fake.faults().hold(crate::s3::fake::Op::UploadPart);
+        let options = WriterOptions {
+            parts_in_flight: 2,
+            ..opts(None)
+        };
+        let mut w = Writer::new(fake.clone(), "big".into(), options);
+        let data = vec![9u8; 6 * 5 * 1024 * 1024];
+        let writing = tokio::spawn(async move {
+            for chunk in data.chunks(1 << 20) {
+                w.write(w.size(), chunk).await.unwrap();
+            }
+            w.commit().await.unwrap();
+        });
+        // The writer sends a part, then waits for the oldest while more than two others are out: three at
+        // the most (five with the default of four), never more.
+        while gate.held() < 3 {
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        assert_eq!(gate.held(), 3);
+        gate.open();
+        writing.await.unwrap();
+        assert_eq!(fake.object("big").unwrap().len(), 30 << 20);
     }
 
     #[tokio::test]

@@ -99,6 +99,7 @@ impl S3Filesystem {
             dir: self.config.staging_dir.clone()?,
             limit: self.config.staging_limit,
             part_size: self.config.write_part_size,
+            parts_in_flight: self.config.upload_parts_in_flight,
         })
     }
 

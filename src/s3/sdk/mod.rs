@@ -17,6 +17,7 @@
 
 mod errors;
 mod get;
+mod options;
 mod write;
 
 use std::future::Future;
@@ -38,6 +39,7 @@ use bytes::Bytes;
 use tracing::{Instrument, debug, debug_span, warn};
 
 pub(crate) use errors::map_sdk_error;
+pub use options::{check_interface, load_ca_bundle, resolve_endpoint};
 
 use super::{
     ClientError, ListPage, ObjectClient, ObjectInfo, PutResult, UploadChecksum, UploadedPart,
@@ -83,6 +85,30 @@ pub struct SdkClientConfig {
     /// A body (up or down) that moves no byte for this long is cut by the SDK's stalled-stream protection; a
     /// cut GET body is resumed, a cut upload is retried. Default 10 s.
     pub stall_timeout: Duration,
+    /// `--sse`: `aws:kms`, `aws:kms:dsse` or `AES256` on every new object (PutObject, CreateMultipartUpload,
+    /// CopyObject).
+    pub sse: Option<String>,
+    /// `--sse-kms-key-id`: a KMS key ARN.
+    pub sse_kms_key_id: Option<String>,
+    /// `--storage-class` of new objects.
+    pub storage_class: Option<String>,
+    /// `--infer-content-type`: Content-Type of new objects from the key's extension.
+    pub infer_content_type: bool,
+    /// `--requester-pays`: `x-amz-request-payer: requester` on every request.
+    pub requester_pays: bool,
+    /// `--expected-bucket-owner`: `x-amz-expected-bucket-owner` on every request.
+    pub expected_bucket_owner: Option<String>,
+    /// `--no-sign-request`: anonymous requests, no credentials loaded.
+    pub no_sign_request: bool,
+    /// `--dual-stack` and `--transfer-acceleration`: endpoint rules (service endpoints only).
+    pub dual_stack: bool,
+    pub transfer_acceleration: bool,
+    /// `--ca-bundle`: PEM roots that replace the system's.
+    pub ca_bundle: Option<std::path::PathBuf>,
+    /// `--user-agent-prefix`.
+    pub user_agent_prefix: Option<String>,
+    /// `--bind`: interfaces the client's sockets are bound to (SO_BINDTODEVICE), connections spread over them.
+    pub bind: Vec<String>,
 }
 
 impl SdkClientConfig {
@@ -102,6 +128,18 @@ impl SdkClientConfig {
             request_timeout: Duration::from_secs(60),
             first_byte_timeout: Duration::from_secs(10),
             stall_timeout: Duration::from_secs(10),
+            sse: None,
+            sse_kms_key_id: None,
+            storage_class: None,
+            infer_content_type: false,
+            requester_pays: false,
+            expected_bucket_owner: None,
+            no_sign_request: false,
+            dual_stack: false,
+            transfer_acceleration: false,
+            ca_bundle: None,
+            user_agent_prefix: None,
+            bind: Vec::new(),
         }
     }
 }
@@ -147,6 +185,20 @@ impl SdkClient {
         if let Some(profile) = &config.profile {
             loader = loader.profile_name(profile);
         }
+        if config.no_sign_request {
+            loader = loader.no_credentials();
+        }
+        let invalid = |message: String| ClientError::Service {
+            status: 0,
+            code: "InvalidConfiguration".into(),
+            message,
+        };
+        // What the endpoint rules refuse (acceleration on a directory bucket, path style with an ARN, ...)
+        // is refused here, with the rules' reason, before any request.
+        options::resolve_endpoint(&config).await.map_err(invalid)?;
+        if let Some(http) = options::http_client(&config).map_err(invalid)? {
+            loader = loader.http_client(http);
+        }
         let shared = loader.load().await;
 
         let retry = RetryConfig::standard()
@@ -186,6 +238,19 @@ impl SdkClient {
             .interceptor(AttemptLog);
         if let Some(url) = &config.endpoint_url {
             builder = builder.endpoint_url(url);
+        }
+        if config.dual_stack {
+            builder = builder.use_dual_stack(true);
+        }
+        if config.transfer_acceleration {
+            builder = builder.accelerate(true);
+        }
+        if config.no_sign_request {
+            // Without credentials the SDK falls back to unsigned requests instead of failing.
+            builder = builder.allow_no_auth();
+        }
+        if let Some(headers) = options::RequestHeaders::from_config(&config) {
+            builder = builder.interceptor(headers);
         }
         let sdk_config = builder.build();
         let client = aws_sdk_s3::Client::from_conf(sdk_config.clone());

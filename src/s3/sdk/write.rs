@@ -11,6 +11,7 @@
 use aws_sdk_s3::primitives::ByteStream;
 use aws_sdk_s3::types::{
     ChecksumAlgorithm, ChecksumType, CompletedMultipartUpload, CompletedPart, MetadataDirective,
+    ServerSideEncryption, StorageClass,
 };
 use bytes::Bytes;
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
@@ -56,6 +57,28 @@ fn sdk_algorithm(algorithm: UploadChecksum) -> Option<ChecksumAlgorithm> {
         UploadChecksum::Crc64Nvme => Some(ChecksumAlgorithm::Crc64Nvme),
         UploadChecksum::Off => None,
     }
+}
+
+/// Sets what every new object gets from the flags (`--sse`, `--sse-kms-key-id`, `--storage-class`) on a
+/// request builder that creates one (PutObject, CreateMultipartUpload, CopyObject: a copy without them
+/// would fall back to the bucket's defaults).
+macro_rules! with_object_settings {
+    ($request:expr, $config:expr) => {{
+        let config = $config;
+        $request
+            .set_server_side_encryption(config.sse.as_deref().map(ServerSideEncryption::from))
+            .set_ssekms_key_id(config.sse_kms_key_id.clone())
+            .set_storage_class(config.storage_class.as_deref().map(StorageClass::from))
+    }};
+}
+
+/// `--infer-content-type`: the type the key's extension names, None (the service's default) otherwise.
+pub(super) fn content_type(infer: bool, key: &str) -> Option<String> {
+    if !infer {
+        return None;
+    }
+    let name = key.rsplit('/').next().unwrap_or(key);
+    mime_guess::from_path(name).first_raw().map(str::to_string)
 }
 
 /// Sets the checksum fields of a request builder that has `checksum_algorithm`, `checksum_crc32_c` and
@@ -119,7 +142,9 @@ impl SdkClient {
                 .bucket(&self.config.bucket)
                 .key(key)
                 .set_metadata(sdk_metadata(metadata))
+                .set_content_type(content_type(self.config.infer_content_type, key))
                 .body(ByteStream::from(body.clone()));
+            let request = with_object_settings!(request, &self.config);
             let request = with_condition!(with_checksum!(request, &checksum), &condition);
             let request = customize_upload!(request, checksum, self.upload_timeouts());
             async move {
@@ -187,8 +212,10 @@ impl SdkClient {
                 .bucket(&self.config.bucket)
                 .key(key)
                 .set_metadata(sdk_metadata(metadata))
+                .set_content_type(content_type(self.config.infer_content_type, key))
                 .set_checksum_algorithm(algorithm.clone())
                 .set_checksum_type(checksum_type.clone());
+            let request = with_object_settings!(request, &self.config);
             async move {
                 let out = request.send().await.map_err(self.map_err(key))?;
                 out.upload_id()
@@ -349,6 +376,7 @@ impl SdkClient {
                     .bucket(&self.config.bucket)
                     .key(destination_key)
                     .copy_source(source.clone());
+                let request = with_object_settings!(request, &self.config);
                 let request = with_condition!(request, &condition);
                 let request = request.customize().config_override(self.upload_timeouts());
                 async move {
@@ -387,6 +415,9 @@ impl SdkClient {
                 .copy_source_if_match(if_match)
                 .metadata_directive(MetadataDirective::Replace)
                 .set_metadata(sdk_metadata(metadata))
+                // Replacing the metadata replaces the Content-Type too.
+                .set_content_type(content_type(self.config.infer_content_type, key));
+            let request = with_object_settings!(request, &self.config)
                 .customize()
                 .config_override(self.upload_timeouts());
             async move {
@@ -501,6 +532,20 @@ mod tests {
             c.value,
             aws_smithy_types::base64::encode(crc32c::crc32c(b"hello world").to_be_bytes())
         );
+    }
+
+    #[test]
+    fn content_type_comes_from_the_extension_only_when_asked() {
+        assert_eq!(content_type(false, "a/b.json"), None);
+        assert_eq!(
+            content_type(true, "a/b.json").as_deref(),
+            Some("application/json")
+        );
+        assert_eq!(
+            content_type(true, "img.v2/photo.PNG").as_deref(),
+            Some("image/png")
+        );
+        assert_eq!(content_type(true, "dir.d/no-extension"), None);
     }
 
     #[test]
