@@ -36,6 +36,10 @@ mod tests;
 /// Listings of one readdir, when our own changes in the directory keep overtaking them.
 const LIST_ATTEMPTS: u32 = 3;
 
+/// Longest a lookup waits for its directory's listing under way before it sends a one-key LIST after all: a
+/// listing of a few pages lands well within it, and a directory too big to list does not hold lookups up longer.
+const LANDING_WAIT: std::time::Duration = std::time::Duration::from_millis(250);
+
 /// A directory's entries and until when they may be served without listing again.
 type CachedListing = (Instant, Arc<Vec<DirEntry>>);
 
@@ -264,9 +268,14 @@ impl Superblock {
         dir_prefix: &str,
         landing: Option<listing::Landing>,
     ) -> FsResult<bool> {
-        if let Some(landing) = landing
-            && let Some(listing::Listed::Applied { .. }) = listing::landed(landing).await
-        {
+        let landed = match landing {
+            Some(landing) => tokio::time::timeout(LANDING_WAIT, listing::landed(landing))
+                .await
+                .ok()
+                .flatten(),
+            None => None,
+        };
+        if let Some(listing::Listed::Applied { .. }) = landed {
             // The listing put every name it found in the table, fresh; a name it did not find has no keys under it.
             let now = Instant::now();
             return Ok(self
