@@ -146,9 +146,12 @@ fn a_directory_read_over_several_ttls_is_listed_per_ttl_not_per_file() {
     let elapsed = started.elapsed();
     let cost = Requests::of(&bucket).since(before);
     eprintln!("{cost:?} for {} files in {elapsed:?}", files.len());
+    // Budget: the lookup of the directory and its first listing (3), then one listing of 2 pages per TTL, plus
+    // one more for a refresh that lands early (it runs a little before the entries expire). Name by name, as
+    // before, it was 36-39 LISTs, and HEADs at open for entries that expired under the kernel's.
     let ttls = elapsed.as_secs_f64().ceil() as u64;
     assert_eq!(cost.heads, 0, "{cost:?}");
-    assert!(cost.lists <= 2 * ttls + 4, "{cost:?} in {elapsed:?}");
+    assert!(cost.lists <= 3 + 2 * (ttls + 1), "{cost:?} in {elapsed:?}");
     assert!(cost.gets <= files.len() as u64 + 2, "{cost:?}");
 }
 
