@@ -367,6 +367,7 @@ fn serve(
         std::thread::sleep(Duration::from_millis(50));
     }
     let last = probes.snapshot();
+    info!(summary = %last.line(), "at unmount");
     if let Some(cache) = &last.cache {
         info!(counters = %cache.summary, "data cache at unmount");
     }

@@ -9,9 +9,9 @@ use std::time::{Duration, SystemTime};
 
 use fuser::{
     Config, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
-    InitFlags, KernelConfig, LockOwner, MountOption, OpenFlags, RenameFlags, ReplyAttr,
-    ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen,
-    ReplyStatfs, ReplyWrite, Request, SessionACL, TimeOrNow, WriteFlags,
+    InitFlags, IoctlFlags, KernelConfig, LockOwner, MountOption, OpenFlags, RenameFlags, ReplyAttr,
+    ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl,
+    ReplyOpen, ReplyStatfs, ReplyWrite, Request, SessionACL, TimeOrNow, WriteFlags,
 };
 use tracing::{Instrument, Span, debug_span, info, warn};
 
@@ -689,6 +689,25 @@ impl Filesystem for Adapter {
     fn access(&self, _req: &Request, _ino: INodeNo, _mask: fuser::AccessFlags, reply: ReplyEmpty) {
         crate::metrics::fuse_request("access");
         reply.ok()
+    }
+
+    // No ioctl means anything on a file of a bucket. Python's open() asks every file whether it is a terminal
+    // (TCGETS): ENOTTY is the ordinary answer to that, and routine, so it is counted, not logged.
+    fn ioctl(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _flags: IoctlFlags,
+        cmd: u32,
+        _in_data: &[u8],
+        _out_size: u32,
+        reply: ReplyIoctl,
+    ) {
+        crate::metrics::fuse_request("ioctl");
+        crate::metrics::ioctl_refused();
+        tracing::trace!(ino = ino.0, cmd, "ioctl refused (ENOTTY)");
+        reply.error(Errno::ENOTTY)
     }
 }
 

@@ -5,7 +5,7 @@
 
 use std::net::SocketAddr;
 use std::sync::atomic::AtomicU64;
-use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::Ordering::{self, Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -28,6 +28,10 @@ pub const CACHE_MISSES: &str = "expressfs_cache_misses";
 pub const CACHE_EVICTIONS: &str = "expressfs_cache_evictions";
 pub const CACHE_CORRUPT_BLOCKS: &str = "expressfs_cache_corrupt_blocks";
 pub const CACHE_BYTES: &str = "expressfs_cache_bytes";
+pub const IOCTLS_REFUSED: &str = "expressfs_ioctls_refused_total";
+
+/// ioctls answered ENOTTY since the process started, for the summary (one mount per process).
+static IOCTLS_REFUSED_COUNT: AtomicU64 = AtomicU64::new(0);
 
 /// Latency buckets of the S3 histogram, in seconds (Express answers in single milliseconds).
 const SECONDS_BUCKETS: &[f64] = &[
@@ -83,6 +87,10 @@ fn describe() {
         "Data cache blocks that failed their check"
     );
     describe_gauge!(CACHE_BYTES, "Bytes in the data cache");
+    describe_counter!(
+        IOCTLS_REFUSED,
+        "ioctls answered ENOTTY (Python's open() asks each file for TCGETS)"
+    );
 }
 
 /// One request from the kernel: what a workload costs in round trips, and proof that the kernel skips the
@@ -95,6 +103,17 @@ pub fn fuse_request(op: &'static str) {
 pub fn fuse_error(op: &'static str, errno: i32) {
     TOTALS.fuse_errors.fetch_add(1, Relaxed);
     ::metrics::counter!(FUSE_ERRORS, "op" => op, "errno" => errno.to_string()).increment(1);
+}
+
+/// One ioctl answered ENOTTY.
+pub fn ioctl_refused() {
+    IOCTLS_REFUSED_COUNT.fetch_add(1, Ordering::Relaxed);
+    ::metrics::counter!(IOCTLS_REFUSED).increment(1);
+}
+
+/// ioctls answered ENOTTY so far in this process.
+pub fn ioctls_refused() -> u64 {
+    IOCTLS_REFUSED_COUNT.load(Ordering::Relaxed)
 }
 
 pub fn read_bytes(n: u64) {
@@ -140,6 +159,7 @@ pub struct Snapshot {
     pub budget_refusals: u64,
     pub body_resumes: u64,
     pub session_renewals: u64,
+    pub ioctls_refused: u64,
     pub cache: Option<CacheSample>,
     /// The shared (`--cache-xz`) cache's one-line account.
     pub shared_cache: Option<String>,
@@ -169,14 +189,15 @@ impl Snapshot {
     /// The summary line of the log.
     pub fn line(&self) -> String {
         let mut line = format!(
-            "open_handles={} open_writers={} inodes={} body_resumes={} session_renewals={} buffer_peak_mib={} budget_refusals={}",
+            "open_handles={} open_writers={} inodes={} body_resumes={} session_renewals={} buffer_peak_mib={} budget_refusals={} ioctls_refused={}",
             self.open_handles,
             self.open_writers,
             self.inodes,
             self.body_resumes,
             self.session_renewals,
             self.buffer_peak >> 20,
-            self.budget_refusals
+            self.budget_refusals,
+            self.ioctls_refused
         );
         if let Some(c) = &self.cache {
             line.push_str(" cache: ");
@@ -315,11 +336,12 @@ mod tests {
         probes.add(|s| {
             s.body_resumes = 7;
             s.session_renewals = 8;
+            s.ioctls_refused = 9;
         });
         let s = probes.snapshot();
         assert_eq!(
             s.line(),
-            "open_handles=3 open_writers=1 inodes=40 body_resumes=7 session_renewals=8 buffer_peak_mib=5 budget_refusals=2"
+            "open_handles=3 open_writers=1 inodes=40 body_resumes=7 session_renewals=8 buffer_peak_mib=5 budget_refusals=2 ioctls_refused=9"
         );
         probes.add(|s| {
             s.cache = Some(CacheSample {
@@ -382,6 +404,7 @@ mod tests {
             CACHE_EVICTIONS,
             CACHE_CORRUPT_BLOCKS,
             CACHE_BYTES,
+            IOCTLS_REFUSED,
         ];
         let distinct: std::collections::HashSet<_> = names.iter().collect();
         assert_eq!(distinct.len(), names.len());

@@ -389,6 +389,7 @@ impl S3Filesystem {
         let attr_fresh =
             !mode.direct && node.is_fresh(Instant::now()) && node.stat().etag.is_some();
         let (size, etag) = if attr_fresh {
+            self.sb.note_fresh_open(&node);
             (
                 node.stat().size,
                 node.stat().etag.clone().unwrap_or_default(),

@@ -9,14 +9,19 @@
 //! with the same TTL, that `ls` would have given.
 //!
 //! A loader goes on for longer than one TTL. Left alone, the listed entries would all expire together and every
-//! lookup would pay the pair again until the next storm listing landed. So once half a TTL has passed since a
-//! listing was applied, the next lookup that finds its entry fresh lists the directory again in the background,
-//! provided enough lookups found entries there since (a listing of many pages is not worth it for a few
-//! lookups). No entry is ever trusted for longer than one TTL after the bucket was asked.
+//! lookup would pay the pair again until the next storm listing landed. So shortly before the entries of a
+//! listing expire (a tenth of the TTL, or three times what the listing took), the next lookup that finds its entry
+//! fresh lists the directory again in the background, provided enough lookups found entries there since (a
+//! listing of many pages is not worth it for a few lookups): one listing per TTL while the directory is read. A
+//! readdir's listing counts as one too. Lookups that must ask while a listing is under way take the answer to
+//! "is it a directory" from that listing instead of a one-key LIST of their own. No entry is ever trusted for
+//! longer than one TTL after the bucket was asked.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
+
+use tokio::sync::watch;
 
 use super::inode::{Kind, Stat};
 use super::names;
@@ -91,6 +96,16 @@ pub async fn list_all(
     Ok(Some(found))
 }
 
+/// Where a lookup waits for the outcome of a background listing under way (see [`Storms::landing`]).
+pub type Landing = watch::Receiver<Option<Listed>>;
+
+/// Waits for the listing behind `landing` to end; None if it ended without saying how.
+pub async fn landed(mut landing: Landing) -> Option<Listed> {
+    // Err: the sender is gone; whatever it sent before is still there to read.
+    let _ = landing.changed().await;
+    *landing.borrow()
+}
+
 /// How a directory's background listing ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Listed {
@@ -114,6 +129,9 @@ struct DirState {
     refresh_after: Option<Instant>,
     hits_needed: u32,
     hits: u32,
+    /// While a listing is under way: when it started, and where its outcome goes to the lookups that wait for it.
+    started: Instant,
+    landing: Option<watch::Sender<Option<Listed>>>,
     /// Our own changes (unlink, rename, ...) under way in this directory, and when the last one ended.
     changing: u32,
     last_change: Option<Instant>,
@@ -153,9 +171,30 @@ impl Storms {
             refresh_after: None,
             hits_needed: 0,
             hits: 0,
+            started: now,
+            landing: None,
             changing: 0,
             last_change: None,
         })
+    }
+
+    /// Marks a background listing of the directory under way.
+    fn start_listing(s: &mut DirState, now: Instant) {
+        s.listing = true;
+        s.started = now;
+        s.landing = Some(watch::channel(None).0);
+    }
+
+    /// An applied listing that took `took`: no storm for a window, and a refresh by a later hit shortly before
+    /// its entries expire (early enough for a listing as slow as this one to land in time).
+    fn applied(&self, s: &mut DirState, now: Instant, pages: u32, took: Duration) {
+        s.misses = 0;
+        s.window_start = now;
+        s.quiet_until = now + self.window;
+        s.hits = 0;
+        let lead = (took * 3).clamp(self.window / 10, self.window / 2);
+        s.refresh_after = Some(now + self.window - lead);
+        s.hits_needed = pages.max(STORM_THRESHOLD);
     }
 
     /// Counts a lookup in `dir` that must ask the bucket. True when this one should start the listing.
@@ -173,7 +212,7 @@ impl Storms {
         if s.misses < STORM_THRESHOLD || s.listing || s.quiet_until > now {
             return false;
         }
-        s.listing = true;
+        Self::start_listing(s, now);
         true
     }
 
@@ -191,9 +230,29 @@ impl Storms {
         if now < after || s.listing || s.hits < s.hits_needed {
             return false;
         }
-        s.listing = true;
+        Self::start_listing(s, now);
         s.refresh_after = None;
         true
+    }
+
+    /// The background listing of `dir` under way, if any: a lookup that must ask the bucket meanwhile learns
+    /// from it whether its name is a directory, instead of sending a one-key LIST of its own.
+    pub fn landing(&self, dir: u64) -> Option<Landing> {
+        let dirs = self.dirs();
+        let s = dirs.get(&dir).filter(|s| s.listing)?;
+        s.landing.as_ref().map(watch::Sender::subscribe)
+    }
+
+    /// `dir` was listed whole for a reader (readdir) in `took`: the same as a background listing that landed,
+    /// so a directory read after its listing is refreshed before the entries expire, not name by name.
+    pub fn listed(&self, dir: u64, pages: u32, took: Duration) {
+        if self.window.is_zero() {
+            return;
+        }
+        let now = Instant::now();
+        let mut dirs = self.dirs();
+        let s = Self::state(&mut dirs, dir, now);
+        self.applied(s, now, pages, took);
     }
 
     /// The background listing of `dir` ended.
@@ -202,9 +261,16 @@ impl Storms {
         let mut dirs = self.dirs();
         let s = Self::state(&mut dirs, dir, now);
         s.listing = false;
+        if let Some(landing) = s.landing.take() {
+            landing.send_replace(Some(outcome));
+        }
+        if let Listed::Applied { pages } = outcome {
+            let took = now.duration_since(s.started);
+            self.applied(s, now, pages, took);
+            return;
+        }
         s.misses = 0;
         s.window_start = now;
-        // Entries stay fresh for one window: no need to list again before they expire.
         s.quiet_until = now
             + if outcome == Listed::TooBig {
                 TOO_BIG_BACKOFF
@@ -213,10 +279,6 @@ impl Storms {
             };
         s.hits = 0;
         s.refresh_after = None;
-        if let Listed::Applied { pages } = outcome {
-            s.refresh_after = Some(now + self.window / 2);
-            s.hits_needed = pages.max(STORM_THRESHOLD);
-        }
     }
 
     /// Whether a listing of `dir` sent at `asked` may be applied: none of our changes there is under way or
@@ -289,10 +351,12 @@ mod tests {
         assert_eq!(started, 1);
         storms.listing_done(5, Listed::Applied { pages: 20 });
         let landed = Instant::now();
-        // Within half the window the entries are young: hits are only counted.
+        // Well within the window the entries are young: hits are only counted (a full listing every half TTL
+        // was twice what keeping the entries fresh needs).
         assert!((0..30).all(|_| !storms.note_hit(5, landed)));
-        // Past it, with enough hits to pay for 20 pages: one refresh, not one per hit.
-        let later = landed + Duration::from_millis(600);
+        assert!((0..30).all(|_| !storms.note_hit(5, landed + Duration::from_millis(600))));
+        // Shortly before they expire, with enough hits to pay for 20 pages: one refresh, not one per hit.
+        let later = landed + Duration::from_millis(950);
         assert_eq!((0..10).filter(|_| storms.note_hit(5, later)).count(), 1);
         // A refresh that was not applied hands the directory back to storms: no more refreshes.
         storms.listing_done(5, Listed::NotApplied);
@@ -307,11 +371,45 @@ mod tests {
     fn a_listing_of_many_pages_is_not_refreshed_for_a_few_lookups() {
         let storms = Storms::new(Duration::from_secs(1));
         storms.listing_done(6, Listed::Applied { pages: 50 });
-        let later = Instant::now() + Duration::from_millis(600);
+        let later = Instant::now() + Duration::from_millis(950);
         let fiftieth = (0..60)
             .position(|_| storms.note_hit(6, later))
             .expect("a refresh once the hits pay for the pages");
         assert_eq!(fiftieth, 49);
+    }
+
+    #[tokio::test]
+    async fn lookups_during_a_listing_learn_its_outcome() {
+        let storms = Storms::new(Duration::from_secs(1));
+        let now = Instant::now();
+        assert!(storms.landing(9).is_none(), "no listing under way");
+        let starts = (0..STORM_THRESHOLD)
+            .filter(|_| storms.note_miss(9, now))
+            .count();
+        assert_eq!(starts, 1);
+        let waiting = tokio::spawn(landed(storms.landing(9).expect("under way")));
+        storms.listing_done(9, Listed::Applied { pages: 2 });
+        assert_eq!(waiting.await.unwrap(), Some(Listed::Applied { pages: 2 }));
+        assert!(storms.landing(9).is_none(), "landed");
+    }
+
+    #[test]
+    fn a_slow_listing_is_refreshed_earlier() {
+        let storms = Storms::new(Duration::from_secs(1));
+        // A readdir's listing that took 100 ms: refreshed 300 ms before its entries expire, not 100.
+        storms.listed(4, 1, Duration::from_millis(100));
+        let hits = |dir: u64, at: u64| {
+            let at = Instant::now() + Duration::from_millis(at);
+            (0..STORM_THRESHOLD)
+                .filter(|_| storms.note_hit(dir, at))
+                .count()
+        };
+        assert_eq!(hits(4, 650), 0);
+        assert_eq!(hits(4, 750), 1);
+        // A quick one waits until 100 ms before the end.
+        storms.listed(14, 1, Duration::from_millis(5));
+        assert_eq!(hits(14, 850), 0);
+        assert_eq!(hits(14, 950), 1);
     }
 
     #[test]

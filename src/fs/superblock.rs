@@ -36,8 +36,30 @@ mod tests;
 /// Listings of one readdir, when our own changes in the directory keep overtaking them.
 const LIST_ATTEMPTS: u32 = 3;
 
+/// Longest a lookup waits for its directory's listing under way before it sends a one-key LIST after all: a
+/// listing of a few pages lands well within it, and a directory too big to list does not hold lookups up longer.
+const LANDING_WAIT: std::time::Duration = std::time::Duration::from_millis(250);
+
 /// A directory's entries and until when they may be served without listing again.
 type CachedListing = (Instant, Arc<Vec<DirEntry>>);
+
+/// What a lookup that must ask the bucket already knows, so that it asks less.
+#[derive(Default)]
+struct Hint {
+    /// The name was a directory when last asked: its prefix is asked for first, and the object of that name only
+    /// if the prefix is gone (a GET that can only 404 is not sent alongside).
+    was_dir: bool,
+    /// A listing of the parent under way: it says whether the name is a directory (no one-key LIST).
+    landing: Option<listing::Landing>,
+}
+
+/// Why a lookup found no fresh entry in the table, and what the stale one (if any) was.
+#[derive(Default)]
+struct Stale {
+    /// The page cache may hold the bytes of the entry: a HEAD checks it (its next open keeps those bytes).
+    page_cached: bool,
+    was_dir: bool,
+}
 
 pub fn check_name(name: &str) -> FsResult<()> {
     if name.len() > names::NAME_MAX {
@@ -169,7 +191,7 @@ impl Superblock {
         first_bytes: bool,
     ) -> FsResult<Option<(Kind, Stat)>> {
         Ok(self
-            .resolve_with_target(parent, name, first_bytes, true)
+            .resolve_with_target(parent, name, first_bytes, true, Hint::default())
             .await?
             .map(|(kind, stat, _)| (kind, stat)))
     }
@@ -184,7 +206,7 @@ impl Superblock {
         name: &str,
     ) -> FsResult<Option<(Kind, Stat)>> {
         Ok(self
-            .resolve_with_target(parent, name, false, false)
+            .resolve_with_target(parent, name, false, false, Hint::default())
             .await?
             .map(|(kind, stat, _)| (kind, stat)))
     }
@@ -196,6 +218,7 @@ impl Superblock {
         name: &str,
         first_bytes: bool,
         links: bool,
+        hint: Hint,
     ) -> FsResult<Option<(Kind, Stat, Option<String>)>> {
         let key = names::file_key(parent.key(), name);
         let dir_prefix = format!("{key}/");
@@ -209,14 +232,19 @@ impl Superblock {
                     .map(|i| (i, Bytes::new())),
             }
         };
-        let (object, list) = tokio::join!(
-            object,
-            self.client.list_objects(&dir_prefix, Some("/"), None, 1)
-        );
-        let list = list.map_err(|e| FsError::client(&dir_prefix, e))?;
-        if !list.objects.is_empty() || !list.common_prefixes.is_empty() {
-            return Ok(Some((Kind::Directory, Stat::directory(), None)));
-        }
+        let is_dir = self.is_prefix(parent, name, &dir_prefix, hint.landing);
+        let object = if hint.was_dir {
+            if is_dir.await? {
+                return Ok(Some((Kind::Directory, Stat::directory(), None)));
+            }
+            object.await
+        } else {
+            let (object, is_dir) = tokio::join!(object, is_dir);
+            if is_dir? {
+                return Ok(Some((Kind::Directory, Stat::directory(), None)));
+            }
+            object
+        };
         match object {
             Ok((info, first)) => {
                 self.first_bytes
@@ -229,6 +257,38 @@ impl Superblock {
                 other => Err(other),
             },
         }
+    }
+
+    /// Whether the prefix `dir_prefix` (`name/` in `parent`) holds any key: from the parent's listing under way
+    /// (`landing`) if it lands, else from a one-key LIST.
+    async fn is_prefix(
+        &self,
+        parent: &Node,
+        name: &str,
+        dir_prefix: &str,
+        landing: Option<listing::Landing>,
+    ) -> FsResult<bool> {
+        let landed = match landing {
+            Some(landing) => tokio::time::timeout(LANDING_WAIT, listing::landed(landing))
+                .await
+                .ok()
+                .flatten(),
+            None => None,
+        };
+        if let Some(listing::Listed::Applied { .. }) = landed {
+            // The listing put every name it found in the table, fresh; a name it did not find has no keys under it.
+            let now = Instant::now();
+            return Ok(self
+                .table()
+                .child(parent.ino(), name)
+                .is_some_and(|n| n.kind() == Kind::Directory && n.is_fresh(now)));
+        }
+        let list = self
+            .client
+            .list_objects(dir_prefix, Some("/"), None, 1)
+            .await
+            .map_err(|e| FsError::client(dir_prefix, e))?;
+        Ok(!list.objects.is_empty() || !list.common_prefixes.is_empty())
     }
 
     /// Looks `name` up in `parent`, taking the cheapest answer there is:
@@ -244,11 +304,9 @@ impl Superblock {
         check_name(name)?;
         let parent_node = self.dir_node(parent)?;
         let now = Instant::now();
-        // A file whose bytes the page cache already holds is asked about with a HEAD: if it is unchanged,
-        // its next open keeps those bytes.
-        let page_cached = match self.fresh_child(&parent_node, name, now) {
+        let stale = match self.fresh_child(&parent_node, name, now) {
             Ok(attr) => return Ok(attr),
-            Err(page_cached) => page_cached,
+            Err(stale) => stale,
         };
         if self.negative.is_missing(parent, name, now) {
             return Err(FsError::NotFound);
@@ -265,7 +323,11 @@ impl Superblock {
         if self.storms.note_miss(parent, now) {
             self.list_in_background(parent_node.clone());
         }
-        self.ask_bucket(&parent_node, name, now, !page_cached, asking)
+        let hint = Hint {
+            was_dir: stale.was_dir,
+            landing: self.storms.landing(parent),
+        };
+        self.ask_bucket(&parent_node, name, now, !stale.page_cached, asking, hint)
             .await
     }
 
@@ -301,6 +363,7 @@ impl Superblock {
         now: Instant,
         first_bytes: bool,
         asking: Option<Asking<'_>>,
+        hint: Hint,
     ) -> FsResult<Attr> {
         let parent = parent_node.ino();
         let asked = Instant::now();
@@ -310,7 +373,7 @@ impl Superblock {
             }
         };
         match self
-            .resolve_with_target(parent_node, name, first_bytes, true)
+            .resolve_with_target(parent_node, name, first_bytes, true, hint)
             .await?
         {
             Some((kind, stat, target)) => {
@@ -351,8 +414,8 @@ impl Superblock {
     }
 
     /// The attributes of `name` in `dir` if the table holds a fresh entry (counted as a lookup by the kernel);
-    /// otherwise whether the page cache may hold the bytes of the entry it has.
-    fn fresh_child(&self, dir: &Node, name: &str, now: Instant) -> Result<Attr, bool> {
+    /// otherwise what the stale entry was, if there is one.
+    fn fresh_child(&self, dir: &Node, name: &str, now: Instant) -> Result<Attr, Stale> {
         let mut table = self.table();
         let node = table.child(dir.ino(), name);
         // With --preserve-metadata, a file known only from a listing is looked up for its metadata.
@@ -370,7 +433,25 @@ impl Superblock {
             }
             return Ok(attr);
         }
-        Err(node.is_some_and(|n| n.may_be_in_page_cache()))
+        Err(node.map_or_else(Stale::default, |n| Stale {
+            page_cached: n.may_be_in_page_cache(),
+            was_dir: n.kind() == Kind::Directory,
+        }))
+    }
+
+    /// An open found `node` fresh, maybe with no lookup of ours before it (the kernel had the entry from a
+    /// readdirplus): counted as a lookup that found its entry, so that a directory read after its listing is
+    /// listed again before the entries expire.
+    pub fn note_fresh_open(&self, node: &Node) {
+        if !self.storms.note_hit(node.parent(), Instant::now()) {
+            return;
+        }
+        match self.dir_node(node.parent()) {
+            Ok(dir) => self.list_in_background(dir),
+            Err(_) => self
+                .storms
+                .listing_done(node.parent(), listing::Listed::NotApplied),
+        }
     }
 
     pub async fn getattr(&self, ino: u64) -> FsResult<Attr> {
@@ -429,6 +510,11 @@ impl Superblock {
             );
         };
         let expires = self.expiry();
+        if trusted {
+            self.storms
+                .listed(dir.ino(), pages_of(&found), asked.elapsed());
+            trust_listed_dir(&mut table, dir.ino(), &found, expires);
+        }
         let mut entries = Vec::with_capacity(found.len() + 2);
         entries.push(DirEntry {
             ino: dir.ino(),
@@ -490,8 +576,8 @@ impl Superblock {
                         && storms.unchanged_since(dir.ino(), asked)
                     {
                         let expires = Instant::now() + ttl;
-                        // About what it cost: a page holds 1,000 keys and prefixes.
-                        let pages = u32::try_from(found.len() / 1000 + 1).unwrap_or(u32::MAX);
+                        let pages = pages_of(&found);
+                        trust_listed_dir(&mut table, dir.ino(), &found, expires);
                         for (name, (kind, stat)) in found {
                             table.upsert(dir.ino(), &name, kind, stat, expires, asked);
                         }
@@ -651,6 +737,19 @@ impl Superblock {
         debug!(key, "deleted");
         self.table().detach(parent, name);
         Ok(())
+    }
+}
+
+/// About what listing `found` cost: a page holds 1,000 keys and prefixes.
+fn pages_of(found: &listing::Found) -> u32 {
+    u32::try_from(found.len() / 1000 + 1).unwrap_or(u32::MAX)
+}
+
+/// A listing of `dir` that found keys under it says the directory itself exists: its entry is trusted as long as
+/// the listed ones, so the kernel's next lookup of its name (every TTL while it is read) needs no request.
+fn trust_listed_dir(table: &mut InodeTable, dir: u64, found: &listing::Found, expires: Instant) {
+    if let Some(node) = table.get_mut(dir).filter(|_| !found.is_empty()) {
+        node.trust_until(expires);
     }
 }
 

@@ -325,6 +325,14 @@ impl Mount {
         status.expect("daemon exits")
     }
 
+    /// Unmounts as `umount(8)` does and waits for the daemon to exit: its status, how long after the unmount
+    /// began it was gone, and its whole log.
+    pub fn unmount_with_log(mut self) -> (ExitStatus, Duration, String) {
+        let started = Instant::now();
+        let status = self.unmount_inner().expect("daemon exits");
+        (status, started.elapsed(), self.log())
+    }
+
     /// SIGKILLs the daemon (a crash), then detaches the dead mount as an operator would (`umount -l`).
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {

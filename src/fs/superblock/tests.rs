@@ -258,3 +258,63 @@ async fn a_missing_name_is_asked_again_once_its_negative_entry_expires() {
     assert_eq!(fs.sb.lookup(ROOT_INO, "late").await.unwrap().size, 4);
     assert!(fake.counts().since(&writes).get(Op::Head) > 0);
 }
+
+#[tokio::test]
+async fn a_name_that_was_a_directory_is_asked_again_by_its_prefix_only() {
+    let mut c = config();
+    c.metadata_ttl = Duration::from_millis(100);
+    let (fake, fs) = fs_with(&[("d/a", b"x")], c, true).await;
+    assert_eq!(
+        fs.sb.lookup(ROOT_INO, "d").await.unwrap().kind,
+        FileKind::Directory
+    );
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let before = fake.counts();
+    assert_eq!(
+        fs.sb.lookup(ROOT_INO, "d").await.unwrap().kind,
+        FileKind::Directory
+    );
+    let sent = fake.counts().since(&before);
+    assert_eq!(
+        (sent.get(Op::Head), sent.get(Op::Get), sent.get(Op::List)),
+        (0, 0, 1),
+        "no request for an object named d"
+    );
+    // No longer a directory but a file: the object is asked for once the prefix is found empty.
+    fake.delete_object("d/a").await.unwrap();
+    fake.put_object("d", Bytes::from_static(b"file"), WriteCondition::None)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let d = fs.sb.lookup(ROOT_INO, "d").await.unwrap();
+    assert_eq!((d.kind, d.size), (FileKind::File, 4));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lookups_during_a_storm_listing_send_no_one_key_list() {
+    let names: Vec<String> = (0..40).map(|i| format!("d/{i:02}.jpg")).collect();
+    let keys: Vec<(&str, &[u8])> = names.iter().map(|n| (n.as_str(), &b"x"[..])).collect();
+    let (fake, fs) = fs_with(&keys, config(), true).await;
+    let fs = Arc::new(fs);
+    let d = fs.sb.lookup(ROOT_INO, "d").await.unwrap().ino;
+    // One short of a storm: each lookup asks for its object and its prefix.
+    for i in 0..crate::fs::listing::STORM_THRESHOLD - 1 {
+        fs.sb.lookup(d, &format!("{i:02}.jpg")).await.unwrap();
+    }
+    let before = fake.counts();
+    let gate = fake.faults().hold(Op::List);
+    let lookups: Vec<_> = (crate::fs::listing::STORM_THRESHOLD - 1..40)
+        .map(|i| {
+            let fs = Arc::clone(&fs);
+            tokio::spawn(async move { fs.sb.lookup(d, &format!("{i:02}.jpg")).await })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    gate.open();
+    for lookup in lookups {
+        assert_eq!(lookup.await.unwrap().unwrap().kind, FileKind::File);
+    }
+    // The storm's listing (one page) answers "is it a directory" for every lookup made while it was under way.
+    let sent = fake.counts().since(&before);
+    assert_eq!(sent.get(Op::List), 1, "{sent:?}");
+}
