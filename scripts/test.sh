@@ -21,5 +21,5 @@ fi
 echo "== boto3 conformance against the emulator"
 EXPRESSFS_EMULATOR="$PWD/target/debug/expressfs-emulator" .venv/bin/python tests/conformance/boto3_conformance.py
 
-echo "== framework suite (tests/frameworks: local directory must pass; on the mounts, what already works must)"
-bash scripts/run-framework-suite.sh --guard
+echo "== framework suite (tests/frameworks: every test on a local directory and on both mounts)"
+bash scripts/run-framework-suite.sh --require-mounts
