@@ -333,7 +333,7 @@ impl Filesystem for Adapter {
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let span = debug_span!("unlink", parent = parent.0, name = %name.to_string_lossy());
         let (fs, name) = (Arc::clone(&self.fs), name_str(name));
-        let work = async move { fs.metadata().unlink(parent.0, &name?).await };
+        let work = async move { fs.unlink(parent.0, &name?).await };
         self.serve("unlink", span, reply, work, ok);
     }
 

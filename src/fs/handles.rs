@@ -201,6 +201,15 @@ impl HandleTable {
         self.open().remove(&fh)
     }
 
+    /// Every write handle open on `ino`.
+    fn writers_of(&self, ino: u64) -> Vec<Arc<Handle>> {
+        self.open()
+            .values()
+            .filter(|h| matches!(h.as_ref(), Handle::Write { ino: i, .. } if *i == ino))
+            .cloned()
+            .collect()
+    }
+
     /// A write handle open on `ino`, if any.
     fn writer_for(&self, ino: u64) -> Option<Arc<Handle>> {
         self.open()
@@ -312,6 +321,39 @@ impl S3Filesystem {
         self.note_staged(ino, &shared, file.size());
         handle_wrote(&handle);
         Ok(())
+    }
+
+    /// unlink(2). The name of a file open for writing goes at once, as on a local disk (lock files are
+    /// deleted while held): its handles keep reading and writing, and upload nothing from then on.
+    pub async fn unlink(&self, parent: u64, name: &str) -> FsResult<()> {
+        let open = self
+            .sb
+            .table()
+            .child(parent, name)
+            .filter(|n| n.kind() == Kind::File && n.is_pending())
+            .map(|n| n.ino());
+        let Some(ino) = open else {
+            return self.sb.unlink(parent, name).await;
+        };
+        if self.config.read_only {
+            return Err(FsError::ReadOnly);
+        }
+        if !self.config.allow_delete {
+            return Err(FsError::NotPermitted(
+                "deleting objects needs --allow-delete",
+            ));
+        }
+        if let Some(shared) = self.handles.staged.peek(ino) {
+            shared.file.lock().await.discard();
+        }
+        for handle in self.handles.writers_of(ino) {
+            if let Handle::Write { state, .. } = handle.as_ref()
+                && let WriteState::Stream(w) = &mut *state.lock().await
+            {
+                w.discard().await;
+            }
+        }
+        self.sb.unlink_open(parent, name).await
     }
 
     pub fn opendir(&self, ino: u64) -> FsResult<u64> {

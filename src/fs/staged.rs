@@ -90,6 +90,8 @@ pub struct StagedFile {
     expect: WriteCondition,
     /// Someone else replaced the object: this file can no longer be uploaded.
     conflict: Option<FsError>,
+    /// Unlinked while open: reads and writes go on locally, nothing is uploaded any more.
+    discarded: bool,
     /// With `--preserve-metadata`: what the object carries.
     attrs: Option<StoredAttrs>,
 }
@@ -120,6 +122,7 @@ impl StagedFile {
             changed: false,
             expect: WriteCondition::IfMatch(info.etag.clone()),
             conflict: None,
+            discarded: false,
             attrs,
             ctx,
         })
@@ -152,6 +155,7 @@ impl StagedFile {
             changed,
             expect: from.expect,
             conflict: None,
+            discarded: false,
             attrs,
             ctx,
         }
@@ -163,6 +167,12 @@ impl StagedFile {
 
     pub fn size(&self) -> u64 {
         self.size
+    }
+
+    /// Its name was unlinked: from now on nothing is uploaded.
+    pub fn discard(&mut self) {
+        self.discarded = true;
+        self.changed = false;
     }
 
     /// Holds changes the bucket lacks.
@@ -307,7 +317,7 @@ impl StagedFile {
         self.size = self.size.max(end);
         self.present.insert(offset..end);
         self.written.insert(offset..end);
-        self.changed = true;
+        self.changed = !self.discarded;
         Ok(data.len() as u32)
     }
 
@@ -343,7 +353,7 @@ impl StagedFile {
             self.written.clip(size);
         }
         self.size = size;
-        self.changed = true;
+        self.changed = !self.discarded;
         Ok(())
     }
 
@@ -384,7 +394,7 @@ impl StagedFile {
     pub fn set_attrs(&mut self, change: StoredAttrs) {
         if let Some(attrs) = &mut self.attrs {
             *attrs = attrs.overlay(change);
-            self.changed = true;
+            self.changed = !self.discarded;
         }
     }
 
@@ -408,7 +418,7 @@ impl StagedFile {
     /// Uploads the file if it changed: `Ok(None)` when there was nothing to do.
     pub async fn upload(&mut self) -> FsResult<Option<PutResult>> {
         self.check()?;
-        if !self.changed {
+        if !self.changed || self.discarded {
             return Ok(None);
         }
         let result = if self.size <= self.ctx.part_size {

@@ -698,6 +698,16 @@ impl Superblock {
     }
 
     pub async fn unlink(&self, parent: u64, name: &str) -> FsResult<()> {
+        self.remove_name(parent, name, false).await
+    }
+
+    /// unlink of a name whose file is open for writing, after its handles were told to upload nothing more
+    /// (`S3Filesystem::unlink`): the object goes if it was ever uploaded, and the name goes at once.
+    pub(super) async fn unlink_open(&self, parent: u64, name: &str) -> FsResult<()> {
+        self.remove_name(parent, name, true).await
+    }
+
+    async fn remove_name(&self, parent: u64, name: &str, open_ok: bool) -> FsResult<()> {
         let _changing = self.changing(parent);
         if self.config.read_only {
             return Err(FsError::ReadOnly);
@@ -725,15 +735,17 @@ impl Superblock {
         if node.kind() == Kind::Directory {
             return Err(FsError::IsADirectory);
         }
-        if node.is_pending() {
+        if node.is_pending() && !open_ok {
             return Err(FsError::Busy("the file is being written"));
         }
         // A link's object is `name.rclonelink`: the node's key says which object the name stands for.
         let key = node.key().to_string();
-        self.client
-            .delete_object(&key)
-            .await
-            .map_err(|e| FsError::client(&key, e))?;
+        if !node.is_local() {
+            self.client
+                .delete_object(&key)
+                .await
+                .map_err(|e| FsError::client(&key, e))?;
+        }
         debug!(key, "deleted");
         self.table().detach(parent, name);
         Ok(())

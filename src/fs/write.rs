@@ -84,6 +84,8 @@ pub struct Writer {
     attrs_late: bool,
     /// Our last upload of this handle.
     uploaded: Option<Box<PutResult>>,
+    /// Unlinked while open: writes are taken and dropped, nothing is uploaded.
+    discarded: bool,
 }
 
 pub struct WriterOptions {
@@ -122,6 +124,7 @@ impl Writer {
             attrs: options.attrs.map(Box::new),
             attrs_late: false,
             uploaded: None,
+            discarded: false,
         }
     }
 
@@ -160,6 +163,9 @@ impl Writer {
     /// `None`, with nothing changed, when the write needs more (a part to send, staging, an error to report),
     /// which [`Writer::write`] then does.
     pub fn write_in_memory(&mut self, offset: u64, data: &[u8]) -> Option<u32> {
+        if self.discarded {
+            return Some(data.len() as u32);
+        }
         let plain = matches!(self.mode, Mode::Stream | Mode::Append { .. })
             && self.failed.is_none()
             && !self.sealed
@@ -177,6 +183,9 @@ impl Writer {
     }
 
     pub async fn write(&mut self, offset: u64, data: &[u8]) -> FsResult<u32> {
+        if self.discarded {
+            return Ok(data.len() as u32);
+        }
         if let Some(e) = &self.failed {
             return Err(e.clone());
         }
@@ -252,10 +261,22 @@ impl Writer {
         }
     }
 
+    /// The file's name was unlinked while open: the upload in progress is abandoned and nothing more is sent.
+    pub async fn discard(&mut self) {
+        self.abort().await;
+        self.discarded = true;
+        self.dirty = false;
+        self.attrs_late = false;
+        self.buffer = BytesMut::new();
+        self.tee = None;
+    }
+
     /// Whether a write at `offset` (or a read, truncate or second open, `offset` None) needs the file
     /// staged: the stream can only take bytes at its end before it was uploaded.
     pub fn needs_staging(&self, offset: Option<u64>) -> bool {
-        matches!(self.mode, Mode::Stream) && (self.sealed || offset != Some(self.size))
+        !self.discarded
+            && matches!(self.mode, Mode::Stream)
+            && (self.sealed || offset != Some(self.size))
     }
 
     /// Hands the file's bytes over for staging: from memory, from the local copy of a streamed file (whose

@@ -217,3 +217,48 @@ fn writer_slots_stop_at_the_limit_until_one_is_given_back() {
     slots.reserve().unwrap();
     assert_eq!(slots.open(), 2);
 }
+
+/// Lock files are deleted while held (tensorstore): the name goes at once, the open handles keep working and
+/// upload nothing, so no object is left behind or brought back.
+#[tokio::test]
+async fn unlink_of_an_open_file_removes_the_name_and_uploads_nothing_more() {
+    let mut c = config();
+    c.allow_overwrite = true;
+    c.allow_delete = true;
+    let (fake, fs) = fs_with(&[("old.bin", b"0123456789")], c, true).await;
+    // A new file, never uploaded: no request at all.
+    let (_, fh) = fs.create(ROOT_INO, "x.__lock", 0).await.unwrap();
+    fs.write(fh, 0, b"held").await.unwrap();
+    let before = fake.counts();
+    fs.unlink(ROOT_INO, "x.__lock").await.unwrap();
+    assert_eq!(fake.counts().since(&before).total(), 0);
+    assert!(matches!(
+        fs.sb.lookup(ROOT_INO, "x.__lock").await,
+        Err(FsError::NotFound)
+    ));
+    fs.write(fh, 4, b" still").await.unwrap();
+    fs.release(fh).await.unwrap();
+    assert!(fake.object("x.__lock").is_none());
+    // An object being edited: deleted, and its staged edits are not uploaded at close.
+    let ino = fs.sb.lookup(ROOT_INO, "old.bin").await.unwrap().ino;
+    let rw = OpenMode {
+        read: true,
+        write: true,
+        ..Default::default()
+    };
+    let opened = fs.open(ino, rw, 1).await.unwrap();
+    fs.write(opened.fh, 2, b"XY").await.unwrap();
+    assert_eq!(
+        &fs.read(opened.fh, 0, 100).await.unwrap()[..],
+        b"01XY456789"
+    );
+    fs.unlink(ROOT_INO, "old.bin").await.unwrap();
+    assert!(fake.object("old.bin").is_none());
+    // What was read or written before the unlink is local: it still reads.
+    assert_eq!(
+        &fs.read(opened.fh, 0, 100).await.unwrap()[..],
+        b"01XY456789"
+    );
+    fs.release(opened.fh).await.unwrap();
+    assert!(fake.object("old.bin").is_none(), "brought back at close");
+}
