@@ -4,6 +4,7 @@
 pub mod chart;
 pub mod mounts;
 pub mod peers;
+pub mod pytorch;
 pub mod report;
 pub mod s3;
 pub mod shards;

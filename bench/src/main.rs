@@ -99,6 +99,22 @@ struct Args {
     /// disk's writeback out of the figures; it needs RAM for the data set and the checkpoints.
     #[arg(long)]
     emulator_dir: Option<PathBuf>,
+    /// Also run the PyTorch workloads (bench/pytorch_bench.py: DataLoader over the mount against
+    /// s3torchconnector) when the venv of scripts/install-pytorch-peer.sh exists; `--repeat` rounds
+    #[arg(long)]
+    pytorch: bool,
+    /// Run only the PyTorch workloads
+    #[arg(long)]
+    pytorch_only: bool,
+    /// Emulator TTFBs of the PyTorch workloads, ms, comma-separated (one emulator each)
+    #[arg(long, default_value = "4,0")]
+    pytorch_ttfb_ms: String,
+    /// Python with torch (and s3torchconnector) [default: .venv-pytorch/bin/python]
+    #[arg(long)]
+    pytorch_python: Option<PathBuf>,
+    /// Extra argument for bench/pytorch_bench.py, repeatable (e.g. `--pytorch-arg=--small-files=100`)
+    #[arg(long, allow_hyphen_values = true)]
+    pytorch_arg: Vec<String>,
 }
 
 fn main() -> Result<()> {
@@ -111,6 +127,9 @@ fn main() -> Result<()> {
         peers::discover(args.rclone.as_deref(), args.mountpoint.as_deref())
     };
     let timeout = Duration::from_secs(args.timeout_secs);
+    if args.pytorch_only {
+        return run_pytorch(&args);
+    }
 
     let data_dir = match &args.emulator_dir {
         Some(dir) => tempfile::Builder::new()
@@ -178,7 +197,31 @@ fn main() -> Result<()> {
             Err(e) => eprintln!("warning: no chart: {e:#}"),
         }
     }
+    if args.pytorch {
+        println!();
+        run_pytorch(&args)?;
+    }
     Ok(())
+}
+
+/// The PyTorch workloads through the Python driver, or a note saying why not.
+fn run_pytorch(args: &Args) -> Result<()> {
+    let Some(python) = expressfs_bench::pytorch::python(args.pytorch_python.as_deref()) else {
+        println!(
+            "PyTorch workloads: skipped (no .venv-pytorch; run scripts/install-pytorch-peer.sh)."
+        );
+        return Ok(());
+    };
+    expressfs_bench::pytorch::run(&expressfs_bench::pytorch::Run {
+        python: &python,
+        expressfs: &args.expressfs,
+        ttfb_ms: &args.pytorch_ttfb_ms,
+        rounds: args.repeat,
+        emulator_dir: args.emulator_dir.as_deref(),
+        expressfs_args: &args.expressfs_arg,
+        markdown: args.markdown,
+        extra: &args.pytorch_arg,
+    })
 }
 
 /// Uploads the data set into the directory bucket. Memory stays bounded whatever the sizes: big objects
