@@ -40,6 +40,13 @@ pub use ranges::RangeSet;
 /// request per MiB, not one per page.
 const FETCH_BLOCK: u64 = 1024 * 1024;
 
+/// Largest server-side copy in one UploadPartCopy: big enough that an untouched GiB costs a couple of
+/// requests, small enough that the copies of a huge file run side by side (the service allows 5 GiB).
+const COPY_PART: u64 = 512 * 1024 * 1024;
+
+/// Requests of one upload in flight at once when most are copies.
+const COPIES_IN_FLIGHT: usize = 16;
+
 /// What every staged file of a mount shares.
 #[derive(Clone)]
 pub struct StagingContext {
@@ -243,8 +250,11 @@ impl StagedFile {
                 let fetched = match &block {
                     Some((r, b)) if r.contains(&at) => (r.clone(), b.clone()),
                     _ => {
+                        // Whole blocks, as many as the gap spans, in one request: an upload's part
+                        // missing a few KiB costs one or two GETs, a page read one block.
                         let start = at - at % FETCH_BLOCK;
-                        let r = start..(start + FETCH_BLOCK).min(self.base_len);
+                        let end = gap.end.div_ceil(FETCH_BLOCK) * FETCH_BLOCK;
+                        let r = start..end.max(start + FETCH_BLOCK).min(self.base_len);
                         let b = self.fetch(r.clone()).await?;
                         self.keep_fetched(&r, &b)?;
                         block = Some((r.clone(), b.clone()));
@@ -490,51 +500,73 @@ impl StagedFile {
         }
     }
 
+    /// The parts of the upload, in order: `(range, copy)`. The file is cut on the part-size grid; a piece
+    /// that holds only unchanged bytes of the base is copied, and neighbouring copied pieces merge into one
+    /// copy of up to [`COPY_PART`], so patching one part of a big file costs a handful of requests.
+    fn plan_parts(&self) -> Vec<(Range<u64>, bool)> {
+        let part_size = self.ctx.part_size;
+        let mut plan: Vec<(Range<u64>, bool)> = Vec::new();
+        for i in 0..self.size.div_ceil(part_size) {
+            let range = i * part_size..((i + 1) * part_size).min(self.size);
+            let copy = self.copy_source(&range).is_some();
+            match plan.last_mut() {
+                Some((last, true))
+                    if copy && last.end == range.start && range.end - last.start <= COPY_PART =>
+                {
+                    last.end = range.end;
+                }
+                _ => plan.push((range, copy)),
+            }
+        }
+        plan
+    }
+
     /// Every part, in order: copied from the base when it holds only its unchanged bytes, sent otherwise.
+    /// Sent parts hold memory, so at most `parts_in_flight` of them are in flight; copies hold none, and up to
+    /// [`COPIES_IN_FLIGHT`] requests go at once.
     async fn send_parts(&mut self, id: &str) -> FsResult<Vec<UploadedPart>> {
-        type Task = JoinHandle<Result<UploadedPart, ClientError>>;
+        type Task = (JoinHandle<Result<UploadedPart, ClientError>>, bool);
         let mut in_flight: VecDeque<Task> = VecDeque::new();
         let mut done = Vec::new();
-        let part_size = self.ctx.part_size;
-        let count = self.size.div_ceil(part_size);
+        let etag = self.base.as_ref().map(|b| b.etag.clone()).unwrap_or_default();
+        let sends_max = self.ctx.parts_in_flight.max(1);
         let result: FsResult<()> = async {
-            for i in 0..count {
-                let range = i * part_size..((i + 1) * part_size).min(self.size);
+            for (i, (range, copy)) in self.plan_parts().into_iter().enumerate() {
                 let number = i as i32 + 1;
                 let (client, key, id) = (
                     Arc::clone(&self.ctx.client),
                     self.key.clone(),
                     id.to_string(),
                 );
-                let task = match self.copy_source(&range) {
-                    Some(etag) => tokio::spawn(async move {
+                let task = if copy {
+                    let etag = etag.clone();
+                    tokio::spawn(async move {
                         client
                             .upload_part_copy(&key, &id, number, &key, range, &etag)
                             .await
-                    }),
-                    None => {
-                        let body = self.read(range.start, range.end - range.start).await?;
-                        tokio::spawn(
-                            async move { client.upload_part(&key, &id, number, body).await },
-                        )
-                    }
+                    })
+                } else {
+                    let body = self.read(range.start, range.end - range.start).await?;
+                    tokio::spawn(async move { client.upload_part(&key, &id, number, body).await })
                 };
-                in_flight.push_back(task);
-                while in_flight.len() >= self.ctx.parts_in_flight.max(1) {
-                    done.push(
-                        self.finish(in_flight.pop_front().expect("non-empty"))
-                            .await?,
-                    );
+                in_flight.push_back((task, !copy));
+                loop {
+                    let sends = in_flight.iter().filter(|(_, send)| *send).count();
+                    if in_flight.len() < COPIES_IN_FLIGHT.max(sends_max) && sends < sends_max {
+                        break;
+                    }
+                    let (task, _) = in_flight.pop_front().expect("non-empty");
+                    done.push(self.finish(task).await?);
                 }
             }
-            while let Some(task) = in_flight.pop_front() {
+            while let Some((task, _)) = in_flight.pop_front() {
                 done.push(self.finish(task).await?);
             }
             Ok(())
         }
         .await;
         if let Err(e) = result {
-            for task in in_flight {
+            for (task, _) in in_flight {
                 task.abort();
             }
             return Err(e);
