@@ -199,6 +199,18 @@ impl StagedFile {
         Err(FsError::TooBig(self.key.clone()))
     }
 
+    /// Bytes a write of `range` adds to what the file holds: base bytes not held yet, and growth. Bytes
+    /// already held (fetched or written) cost nothing again.
+    fn adds(&self, range: Range<u64>) -> u64 {
+        let below: u64 = self
+            .present
+            .gaps(range.start.min(self.base_len)..range.end.min(self.base_len))
+            .iter()
+            .map(|g| g.end - g.start)
+            .sum();
+        below + range.end.saturating_sub(self.size.max(self.base_len))
+    }
+
     fn local_error(&self, e: std::io::Error) -> FsError {
         FsError::local(&format!("{}: staging file", self.key), e)
     }
@@ -296,7 +308,7 @@ impl StagedFile {
         let end = offset
             .checked_add(len)
             .ok_or_else(|| FsError::TooBig(self.key.clone()))?;
-        self.over_limit(len + end.saturating_sub(self.size))?;
+        self.over_limit(self.adds(offset..end))?;
         // Blocks are reserved first: a full staging disk then refuses the write before any byte of it lands,
         // so no acknowledged byte is ever lost to ENOSPC.
         self.reserve(offset, len)?;
@@ -551,6 +563,10 @@ impl StagedFile {
     /// The object was replaced by someone else: this file can never be uploaded. It is kept on local disk
     /// (where the log line says) and every handle fails from now on.
     fn conflicted(&mut self, e: FsError) -> FsError {
+        // A fetch of the base found the conflict first and the upload reports it again: keep one copy.
+        if let Some(first) = &self.conflict {
+            return first.clone();
+        }
         let kept = self.keep_copy();
         warn!(
             key = %self.key,
