@@ -37,6 +37,7 @@ fn open_rw(path: &Path) -> File {
         .read(true)
         .write(true)
         .create(true)
+        .truncate(false)
         .open(path)
         .unwrap_or_else(|e| panic!("open {}: {e}", path.display()))
 }

@@ -2,7 +2,6 @@
 //! against a model of what the file system should hold. Metadata is cached for 60 s, so this also checks that
 //! our own writes, deletes and renames are never seen stale.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use proptest::prelude::*;

@@ -180,10 +180,10 @@ async fn ftruncate_and_fallocate_through_a_handle() {
     )
     .await
     .unwrap();
-    assert_eq!(&fs.read(a.fh, 0, 100).await.unwrap()[..], b"0\0\0345");
+    assert_eq!(&fs.read(a.fh, 0, 100).await.unwrap()[..], b"0\x00\x00345");
     assert!(fake.object("f").unwrap().len() == 10, "not uploaded yet");
     fs.release(a.fh).await.unwrap();
-    assert_eq!(fake.object("f").unwrap(), &b"0\0\0345"[..]);
+    assert_eq!(fake.object("f").unwrap(), &b"0\x00\x00345"[..]);
 }
 
 #[tokio::test]
