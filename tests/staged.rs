@@ -452,3 +452,51 @@ fn a_writer_and_readers_of_one_file_see_each_others_bytes() {
         );
     }
 }
+
+/// `>>` on an existing object (no --incremental-upload): a staged edit that appends, on both bucket kinds.
+#[test]
+fn appending_to_an_existing_object_edits_it() {
+    for directory in [true, false] {
+        let bucket = fresh_bucket(directory, "stagedappend");
+        put(emulator(), &bucket, "log.txt", b"line 1\n".to_vec());
+        let mount = Mount::new(&bucket, &["--allow-overwrite"]);
+        let path = mount.path().join("log.txt");
+        for line in ["line 2\n", "line 3\n"] {
+            let mut f = OpenOptions::new().append(true).open(&path).unwrap();
+            f.write_all(line.as_bytes()).unwrap();
+            close(f).unwrap();
+        }
+        let out = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(format!("echo 'line 4' >> '{}'", path.display()))
+            .status()
+            .unwrap();
+        assert!(out.success());
+        assert_eq!(
+            get(emulator(), &bucket, "log.txt").unwrap(),
+            b"line 1\nline 2\nline 3\nline 4\n",
+            "directory bucket: {directory}"
+        );
+        assert_eq!(
+            std::fs::read(&path).unwrap(),
+            b"line 1\nline 2\nline 3\nline 4\n"
+        );
+    }
+}
+
+/// fsync of a staged edit uploads it before the close; the close after it sends nothing more.
+#[test]
+fn fsync_uploads_a_staged_edit() {
+    let bucket = fresh_bucket(true, "stagedfsync");
+    put(emulator(), &bucket, "f", b"0123456789".to_vec());
+    let mount = Mount::new(&bucket, &["--allow-overwrite"]);
+    let f = open_rw(&mount.path().join("f"));
+    f.write_all_at(b"AB", 4).unwrap();
+    assert_eq!(get(emulator(), &bucket, "f").unwrap(), b"0123456789");
+    f.sync_all().unwrap();
+    assert_eq!(get(emulator(), &bucket, "f").unwrap(), b"0123AB6789");
+    let puts = op_count(&bucket, "PutObject");
+    close(f).unwrap();
+    assert_eq!(op_count(&bucket, "PutObject"), puts, "nothing left to send");
+    assert_eq!(get(emulator(), &bucket, "f").unwrap(), b"0123AB6789");
+}
