@@ -199,6 +199,19 @@ impl StagedFile {
         Err(FsError::TooBig(self.key.clone()))
     }
 
+    /// Gives back the disk held by base bytes fetched for reads (they can be fetched again), so reads never
+    /// use up the room that writes need under `--max-staged-file-size`.
+    fn drop_fetched(&mut self) {
+        let fd = self.local.as_file().as_fd();
+        let punch = nix::fcntl::FallocateFlags::FALLOC_FL_PUNCH_HOLE
+            | nix::fcntl::FallocateFlags::FALLOC_FL_KEEP_SIZE;
+        for g in self.written.gaps(0..self.base_len) {
+            // Where punching fails the bytes only stay on disk; they are fetched again either way.
+            let _ = nix::fcntl::fallocate(fd, punch, g.start as i64, (g.end - g.start) as i64);
+        }
+        self.present = self.written.clone();
+    }
+
     /// Bytes a write of `range` adds to what the file holds: base bytes not held yet, and growth. Bytes
     /// already held (fetched or written) cost nothing again.
     fn adds(&self, range: Range<u64>) -> u64 {
@@ -312,6 +325,9 @@ impl StagedFile {
         let end = offset
             .checked_add(len)
             .ok_or_else(|| FsError::TooBig(self.key.clone()))?;
+        if self.held() + self.adds(offset..end) > self.ctx.limit {
+            self.drop_fetched();
+        }
         self.over_limit(self.adds(offset..end))?;
         // Blocks are reserved first: a full staging disk then refuses the write before any byte of it lands,
         // so no acknowledged byte is ever lost to ENOSPC.
@@ -347,6 +363,9 @@ impl StagedFile {
             return Ok(());
         }
         if size > self.size {
+            if self.held() + (size - self.size) > self.ctx.limit {
+                self.drop_fetched();
+            }
             self.over_limit(size - self.size)?;
         }
         self.local

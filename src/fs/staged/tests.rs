@@ -283,9 +283,23 @@ async fn reads_past_the_limit_still_work_uncached() {
     let before = s.fake.counts();
     assert_eq!(&f.read(0, 24 * MIB).await.unwrap()[..], &base[..]);
     assert_eq!(s.fake.counts().since(&before).get(Op::Get), 23);
-    // Writing over bytes already held adds nothing; over bytes not held, past the limit, is refused.
+    // Writing over bytes already held adds nothing.
     f.write(0, b"x").unwrap();
-    assert!(matches!(f.write(5 * MIB, b"x"), Err(FsError::TooBig(_))));
+    // Bytes kept from reads give way to writes: the limit bounds what was written, not what was read.
+    f.write(5 * MIB, &[7u8; 4096]).unwrap();
+    f.write(20 * MIB, &vec![8u8; (MIB - 8192) as usize])
+        .unwrap();
+    assert!(matches!(
+        f.write(10 * MIB, &[9u8; 8192]),
+        Err(FsError::TooBig(_))
+    ));
+    let mut want = base.clone();
+    want[0] = b'x';
+    want[(5 * MIB) as usize..(5 * MIB + 4096) as usize].fill(7);
+    want[(20 * MIB) as usize..(21 * MIB - 8192) as usize].fill(8);
+    assert_eq!(&f.read(0, 24 * MIB).await.unwrap()[..], &want[..]);
+    f.upload().await.unwrap().unwrap();
+    assert_eq!(s.fake.object("big").unwrap(), want);
 }
 
 async fn conflict_case(size: u64) {
