@@ -2,12 +2,12 @@
 //! against a model of what the file system should hold. Metadata is cached for 60 s, so this also checks that
 //! our own writes, deletes and renames are never seen stale.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use proptest::prelude::*;
 
-use super::model_ops::{FILES, Op, expected_listing, op};
+use super::attrs::StoredAttrs;
+use super::model_ops::{DIR_NAMES, FILES, LINKS, Model, Op, op};
 use super::{FsConfig, FsError, OpenMode, ROOT_INO, S3Filesystem};
 use crate::s3::ObjectClient;
 use crate::s3::fake::FakeClient;
@@ -15,11 +15,48 @@ use crate::s3::fake::FakeClient;
 async fn parent_of(fs: &S3Filesystem, path: &str) -> (u64, String) {
     match path.split_once('/') {
         Some((dir, name)) => (
-            fs.sb.lookup(ROOT_INO, dir).await.expect("d exists").ino,
+            fs.sb
+                .lookup(ROOT_INO, dir)
+                .await
+                .expect("the directory exists")
+                .ino,
             name.to_string(),
         ),
         None => (ROOT_INO, path.to_string()),
     }
+}
+
+const RW: OpenMode = OpenMode {
+    direct: false,
+    write: true,
+    read: true,
+    truncate: false,
+    append: false,
+};
+
+/// A handle of `path` open for reading and writing, without O_TRUNC; created if missing.
+async fn open_rw(fs: &S3Filesystem, path: &str) -> u64 {
+    let (parent, name) = parent_of(fs, path).await;
+    match fs.sb.lookup(parent, &name).await {
+        Ok(a) => fs.open(a.ino, RW, 0).await.unwrap().fh,
+        Err(FsError::NotFound) => fs.create(parent, &name, 0).await.unwrap().1,
+        Err(e) => panic!("lookup of {path}: {e}"),
+    }
+}
+
+async fn close(fs: &S3Filesystem, fh: u64) {
+    fs.flush(fh, 0).await.unwrap();
+    fs.release(fh).await.unwrap();
+}
+
+async fn check_bytes(fs: &S3Filesystem, fh: u64, want: &[u8], what: &str) {
+    let got = fs.read(fh, 0, 100_000).await.unwrap();
+    assert!(
+        got[..] == want[..],
+        "bytes of {what}: {} read, {} expected",
+        got.len(),
+        want.len()
+    );
 }
 
 async fn run(ops: Vec<Op>) {
@@ -31,12 +68,12 @@ async fn run(ops: Vec<Op>) {
     config.metadata_ttl = std::time::Duration::from_secs(60);
     config.negative_metadata_ttl = std::time::Duration::from_secs(60);
     let fs = S3Filesystem::new(client, config);
-    fs.sb.mkdir(ROOT_INO, "d").await.unwrap();
-    let mut model: BTreeMap<&str, Vec<u8>> = BTreeMap::new();
+    let mut model = Model::default();
+    fs.sb.mkdir(ROOT_INO, model.dir_name()).await.unwrap();
     for op in ops {
         match op {
             Op::Write { file, data, chunk } => {
-                let (parent, name) = parent_of(&fs, FILES[file]).await;
+                let (parent, name) = parent_of(&fs, &model.path(FILES[file])).await;
                 let fh = match fs.sb.lookup(parent, &name).await {
                     Ok(a) => {
                         fs.open(
@@ -60,13 +97,53 @@ async fn run(ops: Vec<Op>) {
                     fs.write(fh, off, piece).await.unwrap();
                     off += piece.len() as u64;
                 }
-                fs.flush(fh, 0).await.unwrap();
-                fs.release(fh).await.unwrap();
-                model.insert(FILES[file], data);
+                close(&fs, fh).await;
+                model.files.insert(FILES[file], data);
+            }
+            Op::Edit { file, offset, data } => {
+                let fh = open_rw(&fs, &model.path(FILES[file])).await;
+                fs.write(fh, offset, &data).await.unwrap();
+                close(&fs, fh).await;
+                model.edit(file, offset, &data);
+            }
+            Op::Truncate { file, size } => {
+                let (parent, name) = parent_of(&fs, &model.path(FILES[file])).await;
+                let result = match fs.sb.lookup(parent, &name).await {
+                    Ok(a) => fs
+                        .setattr(a.ino, Some(size), None, StoredAttrs::default())
+                        .await
+                        .map(|a| a.size),
+                    Err(e) => Err(e),
+                };
+                if model.truncate(file, size) {
+                    assert_eq!(result.unwrap(), size);
+                } else {
+                    assert!(matches!(result, Err(FsError::NotFound)), "{result:?}");
+                }
+            }
+            Op::Shared { file, steps } => {
+                let path = model.path(FILES[file]);
+                let mut fhs = Vec::new();
+                for _ in 0..3 {
+                    fhs.push(open_rw(&fs, &path).await);
+                }
+                model.files.entry(FILES[file]).or_default();
+                for (i, offset, data) in steps {
+                    fs.write(fhs[i], offset, &data).await.unwrap();
+                    model.edit(file, offset, &data);
+                    let want = model.files[FILES[file]].clone();
+                    check_bytes(&fs, fhs[(i + 1) % 3], &want, &path).await;
+                }
+                for fh in fhs {
+                    close(&fs, fh).await;
+                }
             }
             Op::Read { file } => {
-                let (parent, name) = parent_of(&fs, FILES[file]).await;
-                match (fs.sb.lookup(parent, &name).await, model.get(FILES[file])) {
+                let (parent, name) = parent_of(&fs, &model.path(FILES[file])).await;
+                match (
+                    fs.sb.lookup(parent, &name).await,
+                    model.files.get(FILES[file]),
+                ) {
                     (Ok(a), Some(want)) => {
                         assert_eq!(a.size, want.len() as u64, "size of {}", FILES[file]);
                         let fh = fs
@@ -81,38 +158,78 @@ async fn run(ops: Vec<Op>) {
                             .await
                             .unwrap()
                             .fh;
-                        let got = fs.read(fh, 0, 10_000).await.unwrap();
+                        check_bytes(&fs, fh, want, FILES[file]).await;
                         fs.release(fh).await.unwrap();
-                        assert_eq!(&got[..], &want[..], "bytes of {}", FILES[file]);
                     }
                     (Err(FsError::NotFound), None) => {}
                     (got, want) => panic!("{}: fs says {got:?}, model says {want:?}", FILES[file]),
                 }
             }
             Op::Unlink { file } => {
-                let (parent, name) = parent_of(&fs, FILES[file]).await;
+                let (parent, name) = parent_of(&fs, &model.path(FILES[file])).await;
                 let result = fs.sb.unlink(parent, &name).await;
-                match model.remove(FILES[file]) {
+                match model.files.remove(FILES[file]) {
                     Some(_) => result.unwrap(),
                     None => assert!(matches!(result, Err(FsError::NotFound)), "{result:?}"),
                 }
             }
             Op::Rename { from, to } => {
-                let (p1, n1) = parent_of(&fs, FILES[from]).await;
-                let (p2, n2) = parent_of(&fs, FILES[to]).await;
+                let (p1, n1) = parent_of(&fs, &model.path(FILES[from])).await;
+                let (p2, n2) = parent_of(&fs, &model.path(FILES[to])).await;
                 let result = fs.sb.rename(p1, &n1, p2, &n2, false).await;
-                match model.get(FILES[from]).cloned() {
+                match model.files.get(FILES[from]).cloned() {
                     Some(data) => {
                         result.unwrap();
-                        model.remove(FILES[from]);
-                        model.insert(FILES[to], data);
+                        model.files.remove(FILES[from]);
+                        model.files.insert(FILES[to], data);
                     }
+                    None => assert!(matches!(result, Err(FsError::NotFound)), "{result:?}"),
+                }
+            }
+            Op::RenameDir => {
+                let (from, to) = (model.dir_name(), DIR_NAMES[1 - model.dir]);
+                fs.sb
+                    .rename(ROOT_INO, from, ROOT_INO, to, false)
+                    .await
+                    .unwrap();
+                model.dir = 1 - model.dir;
+            }
+            Op::Symlink { link, target } => {
+                let (parent, name) = parent_of(&fs, &model.path(LINKS[link])).await;
+                let text = Model::link_text(link, target);
+                let result = fs.sb.symlink(parent, &name, text.as_bytes()).await;
+                if model.links.contains_key(LINKS[link]) {
+                    assert!(matches!(result, Err(FsError::Exists)), "{result:?}");
+                } else {
+                    result.unwrap();
+                    model.links.insert(LINKS[link], target);
+                }
+            }
+            Op::ReadLink { link } => {
+                let (parent, name) = parent_of(&fs, &model.path(LINKS[link])).await;
+                match (
+                    fs.sb.lookup(parent, &name).await,
+                    model.links.get(LINKS[link]),
+                ) {
+                    (Ok(a), Some(target)) => {
+                        let got = fs.sb.readlink(a.ino).await.unwrap();
+                        assert_eq!(&got[..], Model::link_text(link, *target).as_bytes());
+                    }
+                    (Err(FsError::NotFound), None) => {}
+                    (got, want) => panic!("{}: fs says {got:?}, model says {want:?}", LINKS[link]),
+                }
+            }
+            Op::RemoveLink { link } => {
+                let (parent, name) = parent_of(&fs, &model.path(LINKS[link])).await;
+                let result = fs.sb.unlink(parent, &name).await;
+                match model.links.remove(LINKS[link]) {
+                    Some(_) => result.unwrap(),
                     None => assert!(matches!(result, Err(FsError::NotFound)), "{result:?}"),
                 }
             }
             Op::List { in_d } => {
                 let dir = if in_d {
-                    fs.sb.lookup(ROOT_INO, "d").await.unwrap().ino
+                    fs.sb.lookup(ROOT_INO, model.dir_name()).await.unwrap().ino
                 } else {
                     ROOT_INO
                 };
@@ -126,8 +243,11 @@ async fn run(ops: Vec<Op>) {
                     .filter(|n| n != "." && n != "..")
                     .collect();
                 names.sort();
-                let want = expected_listing(&model, in_d);
-                assert_eq!(names, want, "listing of {}", if in_d { "d" } else { "/" });
+                assert_eq!(
+                    names,
+                    model.listing(in_d),
+                    "listing (in the directory: {in_d})"
+                );
             }
         }
     }

@@ -216,6 +216,31 @@ impl StagedFile {
         Err(FsError::TooBig(self.key.clone()))
     }
 
+    /// Gives back the disk held by base bytes fetched for reads (they can be fetched again), so reads never
+    /// use up the room that writes need under `--max-staged-file-size`.
+    fn drop_fetched(&mut self) {
+        let fd = self.local.as_file().as_fd();
+        let punch = nix::fcntl::FallocateFlags::FALLOC_FL_PUNCH_HOLE
+            | nix::fcntl::FallocateFlags::FALLOC_FL_KEEP_SIZE;
+        for g in self.written.gaps(0..self.base_len) {
+            // Where punching fails the bytes only stay on disk; they are fetched again either way.
+            let _ = nix::fcntl::fallocate(fd, punch, g.start as i64, (g.end - g.start) as i64);
+        }
+        self.present = self.written.clone();
+    }
+
+    /// Bytes a write of `range` adds to what the file holds: base bytes not held yet, and growth. Bytes
+    /// already held (fetched or written) cost nothing again.
+    fn adds(&self, range: Range<u64>) -> u64 {
+        let below: u64 = self
+            .present
+            .gaps(range.start.min(self.base_len)..range.end.min(self.base_len))
+            .iter()
+            .map(|g| g.end - g.start)
+            .sum();
+        below + range.end.saturating_sub(self.size.max(self.base_len))
+    }
+
     fn local_error(&self, e: std::io::Error) -> FsError {
         FsError::local(&format!("{}: staging file", self.key), e)
     }
@@ -312,11 +337,18 @@ impl StagedFile {
 
     pub fn write(&mut self, offset: u64, data: &[u8]) -> FsResult<u32> {
         self.check()?;
+        // A write of nothing changes nothing, wherever it is (pwrite(2) of zero bytes does not extend).
+        if data.is_empty() {
+            return Ok(0);
+        }
         let len = data.len() as u64;
         let end = offset
             .checked_add(len)
             .ok_or_else(|| FsError::TooBig(self.key.clone()))?;
-        self.over_limit(len + end.saturating_sub(self.size))?;
+        if self.held() + self.adds(offset..end) > self.ctx.limit {
+            self.drop_fetched();
+        }
+        self.over_limit(self.adds(offset..end))?;
         // Blocks are reserved first: a full staging disk then refuses the write before any byte of it lands,
         // so no acknowledged byte is ever lost to ENOSPC.
         self.reserve(offset, len)?;
@@ -351,6 +383,9 @@ impl StagedFile {
             return Ok(());
         }
         if size > self.size {
+            if self.held() + (size - self.size) > self.ctx.limit {
+                self.drop_fetched();
+            }
             self.over_limit(size - self.size)?;
         }
         self.local
@@ -593,6 +628,10 @@ impl StagedFile {
     /// The object was replaced by someone else: this file can never be uploaded. It is kept on local disk
     /// (where the log line says) and every handle fails from now on.
     fn conflicted(&mut self, e: FsError) -> FsError {
+        // A fetch of the base found the conflict first and the upload reports it again: keep one copy.
+        if let Some(first) = &self.conflict {
+            return first.clone();
+        }
         let kept = self.keep_copy();
         warn!(
             key = %self.key,

@@ -1,0 +1,502 @@
+//! Staged files on real mounts: edits of existing objects, conflicts with other clients, server faults and
+//! crashes during a staged upload, what a patch costs on the wire, the size limit, and several descriptors.
+//!
+//! Each test runs in its own process under nextest, so tests that set emulator-wide faults use their own
+//! emulator and never disturb another test.
+
+mod common;
+
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::fd::IntoRawFd;
+use std::os::unix::fs::FileExt;
+use std::time::Duration;
+
+use common::*;
+use expressfs_emulator::{Emulator, EmulatorConfig};
+
+const MIB: usize = 1024 * 1024;
+
+/// close(2) itself, so its result is seen (dropping a File ignores it).
+fn close(f: File) -> std::io::Result<()> {
+    let fd = f.into_raw_fd();
+    // SAFETY: `fd` was just taken out of the File, so it is open and owned by nobody else.
+    if unsafe { libc::close(fd) } == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+fn open_rw(path: &std::path::Path) -> File {
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .unwrap()
+}
+
+/// An emulator of this test alone (faults are emulator-wide), with its data in `data` (e.g. in /dev/shm).
+fn own_emulator(bucket: &str, data: Option<&std::path::Path>) -> Emulator {
+    let config = EmulatorConfig {
+        buckets: vec![bucket.to_string()],
+        ..Default::default()
+    };
+    let Some(dir) = data else {
+        return start_emulator(config);
+    };
+    isolate_env();
+    Emulator::start_background(EmulatorConfig {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        access_key: ACCESS_KEY.into(),
+        secret_key: SECRET_KEY.into(),
+        region: REGION.into(),
+        data_dir: dir.to_path_buf(),
+        ..config
+    })
+    .expect("emulator starts")
+}
+
+fn bucket_name(directory: bool, tag: &str) -> String {
+    if directory {
+        directory_bucket(tag)
+    } else {
+        general_bucket(tag)
+    }
+}
+
+fn set_faults(emu: &Emulator, rate: f64, seed: u64, ops: &[&str], kinds: &[&str]) {
+    let list = |v: &[&str]| {
+        v.iter()
+            .map(|s| format!("{s:?}"))
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    let body = format!(
+        r#"{{"rate":{rate},"seed":{seed},"operations":[{}],"kinds":[{}]}}"#,
+        list(ops),
+        list(kinds)
+    );
+    let (status, answer) = admin_post(emu, "/_emulator/faults", &body);
+    assert_eq!(status, 200, "{answer}");
+}
+
+fn open_uploads(emu: &Emulator, bucket: &str) -> String {
+    let (status, body) = admin_get(emu, &format!("/_emulator/uploads?bucket={bucket}"));
+    assert_eq!(status, 200, "{body}");
+    body
+}
+
+/// Sum of one counter over every operation of the emulator's stats (one bucket per emulator here).
+fn total_stat(emu: &Emulator, counter: &str) -> u64 {
+    let (_, body) = admin_get(emu, "/_emulator/stats");
+    let name = format!("\"{counter}\":");
+    body.match_indices(&name)
+        .map(|(i, m)| {
+            body[i + m.len()..]
+                .trim_start()
+                .split(|c: char| !c.is_ascii_digit())
+                .next()
+                .unwrap()
+                .parse::<u64>()
+                .unwrap()
+        })
+        .sum()
+}
+
+/// Last closes of staged files whose upload failed, from the daemon's log.
+fn release_failures(mount: &Mount) -> usize {
+    mount
+        .log()
+        .matches("last close of a staged file: upload failed")
+        .count()
+}
+
+fn patched(old: &[u8], at: usize, patch: &[u8]) -> Vec<u8> {
+    let mut v = old.to_vec();
+    if v.len() < at + patch.len() {
+        v.resize(at + patch.len(), 0);
+    }
+    v[at..at + patch.len()].copy_from_slice(patch);
+    v
+}
+
+/// Another client replaces the object between our open and close: close fails with EIO, the object is
+/// theirs, and our staged copy is kept in the staging directory.
+#[test]
+fn a_concurrent_change_fails_the_close_and_keeps_the_staged_copy() {
+    for directory in [true, false] {
+        for size in [100_000, 20 * MIB] {
+            let bucket = fresh_bucket(directory, "conflict");
+            let emu = emulator();
+            put(emu, &bucket, "f", pattern(1, size));
+            let cache = tempfile::tempdir().unwrap();
+            let mount = Mount::new(
+                &bucket,
+                &[
+                    "--allow-overwrite",
+                    "--cache",
+                    cache.path().to_str().unwrap(),
+                    "--metadata-ttl",
+                    "minimal",
+                ],
+            );
+            let f = open_rw(&mount.path().join("f"));
+            f.write_all_at(b"ours", (size / 2) as u64).unwrap();
+            let theirs = pattern(2, size);
+            put(emu, &bucket, "f", theirs.clone());
+            assert_eq!(
+                errno_of(close(f)),
+                libc::EIO,
+                "directory {directory}, size {size}"
+            );
+            assert!(
+                get(emu, &bucket, "f").unwrap() == theirs,
+                "directory {directory}, size {size}: the other client's object stays"
+            );
+            let kept_dir = cache.path().join("staging").join("expressfs-kept");
+            let kept: Vec<_> = std::fs::read_dir(&kept_dir)
+                .unwrap_or_else(|e| panic!("{}: {e}\n{}", kept_dir.display(), mount.log()))
+                .map(|e| e.unwrap().path())
+                .collect();
+            assert_eq!(kept.len(), 1, "{kept:?}");
+            let copy = std::fs::read(&kept[0]).unwrap();
+            assert_eq!(copy.len(), size);
+            assert_eq!(&copy[size / 2..size / 2 + 4], b"ours");
+            assert!(
+                mount.log().contains("replaced by someone else"),
+                "{}",
+                mount.log()
+            );
+            assert_eq!(open_uploads(emu, &bucket), "[]");
+            // The mount carries on with the new object.
+            assert!(std::fs::read(mount.path().join("f")).unwrap() == theirs);
+        }
+    }
+}
+
+/// A request of a staged upload fails for good (every retry): close gives EIO, the object is exactly the
+/// old one, no upload is left open, and the mount works again once the server does.
+#[test]
+fn server_faults_during_a_staged_upload_leave_the_old_object() {
+    let bucket = directory_bucket("stagedfault");
+    let emu = own_emulator(&bucket, None);
+    let old = pattern(3, 24 * MIB);
+    put(&emu, &bucket, "f", old.clone());
+    let mount = Mount::on(
+        &emu,
+        &bucket,
+        &["--allow-overwrite", "--metadata-ttl", "minimal"],
+    );
+    for (i, op) in ["UploadPart", "UploadPartCopy", "CompleteMultipartUpload"]
+        .into_iter()
+        .enumerate()
+    {
+        let f = open_rw(&mount.path().join("f"));
+        let at = 12 * MIB + i * 4096;
+        f.write_all_at(&[0xCC; 4096], at as u64).unwrap();
+        set_faults(&emu, 1.0, 5, &[op], &["internal-error"]);
+        let failures = release_failures(&mount);
+        assert_eq!(errno_of(close(f)), libc::EIO, "{op}");
+        // The release after that close tries once more (the file is still changed): let it fail too
+        // before the server is well again, or it would upload the edit after all.
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while release_failures(&mount) == failures {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{op}: no release\n{}",
+                mount.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        set_faults(&emu, 0.0, 0, &[], &[]);
+        assert!(
+            get(&emu, &bucket, "f").unwrap() == old,
+            "{op}: not the old object"
+        );
+        assert_eq!(open_uploads(&emu, &bucket), "[]", "{op}");
+    }
+    // And with the server well again, the same edit goes through whole.
+    let f = open_rw(&mount.path().join("f"));
+    f.write_all_at(&[0xDD; 4096], (12 * MIB) as u64).unwrap();
+    close(f).unwrap();
+    let new = patched(&old, 12 * MIB, &[0xDD; 4096]);
+    assert!(get(&emu, &bucket, "f").unwrap() == new);
+}
+
+/// Faults the client absorbs or not, at random: whatever close says, the object is the old or the new one,
+/// never a mix, and a successful close means the new one.
+#[test]
+fn random_faults_during_staged_uploads_never_mix_versions() {
+    for directory in [true, false] {
+        let bucket = bucket_name(directory, "stagedrandom");
+        let emu = own_emulator(&bucket, None);
+        let mount = Mount::on(
+            &emu,
+            &bucket,
+            &["--allow-overwrite", "--metadata-ttl", "minimal"],
+        );
+        let mut current = pattern(4, 20 * MIB);
+        put(&emu, &bucket, "f", current.clone());
+        let (mut ok, mut failed) = (0, 0);
+        for seed in 0..3u64 {
+            let f = open_rw(&mount.path().join("f"));
+            let patch = vec![seed as u8 + 1; 8192];
+            let at = (seed as usize * 5 + 3) * MIB;
+            f.write_all_at(&patch, at as u64).unwrap();
+            set_faults(
+                &emu,
+                0.8,
+                seed,
+                &[
+                    "UploadPart",
+                    "UploadPartCopy",
+                    "CompleteMultipartUpload",
+                    "CreateMultipartUpload",
+                ],
+                &["internal-error", "slow-down", "reset-before-body"],
+            );
+            let failures = release_failures(&mount);
+            let result = close(f);
+            let new = patched(&current, at, &patch);
+            if result.is_err() {
+                // The release that follows a failed close tries again: wait for its outcome.
+                let deadline = std::time::Instant::now() + Duration::from_secs(60);
+                while release_failures(&mount) == failures
+                    && get(&emu, &bucket, "f").unwrap() != new
+                {
+                    assert!(
+                        std::time::Instant::now() < deadline,
+                        "seed {seed}: no release"
+                    );
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+            }
+            set_faults(&emu, 0.0, 0, &[], &[]);
+            let stored = get(&emu, &bucket, "f").unwrap();
+            match result {
+                Ok(()) => {
+                    assert!(
+                        stored == new,
+                        "seed {seed}: close succeeded, object not new"
+                    );
+                    current = new;
+                    ok += 1;
+                }
+                Err(e) => {
+                    assert_eq!(e.raw_os_error(), Some(libc::EIO), "seed {seed}");
+                    assert!(
+                        stored == current || stored == new,
+                        "seed {seed}: a mix of versions"
+                    );
+                    if stored == new {
+                        current = new;
+                    }
+                    failed += 1;
+                }
+            }
+        }
+        eprintln!("directory {directory}: {ok} closes succeeded, {failed} failed");
+    }
+}
+
+/// The daemon is killed while a staged upload is held mid-way: the object is the old one.
+#[test]
+fn kill_during_a_staged_upload_leaves_the_old_object() {
+    let bucket = directory_bucket("stagedkill");
+    let emu = own_emulator(&bucket, None);
+    let old = pattern(5, 24 * MIB);
+    put(&emu, &bucket, "f", old.clone());
+    let mut mount = Mount::on(&emu, &bucket, &["--allow-overwrite"]);
+    let f = open_rw(&mount.path().join("f"));
+    f.write_all_at(&[0xEE; 4096], (12 * MIB) as u64).unwrap();
+    // The part sent is held 20 s by the server; the copies go through.
+    set_faults(&emu, 1.0, 1, &["UploadPart"], &["stall"]);
+    let closer = std::thread::spawn(move || close(f));
+    // Wait until the upload has begun (the multipart upload exists), then crash.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while open_uploads(&emu, &bucket) == "[]" {
+        assert!(std::time::Instant::now() < deadline, "no upload began");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    mount.kill();
+    let closed = closer.join().unwrap();
+    assert!(closed.is_err(), "close cannot succeed on a killed daemon");
+    set_faults(&emu, 0.0, 0, &[], &[]);
+    assert!(get(&emu, &bucket, "f").unwrap() == old);
+    // Even once the held part is answered, nothing completes the upload.
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(get(&emu, &bucket, "f").unwrap() == old);
+}
+
+/// Patching 4 KiB in the middle of a 256 MiB object sends at most two parts and copies the rest.
+#[test]
+fn patching_a_big_object_sends_a_part_and_copies_the_rest() {
+    let bucket = directory_bucket("stagedcount");
+    // 256 MiB of emulator data: in memory if the machine has /dev/shm.
+    let shm = std::path::Path::new("/dev/shm");
+    let data = if shm.is_dir() {
+        tempfile::tempdir_in(shm).unwrap()
+    } else {
+        tempfile::tempdir().unwrap()
+    };
+    let emu = own_emulator(&bucket, Some(data.path()));
+    let size = 256 * MIB;
+    let old = pattern(6, size);
+    put(&emu, &bucket, "big", old.clone());
+    let mount = Mount::on(&emu, &bucket, &["--allow-overwrite"]);
+    let (status, _) = admin_post(&emu, "/_emulator/stats/reset", "");
+    assert_eq!(status, 200);
+    let at = size / 2 - 2048;
+    let mut f = OpenOptions::new()
+        .write(true)
+        .open(mount.path().join("big"))
+        .unwrap();
+    f.seek(SeekFrom::Start(at as u64)).unwrap();
+    f.write_all(&[0x5A; 4096]).unwrap();
+    close(f).unwrap();
+    let bytes_in = total_stat(&emu, "bytes_in");
+    let bytes_out = total_stat(&emu, "bytes_out");
+    let (_, stats) = admin_get(&emu, "/_emulator/stats");
+    let count = |op: &str| {
+        let Some(i) = stats.find(&format!("\"{op}\"")) else {
+            return 0;
+        };
+        let rest = &stats[i..];
+        let r = rest.find("\"requests\":").unwrap() + "\"requests\":".len();
+        rest[r..]
+            .trim_start()
+            .split(|c: char| !c.is_ascii_digit())
+            .next()
+            .unwrap()
+            .parse::<u64>()
+            .unwrap()
+    };
+    eprintln!("bytes in {bytes_in}, out {bytes_out}\n{stats}");
+    assert!(bytes_in < 32 * MIB as u64, "sent {bytes_in} bytes");
+    assert!(bytes_out < 32 * MIB as u64, "fetched {bytes_out} bytes");
+    assert!(count("UploadPart") <= 2, "{stats}");
+    assert!(count("UploadPartCopy") >= 20, "{stats}");
+    assert_eq!(count("PutObject"), 0);
+    assert!(get(&emu, &bucket, "big").unwrap() == patched(&old, at, &[0x5A; 4096]));
+}
+
+/// Past --max-staged-file-size a write is refused with EFBIG; what was written before it is kept.
+#[test]
+fn writes_past_the_staging_limit_are_too_big() {
+    for directory in [true, false] {
+        let bucket = fresh_bucket(directory, "stagedlimit");
+        let emu = emulator();
+        let old = pattern(7, 24 * MIB);
+        put(emu, &bucket, "f", old.clone());
+        let mount = Mount::new(
+            &bucket,
+            &["--allow-overwrite", "--max-staged-file-size", "1M"],
+        );
+        let f = open_rw(&mount.path().join("f"));
+        f.write_all_at(&[1u8; 512 * 1024], (4 * MIB) as u64)
+            .unwrap();
+        assert_eq!(
+            errno_of(f.write_all_at(&vec![2u8; MIB], (16 * MIB) as u64)),
+            libc::EFBIG
+        );
+        // Growing past it too.
+        assert_eq!(errno_of(f.set_len(30 * MIB as u64)), libc::EFBIG);
+        close(f).unwrap();
+        assert!(get(emu, &bucket, "f").unwrap() == patched(&old, 4 * MIB, &[1u8; 512 * 1024]));
+        assert!(
+            mount.log().contains("max-staged-file-size"),
+            "{}",
+            mount.log()
+        );
+    }
+}
+
+/// One descriptor writes, others read (in this process and in another): each sees the other's bytes.
+#[test]
+fn a_writer_and_readers_of_one_file_see_each_others_bytes() {
+    for directory in [true, false] {
+        let bucket = fresh_bucket(directory, "stagedshare");
+        let mount = Mount::new(&bucket, &["--allow-overwrite"]);
+        let path = mount.path().join("shared.txt");
+        let mut w = File::create(&path).unwrap();
+        w.write_all(b"first line\n").unwrap();
+        let mut r = File::open(&path).unwrap();
+        let mut got = String::new();
+        r.read_to_string(&mut got).unwrap();
+        assert_eq!(got, "first line\n");
+        w.write_all(b"second\n").unwrap();
+        got.clear();
+        r.read_to_string(&mut got).unwrap();
+        assert_eq!(got, "second\n", "the reader carries on where it was");
+        // Another process.
+        let out = std::process::Command::new("cat")
+            .arg(&path)
+            .output()
+            .unwrap();
+        assert!(out.status.success());
+        assert_eq!(out.stdout, b"first line\nsecond\n");
+        // A second writer's bytes reach the first descriptor's reads.
+        let other = OpenOptions::new().write(true).open(&path).unwrap();
+        other.write_all_at(b"FIRST", 0).unwrap();
+        let mut back = [0u8; 5];
+        r.read_exact_at(&mut back, 0).unwrap();
+        assert_eq!(&back, b"FIRST");
+        close(other).unwrap();
+        close(w).unwrap();
+        drop(r);
+        assert_eq!(
+            get(emulator(), &bucket, "shared.txt").unwrap(),
+            b"FIRST line\nsecond\n"
+        );
+    }
+}
+
+/// `>>` on an existing object (no --incremental-upload): a staged edit that appends, on both bucket kinds.
+#[test]
+fn appending_to_an_existing_object_edits_it() {
+    for directory in [true, false] {
+        let bucket = fresh_bucket(directory, "stagedappend");
+        put(emulator(), &bucket, "log.txt", b"line 1\n".to_vec());
+        let mount = Mount::new(&bucket, &["--allow-overwrite"]);
+        let path = mount.path().join("log.txt");
+        for line in ["line 2\n", "line 3\n"] {
+            let mut f = OpenOptions::new().append(true).open(&path).unwrap();
+            f.write_all(line.as_bytes()).unwrap();
+            close(f).unwrap();
+        }
+        let out = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(format!("echo 'line 4' >> '{}'", path.display()))
+            .status()
+            .unwrap();
+        assert!(out.success());
+        assert_eq!(
+            get(emulator(), &bucket, "log.txt").unwrap(),
+            b"line 1\nline 2\nline 3\nline 4\n",
+            "directory bucket: {directory}"
+        );
+        assert_eq!(
+            std::fs::read(&path).unwrap(),
+            b"line 1\nline 2\nline 3\nline 4\n"
+        );
+    }
+}
+
+/// fsync of a staged edit uploads it before the close; the close after it sends nothing more.
+#[test]
+fn fsync_uploads_a_staged_edit() {
+    let bucket = fresh_bucket(true, "stagedfsync");
+    put(emulator(), &bucket, "f", b"0123456789".to_vec());
+    let mount = Mount::new(&bucket, &["--allow-overwrite"]);
+    let f = open_rw(&mount.path().join("f"));
+    f.write_all_at(b"AB", 4).unwrap();
+    assert_eq!(get(emulator(), &bucket, "f").unwrap(), b"0123456789");
+    f.sync_all().unwrap();
+    assert_eq!(get(emulator(), &bucket, "f").unwrap(), b"0123AB6789");
+    let puts = op_count(&bucket, "PutObject");
+    close(f).unwrap();
+    assert_eq!(op_count(&bucket, "PutObject"), puts, "nothing left to send");
+    assert_eq!(get(emulator(), &bucket, "f").unwrap(), b"0123AB6789");
+}
