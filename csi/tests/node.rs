@@ -124,6 +124,19 @@ impl Drop for Driver {
     }
 }
 
+/// On a failed assertion, detaches whatever the test left mounted so no daemon outlives the test.
+struct Cleanup(Vec<PathBuf>);
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        for target in &self.0 {
+            if is_mounted(target) {
+                let _ = nix::mount::umount2(target, nix::mount::MntFlags::MNT_DETACH);
+            }
+        }
+    }
+}
+
 fn is_mounted(target: &Path) -> bool {
     let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
     let target = target.to_string_lossy();
@@ -255,6 +268,8 @@ async fn publish_survives_driver_restart_and_unpublish_leaves_nothing() {
 
     // Read-write volume: allow-overwrite, the PV's uid and the pod's fsGroup.
     let rw = pod_target(dir.path(), "pv-rw");
+    let ro = pod_target(dir.path(), "pv-ro");
+    let _cleanup = Cleanup(vec![rw.clone(), ro.clone()]);
     let flags = vec![
         endpoint.clone(),
         format!("region {REGION}"),
@@ -279,11 +294,18 @@ async fn publish_survives_driver_restart_and_unpublish_leaves_nothing() {
     let meta = std::fs::metadata(rw.join("hello.txt")).unwrap();
     assert_eq!((meta.uid(), meta.gid()), (1000, 2000));
     // A second publish of the same volume is a no-op: still one daemon.
-    node.node_publish_volume(request).await.unwrap();
+    node.node_publish_volume(request.clone()).await.unwrap();
+    assert_eq!(daemons_of(&rw).len(), 1);
+    // The same target asked for another bucket is a conflict, not a second mount.
+    let mut other = request;
+    other
+        .volume_context
+        .insert("bucketName".into(), "other--use1-az4--x-s3".into());
+    let status = node.node_publish_volume(other).await.unwrap_err();
+    assert_eq!(status.code(), Code::AlreadyExists, "{status:?}");
     assert_eq!(daemons_of(&rw).len(), 1);
 
     // Read-only volume of the same bucket, another daemon: what it reads came through the emulator.
-    let ro = pod_target(dir.path(), "pv-ro");
     let request = publish_request(
         "pv-ro",
         &ro,
