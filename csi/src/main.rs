@@ -37,6 +37,9 @@ struct Args {
     /// The expressfs binary (default: the one next to this binary, else from PATH)
     #[arg(long)]
     expressfs: Option<PathBuf>,
+    /// Each daemon logs to files in DIR/VOLUME_ID (detached daemons log nothing otherwise)
+    #[arg(long, value_name = "DIR")]
+    daemon_log_directory: Option<PathBuf>,
 }
 
 fn socket_path(endpoint: &str) -> Result<PathBuf, String> {
@@ -76,6 +79,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         node_id: args.node_id,
         expressfs: args.expressfs.unwrap_or_else(default_expressfs),
         allow_insecure_endpoints: args.allow_insecure_endpoints,
+        daemon_log_directory: args.daemon_log_directory,
         lock: Default::default(),
     });
 

@@ -17,6 +17,7 @@ pub struct Driver {
     pub node_id: String,
     pub expressfs: PathBuf,
     pub allow_insecure_endpoints: bool,
+    pub daemon_log_directory: Option<PathBuf>,
     /// One mount or unmount at a time: kubelet retries freely, and two calls for one target must not race.
     pub lock: Arc<Mutex<()>>,
 }
@@ -162,6 +163,25 @@ impl csi::node_server::Node for Arc<Driver> {
             }
         }
         let mut args = plan.args.clone();
+        if let Some(logs) = &self.daemon_log_directory {
+            // The volume id is the CO's string: keep it to one plain path component.
+            let name: String = req
+                .volume_id
+                .chars()
+                .map(|c| {
+                    if c.is_ascii_alphanumeric() || "-_.".contains(c) {
+                        c
+                    } else {
+                        '_'
+                    }
+                })
+                .collect();
+            let dir = logs.join(name.trim_start_matches('.'));
+            std::fs::create_dir_all(&dir)
+                .map_err(|e| Status::internal(format!("creating {}: {e}", dir.display())))?;
+            args.push("--log-directory".into());
+            args.push(dir.to_string_lossy().into_owned());
+        }
         args.push(plan.bucket.clone());
         args.push(target.to_string_lossy().into_owned());
         tracing::info!(volume = %req.volume_id, target = %target.display(), ?args, "mounting");

@@ -65,6 +65,10 @@ struct Driver {
 
 impl Driver {
     fn start(dir: &Path, insecure: bool) -> Driver {
+        Driver::start_with(dir, insecure, &[])
+    }
+
+    fn start_with(dir: &Path, insecure: bool, extra: &[&str]) -> Driver {
         let socket = dir.join("csi/csi.sock");
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_expressfs-csi"));
         cmd.env("AWS_EC2_METADATA_DISABLED", "true")
@@ -83,6 +87,7 @@ impl Driver {
         if insecure {
             cmd.arg("--allow-insecure-endpoints");
         }
+        cmd.args(extra);
         let child = cmd.spawn().expect("start expressfs-csi");
         Driver { child, socket }
     }
@@ -237,7 +242,12 @@ async fn publish_survives_driver_restart_and_unpublish_leaves_nothing() {
     let bucket = format!("csi{}--use1-az4--x-s3", std::process::id());
     let emulator = start_emulator(dir.path(), &[&bucket]);
     let endpoint = format!("endpoint-url {}", emulator.endpoint_url());
-    let driver = Driver::start(dir.path(), true);
+    let logs = dir.path().join("logs");
+    let driver = Driver::start_with(
+        dir.path(),
+        true,
+        &["--daemon-log-directory", logs.to_str().unwrap()],
+    );
     let channel = driver.connect().await;
 
     let info = IdentityClient::new(channel.clone())
@@ -347,6 +357,11 @@ async fn publish_survives_driver_restart_and_unpublish_leaves_nothing() {
         node.node_unpublish_volume(unpublish_request(id, target))
             .await
             .unwrap();
+    }
+    // Each daemon logged to its volume's own directory.
+    for id in ["pv-rw", "pv-ro"] {
+        let files = std::fs::read_dir(logs.join(id)).unwrap().count();
+        assert!(files > 0, "no log file of {id}");
     }
     for pid in daemons {
         let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
