@@ -1,0 +1,438 @@
+//! The node service end to end: a real driver process on a unix socket, driven by a gRPC client as kubelet
+//! would, mounting buckets of an in-process emulator on 127.0.0.1 through real expressfs daemons.
+//!
+//! Needs the expressfs binary next to the test's target directory (`cargo build -p expressfs --bin
+//! expressfs`) or named by EXPRESSFS_BIN.
+
+use std::io::Write;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use expressfs_emulator::{Emulator, EmulatorConfig};
+use hyper_util::rt::TokioIo;
+use tonic::Code;
+use tonic::transport::{Channel, Endpoint};
+
+#[allow(clippy::all, clippy::pedantic)]
+mod csi {
+    tonic::include_proto!("csi.v1");
+}
+use csi::identity_client::IdentityClient;
+use csi::node_client::NodeClient;
+use csi::volume_capability::access_mode::Mode;
+use csi::volume_capability::{AccessMode, AccessType, MountVolume};
+
+const ACCESS_KEY: &str = "AKIDEXPRESSFSTEST";
+const SECRET_KEY: &str = "expressfs-test-secret";
+const REGION: &str = "us-east-1";
+
+fn start_emulator(dir: &Path, buckets: &[&str]) -> Emulator {
+    let config = EmulatorConfig {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        data_dir: dir.join("emulator"),
+        buckets: buckets.iter().map(|b| b.to_string()).collect(),
+        access_key: ACCESS_KEY.into(),
+        secret_key: SECRET_KEY.into(),
+        region: REGION.into(),
+        ..Default::default()
+    };
+    Emulator::start_background(config).expect("emulator starts")
+}
+
+fn expressfs_binary() -> PathBuf {
+    if let Some(path) = std::env::var_os("EXPRESSFS_BIN") {
+        return path.into();
+    }
+    // target/debug/deps/node-HASH -> target/debug/expressfs
+    let exe = std::env::current_exe().unwrap();
+    let path = exe.parent().unwrap().parent().unwrap().join("expressfs");
+    assert!(
+        path.is_file(),
+        "{} missing: run `cargo build -p expressfs --bin expressfs` first",
+        path.display()
+    );
+    path
+}
+
+/// A running expressfs-csi process with explicit credentials and no instance metadata in its (and so
+/// its daemons') environment.
+struct Driver {
+    child: Child,
+    socket: PathBuf,
+}
+
+impl Driver {
+    fn start(dir: &Path, insecure: bool) -> Driver {
+        Driver::start_with(dir, insecure, &[])
+    }
+
+    fn start_with(dir: &Path, insecure: bool, extra: &[&str]) -> Driver {
+        let socket = dir.join("csi/csi.sock");
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_expressfs-csi"));
+        cmd.env("AWS_EC2_METADATA_DISABLED", "true")
+            .env("AWS_ACCESS_KEY_ID", ACCESS_KEY)
+            .env("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
+            .env("AWS_REGION", REGION)
+            .env_remove("AWS_PROFILE")
+            .env_remove("AWS_SESSION_TOKEN")
+            .arg("--endpoint")
+            .arg(format!("unix://{}", socket.display()))
+            .arg("--node-id")
+            .arg("test-node")
+            .arg("--expressfs")
+            .arg(expressfs_binary())
+            .stdin(Stdio::null());
+        if insecure {
+            cmd.arg("--allow-insecure-endpoints");
+        }
+        cmd.args(extra);
+        let child = cmd.spawn().expect("start expressfs-csi");
+        Driver { child, socket }
+    }
+
+    async fn connect(&self) -> Channel {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let path = self.socket.clone();
+            let connector = tower::service_fn(move |_: tonic::transport::Uri| {
+                let path = path.clone();
+                async move {
+                    Ok::<_, std::io::Error>(TokioIo::new(
+                        tokio::net::UnixStream::connect(path).await?,
+                    ))
+                }
+            });
+            match Endpoint::from_static("http://localhost")
+                .connect_with_connector(connector)
+                .await
+            {
+                Ok(channel) => return channel,
+                Err(e) if Instant::now() > deadline => panic!("driver socket: {e}"),
+                Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+            }
+        }
+    }
+
+    /// A crash or a container restart: the driver goes away without any cleanup.
+    fn kill(mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+    }
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// On a failed assertion, detaches whatever the test left mounted so no daemon outlives the test.
+struct Cleanup(Vec<PathBuf>);
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        for target in &self.0 {
+            if is_mounted(target) {
+                let _ = nix::mount::umount2(target, nix::mount::MntFlags::MNT_DETACH);
+            }
+        }
+    }
+}
+
+fn is_mounted(target: &Path) -> bool {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let target = target.to_string_lossy();
+    info.lines()
+        .any(|line| line.split(' ').nth(4) == Some(&*target))
+}
+
+/// Live (non-zombie) expressfs processes serving `target`.
+fn daemons_of(target: &Path) -> Vec<u32> {
+    let want = target.to_string_lossy().into_owned();
+    let mut pids = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let (Ok(cmdline), Ok(stat)) = (
+            std::fs::read(format!("/proc/{pid}/cmdline")),
+            std::fs::read_to_string(format!("/proc/{pid}/stat")),
+        ) else {
+            continue;
+        };
+        let args: Vec<String> = cmdline
+            .split(|b| *b == 0)
+            .filter(|a| !a.is_empty())
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        let zombie = stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'));
+        if !zombie
+            && args.first().is_some_and(|a| a.ends_with("/expressfs"))
+            && args.last() == Some(&want)
+        {
+            pids.push(pid);
+        }
+    }
+    pids
+}
+
+fn mount_capability(flags: &[String], group: &str, mode: Mode) -> csi::VolumeCapability {
+    csi::VolumeCapability {
+        access_mode: Some(AccessMode { mode: mode as i32 }),
+        access_type: Some(AccessType::Mount(MountVolume {
+            fs_type: String::new(),
+            mount_flags: flags.to_vec(),
+            volume_mount_group: group.into(),
+        })),
+    }
+}
+
+fn publish_request(
+    id: &str,
+    target: &Path,
+    bucket: Option<&str>,
+    capability: csi::VolumeCapability,
+    readonly: bool,
+) -> csi::NodePublishVolumeRequest {
+    let mut context = std::collections::HashMap::new();
+    if let Some(bucket) = bucket {
+        context.insert("bucketName".to_string(), bucket.to_string());
+    }
+    context.insert(
+        "csi.storage.k8s.io/pod.name".to_string(),
+        "trainer-0".to_string(),
+    );
+    csi::NodePublishVolumeRequest {
+        volume_id: id.into(),
+        target_path: target.to_string_lossy().into_owned(),
+        volume_capability: Some(capability),
+        readonly,
+        volume_context: context,
+        ..Default::default()
+    }
+}
+
+fn unpublish_request(id: &str, target: &Path) -> csi::NodeUnpublishVolumeRequest {
+    csi::NodeUnpublishVolumeRequest {
+        volume_id: id.into(),
+        target_path: target.to_string_lossy().into_owned(),
+    }
+}
+
+/// kubelet's layout: it makes the pod's volume directory, the driver makes `mount` under it.
+fn pod_target(dir: &Path, volume: &str) -> PathBuf {
+    let parent = dir
+        .join("pods/uid-1/volumes/kubernetes.io~csi")
+        .join(volume);
+    std::fs::create_dir_all(&parent).unwrap();
+    parent.join("mount")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn publish_survives_driver_restart_and_unpublish_leaves_nothing() {
+    let dir = tempfile::Builder::new()
+        .prefix("expressfs-csi-")
+        .tempdir()
+        .unwrap();
+    let bucket = format!("csi{}--use1-az4--x-s3", std::process::id());
+    let emulator = start_emulator(dir.path(), &[&bucket]);
+    let endpoint = format!("endpoint-url {}", emulator.endpoint_url());
+    let logs = dir.path().join("logs");
+    let driver = Driver::start_with(
+        dir.path(),
+        true,
+        &["--daemon-log-directory", logs.to_str().unwrap()],
+    );
+    let channel = driver.connect().await;
+
+    let info = IdentityClient::new(channel.clone())
+        .get_plugin_info(csi::GetPluginInfoRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(info.name, "s3.csi.expressfs.dev");
+    let probe = IdentityClient::new(channel.clone())
+        .probe(csi::ProbeRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(probe.ready, Some(true));
+    let mut node = NodeClient::new(channel);
+    let node_info = node
+        .node_get_info(csi::NodeGetInfoRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(node_info.node_id, "test-node");
+    let caps = node
+        .node_get_capabilities(csi::NodeGetCapabilitiesRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(caps.capabilities.len(), 1, "{caps:?}");
+
+    // Read-write volume: allow-overwrite, the PV's uid and the pod's fsGroup.
+    let rw = pod_target(dir.path(), "pv-rw");
+    let ro = pod_target(dir.path(), "pv-ro");
+    let _cleanup = Cleanup(vec![rw.clone(), ro.clone()]);
+    let flags = vec![
+        endpoint.clone(),
+        format!("region {REGION}"),
+        "allow-overwrite".to_string(),
+        "uid=1000".to_string(),
+    ];
+    let request = publish_request(
+        "pv-rw",
+        &rw,
+        Some(&bucket),
+        mount_capability(&flags, "2000", Mode::SingleNodeWriter),
+        false,
+    );
+    node.node_publish_volume(request.clone()).await.unwrap();
+    assert!(is_mounted(&rw));
+    std::fs::write(rw.join("hello.txt"), b"first version").unwrap();
+    // Overwriting an existing object needs allow-overwrite.
+    std::fs::File::create(rw.join("hello.txt"))
+        .unwrap()
+        .write_all(b"hello from the csi driver")
+        .unwrap();
+    let meta = std::fs::metadata(rw.join("hello.txt")).unwrap();
+    assert_eq!((meta.uid(), meta.gid()), (1000, 2000));
+    // A second publish of the same volume is a no-op: still one daemon.
+    node.node_publish_volume(request.clone()).await.unwrap();
+    assert_eq!(daemons_of(&rw).len(), 1);
+    // The same target asked for another bucket is a conflict, not a second mount.
+    let mut other = request;
+    other
+        .volume_context
+        .insert("bucketName".into(), "other--use1-az4--x-s3".into());
+    let status = node.node_publish_volume(other).await.unwrap_err();
+    assert_eq!(status.code(), Code::AlreadyExists, "{status:?}");
+    assert_eq!(daemons_of(&rw).len(), 1);
+
+    // Read-only volume of the same bucket, another daemon: what it reads came through the emulator.
+    let request = publish_request(
+        "pv-ro",
+        &ro,
+        Some(&bucket),
+        mount_capability(
+            &[endpoint.clone(), format!("region {REGION}")],
+            "",
+            Mode::MultiNodeReaderOnly,
+        ),
+        true,
+    );
+    node.node_publish_volume(request).await.unwrap();
+    assert_eq!(
+        std::fs::read(ro.join("hello.txt")).unwrap(),
+        b"hello from the csi driver"
+    );
+    let err = std::fs::write(ro.join("other.txt"), b"x").unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc_erofs()), "{err}");
+
+    // The driver dies; its mounts do not.
+    let daemons: Vec<u32> = [daemons_of(&rw), daemons_of(&ro)].concat();
+    assert_eq!(daemons.len(), 2);
+    driver.kill();
+    assert_eq!(
+        std::fs::read(ro.join("hello.txt")).unwrap(),
+        b"hello from the csi driver"
+    );
+    let driver = Driver::start(dir.path(), true);
+    let mut node = NodeClient::new(driver.connect().await);
+
+    for (id, target) in [("pv-rw", &rw), ("pv-ro", &ro)] {
+        node.node_unpublish_volume(unpublish_request(id, target))
+            .await
+            .unwrap();
+        assert!(!is_mounted(target), "{} still mounted", target.display());
+        assert!(daemons_of(target).is_empty(), "daemon of {id} left");
+        assert!(!target.exists(), "target dir of {id} left");
+        // Unpublishing what is gone is fine too.
+        node.node_unpublish_volume(unpublish_request(id, target))
+            .await
+            .unwrap();
+    }
+    // Each daemon logged to its volume's own directory.
+    for id in ["pv-rw", "pv-ro"] {
+        let files = std::fs::read_dir(logs.join(id)).unwrap().count();
+        assert!(files > 0, "no log file of {id}");
+    }
+    for pid in daemons {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let exited = stat.is_empty()
+            || stat
+                .rsplit_once(')')
+                .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'));
+        assert!(exited, "daemon {pid} still running: {stat}");
+    }
+}
+
+fn libc_erofs() -> i32 {
+    30 // EROFS on Linux
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_requests_are_invalid_argument_and_mount_nothing() {
+    let dir = tempfile::Builder::new()
+        .prefix("expressfs-csi-")
+        .tempdir()
+        .unwrap();
+    let bucket = format!("bad{}--use1-az4--x-s3", std::process::id());
+    let emulator = start_emulator(dir.path(), &[&bucket]);
+    let endpoint = format!("endpoint-url {}", emulator.endpoint_url());
+    // No --allow-insecure-endpoints: the emulator's http:// URL is refused.
+    let driver = Driver::start(dir.path(), false);
+    let mut node = NodeClient::new(driver.connect().await);
+    let target = pod_target(dir.path(), "pv-bad");
+    let mode = Mode::SingleNodeWriter;
+    let with_flags = |flags: &[&str]| {
+        let flags: Vec<String> = flags.iter().map(|f| f.to_string()).collect();
+        publish_request(
+            "pv-bad",
+            &target,
+            Some(&bucket),
+            mount_capability(&flags, "", mode),
+            false,
+        )
+    };
+    let mut no_bucket = with_flags(&[&endpoint]);
+    no_bucket.volume_context.remove("bucketName");
+    let mut unknown_attribute = with_flags(&[]);
+    unknown_attribute
+        .volume_context
+        .insert("mounter".into(), "systemd".into());
+    let mut block = with_flags(&[]);
+    block.volume_capability.as_mut().unwrap().access_type =
+        Some(AccessType::Block(csi::volume_capability::BlockVolume {}));
+    let mut bad_prefix = with_flags(&[]);
+    bad_prefix
+        .volume_context
+        .insert("prefix".into(), "no-trailing-slash".into());
+    let cases = [
+        ("no bucketName", no_bucket),
+        ("unknown attribute", unknown_attribute),
+        ("plain http endpoint", with_flags(&[&endpoint])),
+        ("unknown option", with_flags(&["foreground"])),
+        ("profile", with_flags(&["profile default"])),
+        ("relative cache", with_flags(&["cache ../../etc"])),
+        ("non-numeric uid", with_flags(&["uid=root"])),
+        (
+            "flag smuggled in a value",
+            with_flags(&["region --foreground"]),
+        ),
+        ("block volume", block),
+        ("prefix without slash", bad_prefix),
+    ];
+    for (what, request) in cases {
+        let status = node.node_publish_volume(request).await.unwrap_err();
+        assert_eq!(status.code(), Code::InvalidArgument, "{what}: {status:?}");
+        assert!(!is_mounted(&target), "{what}: mounted");
+        assert!(daemons_of(&target).is_empty(), "{what}: daemon started");
+    }
+}
