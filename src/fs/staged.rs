@@ -563,7 +563,11 @@ impl StagedFile {
         type Task = (JoinHandle<Result<UploadedPart, ClientError>>, bool);
         let mut in_flight: VecDeque<Task> = VecDeque::new();
         let mut done = Vec::new();
-        let etag = self.base.as_ref().map(|b| b.etag.clone()).unwrap_or_default();
+        let etag = self
+            .base
+            .as_ref()
+            .map(|b| b.etag.clone())
+            .unwrap_or_default();
         let sends_max = self.ctx.parts_in_flight.max(1);
         let result: FsResult<()> = async {
             for (i, (range, copy)) in self.plan_parts().into_iter().enumerate() {

@@ -6,6 +6,7 @@
 //! - Orbax: `StandardCheckpointer().save` of a pytree of the same size through the mount (Python from
 //!   `.venv-frameworks`, see scripts/install-frameworks.sh), against the raw client's multipart upload of the
 //!   same bytes; skipped when the venv is missing. The same save into /dev/shm shows Orbax's own cost.
+//!
 //! Rounds alternate the clients. All traffic is on 127.0.0.1.
 //!
 //! `target/release/expressfs-writers-bench` (see docs/BENCHMARKS.md for how figures are recorded).
@@ -102,8 +103,17 @@ fn main() -> Result<()> {
         }
         patch.push(started.elapsed().as_secs_f64());
         patch_in.push(bytes_in(&endpoint).zip(before).map(|(a, b)| a - b));
-        let got = rt.block_on(s3::get_range(&c, BUCKET, "big.bin", at, at + PATCH as u64 - 1))?;
-        ensure!(got.iter().all(|b| *b == round as u8 + 1), "patch not in the object");
+        let got = rt.block_on(s3::get_range(
+            &c,
+            BUCKET,
+            "big.bin",
+            at,
+            at + PATCH as u64 - 1,
+        ))?;
+        ensure!(
+            got.iter().all(|b| *b == round as u8 + 1),
+            "patch not in the object"
+        );
 
         if orbax {
             let dir = mount.root().join(format!("orbax-{round}"));
@@ -111,7 +121,9 @@ fn main() -> Result<()> {
         }
         drop(mount);
         if orbax {
-            let local = tempfile::Builder::new().prefix("orbax-").tempdir_in("/dev/shm")?;
+            let local = tempfile::Builder::new()
+                .prefix("orbax-")
+                .tempdir_in("/dev/shm")?;
             orbax_local.push(orbax_save(&args, &local.path().join("ckpt"))?);
         }
     }
@@ -127,7 +139,11 @@ fn main() -> Result<()> {
     println!("|---|---:|---:|---:|---:|");
     let received = patch_in
         .iter()
-        .map(|b| b.map_or("?".to_string(), |b| format!("{:.1} MiB", b as f64 / MIB as f64)))
+        .map(|b| {
+            b.map_or("?".to_string(), |b| {
+                format!("{:.1} MiB", b as f64 / MIB as f64)
+            })
+        })
         .collect::<Vec<_>>()
         .join(", ");
     println!(
@@ -146,7 +162,10 @@ fn main() -> Result<()> {
             mib / local
         );
     } else {
-        println!("| Orbax save | | not run: {} missing | | |", args.python.display());
+        println!(
+            "| Orbax save | | not run: {} missing | | |",
+            args.python.display()
+        );
     }
     Ok(())
 }
