@@ -314,6 +314,16 @@ fn serve(
         },
         args.log_metrics,
     ));
+    // SIGINT/SIGTERM are caught from before the mount is live: one sent as soon as "mounted" is logged (or
+    // systemd's stop right after start) must unmount cleanly, not kill the process with the mount left dead.
+    let signals = {
+        use tokio::signal::unix::{SignalKind, signal};
+        let _guard = runtime.enter();
+        (
+            signal(SignalKind::interrupt()).ok(),
+            signal(SignalKind::terminate()).ok(),
+        )
+    };
     let mounted = match fuse::mount(fs, runtime.handle().clone(), &args.fuse_options(&name)) {
         Ok(m) => m,
         Err(e) => {
@@ -336,11 +346,7 @@ fn serve(
     {
         let stop = Arc::clone(&stop);
         runtime.spawn(async move {
-            use tokio::signal::unix::{SignalKind, signal};
-            let (Ok(mut int), Ok(mut term)) = (
-                signal(SignalKind::interrupt()),
-                signal(SignalKind::terminate()),
-            ) else {
+            let (Some(mut int), Some(mut term)) = signals else {
                 return;
             };
             tokio::select! {

@@ -377,7 +377,8 @@ fn patching_a_big_object_sends_a_part_and_copies_the_rest() {
     assert!(bytes_in < 32 * MIB as u64, "sent {bytes_in} bytes");
     assert!(bytes_out < 32 * MIB as u64, "fetched {bytes_out} bytes");
     assert!(count("UploadPart") <= 2, "{stats}");
-    assert!(count("UploadPartCopy") >= 20, "{stats}");
+    // The untouched ranges on either side of the patch, each one copy (merged up to 512 MiB).
+    assert!(count("UploadPartCopy") >= 2, "{stats}");
     assert_eq!(count("PutObject"), 0);
     assert!(get(&emu, &bucket, "big").unwrap() == patched(&old, at, &[0x5A; 4096]));
 }
