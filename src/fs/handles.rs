@@ -834,22 +834,40 @@ impl S3Filesystem {
         if result.is_err() {
             w.abort().await;
         }
-        let mut table = self.sb.table();
-        if let Some(node) = table.get_mut(ino) {
-            counted.settled(node);
-            if let Ok(Some(put)) = &result {
-                node.record_upload(w.size(), put.etag.clone());
-            }
-            let parent = node.parent();
-            if node.is_local() && !node.is_being_written() {
-                // Never uploaded: the name goes away again.
-                let name = node.name().to_string();
-                table.detach(parent, &name);
-            }
-            drop(table);
-            self.sb.invalidate_listing(parent);
-        }
+        let uploaded = result.as_ref().ok().and_then(Option::as_ref);
+        self.writer_gone(ino, counted, uploaded, w.size(), None);
         result.map(|_| ())
+    }
+
+    /// The last of a file's writers (a streaming handle, or a staged file's last handle) is gone, after its
+    /// final upload (`uploaded`, of `size` bytes carrying `attrs`) or without one: the node stops counting
+    /// it, and a name that was never uploaded goes away again.
+    fn writer_gone(
+        &self,
+        ino: u64,
+        counted: &WriterMark,
+        uploaded: Option<&crate::s3::PutResult>,
+        size: u64,
+        attrs: Option<StoredAttrs>,
+    ) {
+        let mut table = self.sb.table();
+        let Some(node) = table.get_mut(ino) else {
+            return;
+        };
+        if let Some(put) = uploaded {
+            node.record_upload(size, put.etag.clone());
+            if let Some(attrs) = attrs {
+                node.overlay_attrs(attrs);
+            }
+        }
+        counted.settled(node);
+        let parent = node.parent();
+        if node.is_local() && !node.is_being_written() {
+            let name = node.name().to_string();
+            table.detach(parent, &name);
+        }
+        drop(table);
+        self.sb.invalidate_listing(parent);
     }
 }
 

@@ -298,24 +298,8 @@ impl S3Filesystem {
             // Opened again meanwhile: the new handle carries on with it.
             return result.map(|_| ());
         }
-        let mut table = self.sb.table();
-        if let Some(n) = table.get_mut(ino) {
-            if let Ok(Some(put)) = &result {
-                n.record_upload(file.size(), put.etag.clone());
-                if let Some(attrs) = file.attrs() {
-                    n.overlay_attrs(attrs);
-                }
-            }
-            shared.counted.settled(n);
-            let parent = n.parent();
-            if n.is_local() && !n.is_being_written() {
-                // Never uploaded: the name goes away again.
-                let name = n.name().to_string();
-                table.detach(parent, &name);
-            }
-            drop(table);
-            self.sb.invalidate_listing(parent);
-        }
+        let uploaded = result.as_ref().ok().and_then(Option::as_ref);
+        self.writer_gone(ino, &shared.counted, uploaded, file.size(), file.attrs());
         result.map(|_| ())
     }
 
