@@ -73,6 +73,19 @@ impl StoredAttrs {
         }
     }
 
+    /// The user metadata an upload carries for these attributes: now as the mtime unless one was set.
+    pub fn for_upload(attrs: Option<StoredAttrs>) -> UserMetadata {
+        let mut metadata = UserMetadata::new();
+        if let Some(attrs) = attrs {
+            let dated = StoredAttrs {
+                mtime: Some(SystemTime::now()),
+                ..StoredAttrs::default()
+            };
+            dated.overlay(attrs).write_into(&mut metadata);
+        }
+        metadata
+    }
+
     pub fn is_empty(&self) -> bool {
         *self == StoredAttrs::default()
     }

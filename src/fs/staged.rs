@@ -449,15 +449,7 @@ impl StagedFile {
     }
 
     fn upload_metadata(&self) -> UserMetadata {
-        let mut metadata = UserMetadata::new();
-        if let Some(attrs) = &self.attrs {
-            let dated = StoredAttrs {
-                mtime: Some(SystemTime::now()),
-                ..StoredAttrs::default()
-            };
-            dated.overlay(*attrs).write_into(&mut metadata);
-        }
-        metadata
+        StoredAttrs::for_upload(self.attrs)
     }
 
     /// Uploads the file if it changed: `Ok(None)` when there was nothing to do.

@@ -1,8 +1,6 @@
 //! `--preserve-metadata` on a writer: the attributes its upload carries, and the metadata copy for those
 //! set after the upload left.
 
-use std::time::SystemTime;
-
 use super::{Mode, Writer};
 use crate::fs::attrs::StoredAttrs;
 use crate::fs::error::{FsError, FsResult};
@@ -22,15 +20,7 @@ impl Writer {
 
     /// What the object is uploaded with: the attributes, and now as its mtime unless one was set.
     pub(super) fn upload_metadata(&self) -> UserMetadata {
-        let mut metadata = UserMetadata::new();
-        if let Some(attrs) = &self.attrs {
-            let dated = StoredAttrs {
-                mtime: Some(SystemTime::now()),
-                ..StoredAttrs::default()
-            };
-            dated.overlay(**attrs).write_into(&mut metadata);
-        }
-        metadata
+        StoredAttrs::for_upload(self.attrs.as_deref().copied())
     }
 
     /// The metadata copy after upload `r` (conditional on its ETag), for attributes it did not carry.
