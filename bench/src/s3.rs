@@ -495,9 +495,20 @@ pub fn emulator_gets(endpoint: &str) -> Option<(u64, u64)> {
     Some((gets, bytes))
 }
 
+/// Request-body bytes the emulator has received so far, every operation of every bucket (its
+/// `/_emulator/stats` counters). None if they cannot be read.
+pub fn emulator_bytes_in(endpoint: &str) -> Option<u64> {
+    let body = emulator_admin(endpoint, "GET", "/_emulator/stats", "")?;
+    body.split("\"bytes_in\"").skip(1).map(leading_number).sum()
+}
+
 /// The integer following `name` and a colon in `text`.
 fn number_after(text: &str, name: &str) -> Option<u64> {
-    let rest = text.split_once(name)?.1;
+    leading_number(text.split_once(name)?.1)
+}
+
+/// The integer at the start of `rest`, after a colon and spaces.
+fn leading_number(rest: &str) -> Option<u64> {
     let digits: String = rest
         .trim_start_matches([':', ' '])
         .chars()

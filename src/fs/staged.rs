@@ -111,7 +111,7 @@ impl StagedFile {
         info: &ObjectInfo,
         attrs: Option<StoredAttrs>,
     ) -> FsResult<StagedFile> {
-        let local = new_local(&ctx.dir, key)?;
+        let local = local_copy(&ctx.dir, key)?;
         local
             .as_file()
             .set_len(info.size)
@@ -657,14 +657,11 @@ impl StagedFile {
     }
 }
 
-fn new_local(dir: &Path, key: &str) -> FsResult<NamedTempFile> {
+/// A new local file for `key` in the staging directory: a staged file's, or a streaming writer's copy (whose
+/// bytes may later become a staged file).
+pub fn local_copy(dir: &Path, key: &str) -> FsResult<NamedTempFile> {
     tempfile::Builder::new()
         .prefix("expressfs-staged-")
         .tempfile_in(dir)
         .map_err(|e| FsError::local(&format!("{key}: staging file"), e))
-}
-
-/// A new local copy for a writer (its bytes may later become a staged file).
-pub fn local_copy(dir: &Path, key: &str) -> FsResult<NamedTempFile> {
-    new_local(dir, key)
 }

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, ensure};
 use clap::Parser;
 use expressfs_bench::mounts::Mount;
-use expressfs_bench::s3::{self, KEY, MIB, SECRET, emulator_admin};
+use expressfs_bench::s3::{self, KEY, MIB, SECRET, emulator_bytes_in};
 use expressfs_emulator::{Emulator, EmulatorConfig};
 
 const BUCKET: &str = "writers--use1-az4--x-s3";
@@ -90,7 +90,7 @@ fn main() -> Result<()> {
             BUCKET,
             &["--allow-overwrite", "--allow-delete"],
         )?;
-        let before = bytes_in(&endpoint);
+        let before = emulator_bytes_in(&endpoint);
         let at = args.mib * MIB / 2 + 12_345;
         let started = Instant::now();
         {
@@ -102,7 +102,7 @@ fn main() -> Result<()> {
             f.sync_all().context("fsync of the patch")?;
         }
         patch.push(started.elapsed().as_secs_f64());
-        patch_in.push(bytes_in(&endpoint).zip(before).map(|(a, b)| a - b));
+        patch_in.push(emulator_bytes_in(&endpoint).zip(before).map(|(a, b)| a - b));
         let got = rt.block_on(s3::get_range(
             &c,
             BUCKET,
@@ -214,21 +214,6 @@ print(time.perf_counter() - t)
         .last()
         .and_then(|l| l.trim().parse().ok())
         .context("orbax save printed no time")
-}
-
-/// Bytes the emulator has received in request bodies so far (every operation, every bucket).
-fn bytes_in(endpoint: &str) -> Option<u64> {
-    let body = emulator_admin(endpoint, "GET", "/_emulator/stats", "")?;
-    let mut total = 0;
-    for piece in body.split("\"bytes_in\"").skip(1) {
-        let digits: String = piece
-            .trim_start_matches([':', ' '])
-            .chars()
-            .take_while(char::is_ascii_digit)
-            .collect();
-        total += digits.parse::<u64>().ok()?;
-    }
-    Some(total)
 }
 
 fn median(v: &[f64]) -> f64 {
