@@ -11,7 +11,6 @@ use std::time::{Duration, Instant};
 use anyhow::{Result, ensure};
 use bytes::Bytes;
 use clap::Parser;
-use expressfs_emulator::{Emulator, EmulatorConfig};
 
 use expressfs_bench::{chart, mounts, peers, report, s3, shards, workloads};
 use mounts::Mount;
@@ -131,20 +130,12 @@ fn main() -> Result<()> {
         return run_pytorch(&args);
     }
 
-    let data_dir = match &args.emulator_dir {
-        Some(dir) => tempfile::Builder::new()
-            .prefix("bench-emu-")
-            .tempdir_in(dir)?,
-        None => tempfile::Builder::new().prefix("bench-emu-").tempdir()?,
-    };
-    let emu = Emulator::start_background(EmulatorConfig {
-        data_dir: data_dir.path().to_path_buf(),
-        buckets: vec![DIR_BUCKET.into(), GP_BUCKET.into()],
-        access_key: s3::KEY.into(),
-        secret_key: s3::SECRET.into(),
-        ttfb: Duration::from_millis(args.ttfb_ms),
-        ..Default::default()
-    })?;
+    let (_data_dir, emu) = s3::start_emulator(
+        "bench-emu-",
+        args.emulator_dir.as_deref(),
+        &[DIR_BUCKET, GP_BUCKET],
+        Duration::from_millis(args.ttfb_ms),
+    )?;
     let endpoint = emu.endpoint_url();
     let rt = tokio::runtime::Runtime::new()?;
     let c = s3::client(&endpoint);

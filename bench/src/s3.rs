@@ -458,6 +458,32 @@ impl std::io::Write for MultipartWriter {
     }
 }
 
+/// The bundled emulator serving `buckets` with our credentials and a time to first byte of `ttfb`, its data
+/// in a new directory named `prefix...` under `dir` (the temporary directory if None), removed with the
+/// returned guard.
+pub fn start_emulator(
+    prefix: &str,
+    dir: Option<&std::path::Path>,
+    buckets: &[&str],
+    ttfb: Duration,
+) -> Result<(tempfile::TempDir, expressfs_emulator::Emulator)> {
+    let mut builder = tempfile::Builder::new();
+    builder.prefix(prefix);
+    let data = match dir {
+        Some(dir) => builder.tempdir_in(dir)?,
+        None => builder.tempdir()?,
+    };
+    let emu = expressfs_emulator::Emulator::start_background(expressfs_emulator::EmulatorConfig {
+        data_dir: data.path().join("emulator"),
+        buckets: buckets.iter().map(|b| b.to_string()).collect(),
+        access_key: KEY.into(),
+        secret_key: SECRET.into(),
+        ttfb,
+        ..Default::default()
+    })?;
+    Ok((data, emu))
+}
+
 /// One request to the emulator's admin endpoints (`/_emulator/...`); the answer's body, or None if the
 /// emulator cannot be reached.
 pub fn emulator_admin(endpoint: &str, method: &str, path: &str, body: &str) -> Option<String> {

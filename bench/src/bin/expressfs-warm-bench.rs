@@ -14,8 +14,7 @@ use anyhow::{Context, Result, ensure};
 use bytes::Bytes;
 use clap::Parser;
 use expressfs_bench::mounts::Mount;
-use expressfs_bench::s3::{self, KEY, MIB, SECRET, emulator_gets};
-use expressfs_emulator::{Emulator, EmulatorConfig};
+use expressfs_bench::s3::{self, MIB, emulator_gets};
 use futures::StreamExt;
 
 const BUCKET: &str = "warm--use1-az4--x-s3";
@@ -52,20 +51,12 @@ fn main() -> Result<()> {
     let args = Args::parse();
     // SAFETY: set before any thread starts; no SDK may try the EC2 metadata address.
     unsafe { std::env::set_var("AWS_EC2_METADATA_DISABLED", "true") };
-    let work = match &args.work_dir {
-        Some(dir) => tempfile::Builder::new()
-            .prefix("warm-bench-")
-            .tempdir_in(dir)?,
-        None => tempfile::Builder::new().prefix("warm-bench-").tempdir()?,
-    };
-    let emu = Emulator::start_background(EmulatorConfig {
-        data_dir: work.path().join("emulator"),
-        buckets: vec![BUCKET.into()],
-        access_key: KEY.into(),
-        secret_key: SECRET.into(),
-        ttfb: Duration::from_millis(args.ttfb_ms),
-        ..Default::default()
-    })?;
+    let (work, emu) = s3::start_emulator(
+        "warm-bench-",
+        args.work_dir.as_deref(),
+        &[BUCKET],
+        Duration::from_millis(args.ttfb_ms),
+    )?;
     let endpoint = emu.endpoint_url();
     let rt = tokio::runtime::Runtime::new()?;
     let c = s3::client(&endpoint);

@@ -20,8 +20,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, ensure};
 use clap::Parser;
 use expressfs_bench::mounts::Mount;
-use expressfs_bench::s3::{self, KEY, MIB, SECRET, emulator_bytes_in};
-use expressfs_emulator::{Emulator, EmulatorConfig};
+use expressfs_bench::s3::{self, MIB, emulator_bytes_in};
 
 const BUCKET: &str = "writers--use1-az4--x-s3";
 const PATCH: usize = 4096;
@@ -53,22 +52,12 @@ fn main() -> Result<()> {
     let args = Args::parse();
     // SAFETY: set before any thread starts; no SDK may try the EC2 metadata address.
     unsafe { std::env::set_var("AWS_EC2_METADATA_DISABLED", "true") };
-    let work = match &args.work_dir {
-        Some(dir) => tempfile::Builder::new()
-            .prefix("writers-bench-")
-            .tempdir_in(dir)?,
-        None => tempfile::Builder::new()
-            .prefix("writers-bench-")
-            .tempdir()?,
-    };
-    let emu = Emulator::start_background(EmulatorConfig {
-        data_dir: work.path().join("emulator"),
-        buckets: vec![BUCKET.into()],
-        access_key: KEY.into(),
-        secret_key: SECRET.into(),
-        ttfb: Duration::from_millis(args.ttfb_ms),
-        ..Default::default()
-    })?;
+    let (_work, emu) = s3::start_emulator(
+        "writers-bench-",
+        args.work_dir.as_deref(),
+        &[BUCKET],
+        Duration::from_millis(args.ttfb_ms),
+    )?;
     let endpoint = emu.endpoint_url();
     let rt = tokio::runtime::Runtime::new()?;
     let c = s3::client(&endpoint);
