@@ -212,10 +212,7 @@ impl HandleTable {
 
     /// A write handle open on `ino`, if any.
     fn writer_for(&self, ino: u64) -> Option<Arc<Handle>> {
-        self.open()
-            .values()
-            .find(|h| matches!(h.as_ref(), Handle::Write { ino: i, .. } if *i == ino))
-            .cloned()
+        self.writers_of(ino).into_iter().next()
     }
 
     pub fn len(&self) -> usize {
