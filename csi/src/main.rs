@@ -1,6 +1,7 @@
 //! expressfs-csi: the Kubernetes CSI node plugin. kubelet calls it over a unix socket to mount a bucket
 //! (an expressfs daemon) at a pod's volume path and to unmount it again.
 
+mod controller;
 mod mounts;
 mod options;
 mod service;
@@ -113,6 +114,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     tonic::transport::Server::builder()
         .add_service(csi::identity_server::IdentityServer::new(driver.clone()))
+        .add_service(csi::controller_server::ControllerServer::new(
+            driver.clone(),
+        ))
         .add_service(csi::node_server::NodeServer::new(driver))
         .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown)
         .await?;
