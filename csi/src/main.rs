@@ -1,6 +1,8 @@
 //! expressfs-csi: the Kubernetes CSI node plugin. kubelet calls it over a unix socket to mount a bucket
 //! (an expressfs daemon) at a pod's volume path and to unmount it again.
 
+mod hostcgroup;
+mod launcher;
 mod mounts;
 mod options;
 mod service;
@@ -40,6 +42,22 @@ struct Args {
     /// Each daemon logs to files in DIR/VOLUME_ID (detached daemons log nothing otherwise)
     #[arg(long, value_name = "DIR")]
     daemon_log_directory: Option<PathBuf>,
+    /// Where daemons run: `direct` (children of the driver that detach; they die with its container) or
+    /// `host` (in the host's namespaces and out of the container's cgroups; needs hostPID and privileges)
+    #[arg(long, value_enum, default_value = "direct")]
+    launcher: LauncherKind,
+    /// With --launcher host: the process whose namespaces and cgroups are the host's
+    #[arg(long, default_value_t = 1, value_name = "PID")]
+    host_pid: u32,
+    /// With --launcher host: host directory for the installed expressfs binaries (bin/HASH/expressfs)
+    #[arg(long, default_value = "/var/lib/expressfs-csi", value_name = "DIR")]
+    host_directory: PathBuf,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum LauncherKind {
+    Direct,
+    Host,
 }
 
 fn socket_path(endpoint: &str) -> Result<PathBuf, String> {
@@ -74,10 +92,26 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .init();
     let args = Args::parse();
     let socket = socket_path(&args.endpoint)?;
+    let expressfs = args.expressfs.unwrap_or_else(default_expressfs);
+    let launcher = match args.launcher {
+        LauncherKind::Direct => launcher::Launcher::Direct,
+        LauncherKind::Host => {
+            let bundled = service::find_binary(&expressfs)
+                .ok_or_else(|| format!("expressfs binary {} not found", expressfs.display()))?;
+            let host = launcher::HostLauncher::new(args.host_pid, &args.host_directory, &bundled)?;
+            tracing::info!(
+                binary = %host.binary().display(),
+                systemd = host.uses_systemd(),
+                "daemons run on the host"
+            );
+            launcher::Launcher::Host(host)
+        }
+    };
     let driver = Arc::new(service::Driver {
         name: args.driver_name,
         node_id: args.node_id,
-        expressfs: args.expressfs.unwrap_or_else(default_expressfs),
+        expressfs,
+        launcher,
         allow_insecure_endpoints: args.allow_insecure_endpoints,
         daemon_log_directory: args.daemon_log_directory,
         lock: Default::default(),

@@ -133,25 +133,34 @@ fn is_zombie(pid: i32) -> bool {
 /// mount is live, so the daemon is no child of ours and survives a restart of the driver.
 pub async fn spawn(binary: &Path, args: &[String]) -> Result<(), String> {
     let mut command = tokio::process::Command::new(binary);
+    command.args(args);
+    run_until_mounted(command, "expressfs").await
+}
+
+/// Runs `command` (expressfs, or a launcher of it that waits as long) to its exit, which comes once the
+/// mount is live; its stderr becomes the error otherwise. Killed if it takes longer than 120 s.
+pub async fn run_until_mounted(
+    mut command: tokio::process::Command,
+    what: &str,
+) -> Result<(), String> {
     command
-        .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .kill_on_drop(true);
     let child = command
         .spawn()
-        .map_err(|e| format!("starting {}: {e}", binary.display()))?;
+        .map_err(|e| format!("starting {what}: {e}"))?;
     let output = tokio::time::timeout(Duration::from_secs(120), child.wait_with_output())
         .await
-        .map_err(|_| "expressfs did not report a live mount within 120 s".to_string())?
-        .map_err(|e| format!("waiting for expressfs: {e}"))?;
+        .map_err(|_| format!("{what} did not report a live mount within 120 s"))?
+        .map_err(|e| format!("waiting for {what}: {e}"))?;
     if output.status.success() {
         Ok(())
     } else {
         let stderr = String::from_utf8_lossy(&output.stderr);
         Err(format!(
-            "expressfs failed ({}): {}",
+            "{what} failed ({}): {}",
             output.status,
             stderr.trim()
         ))

@@ -9,6 +9,7 @@ use tonic::{Request, Response, Status};
 
 use crate::csi;
 use crate::csi::volume_capability::access_mode::Mode;
+use crate::launcher::Launcher;
 use crate::mounts;
 use crate::options::{self, PublishInput};
 
@@ -18,6 +19,8 @@ pub struct Driver {
     pub expressfs: PathBuf,
     pub allow_insecure_endpoints: bool,
     pub daemon_log_directory: Option<PathBuf>,
+    /// Starts daemons: in the driver's own namespaces, or the host's so they outlive its container.
+    pub launcher: Launcher,
     /// One mount or unmount at a time: kubelet retries freely, and two calls for one target must not race.
     pub lock: Arc<Mutex<()>>,
 }
@@ -185,7 +188,8 @@ impl csi::node_server::Node for Arc<Driver> {
         args.push(plan.bucket.clone());
         args.push(target.to_string_lossy().into_owned());
         tracing::info!(volume = %req.volume_id, target = %target.display(), ?args, "mounting");
-        mounts::spawn(&binary, &args)
+        self.launcher
+            .start(&binary, &args, &target)
             .await
             .map_err(Status::internal)?;
         Ok(Response::new(csi::NodePublishVolumeResponse {}))
@@ -207,6 +211,10 @@ impl csi::node_server::Node for Arc<Driver> {
             tracing::info!(volume = %req.volume_id, target = %target.display(), "unmounting");
             mounts::unmount(&target).await.map_err(Status::internal)?;
         }
+        self.launcher
+            .forget(&target)
+            .await
+            .map_err(Status::internal)?;
         // The target directory is ours to remove once nothing is mounted on it; kubelet made its parent.
         match std::fs::remove_dir(&target) {
             Ok(()) => {}
