@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use expressfs_emulator::{Emulator, EmulatorConfig};
 use hyper_util::rt::TokioIo;
+use sha2::Digest;
 use tonic::Code;
 use tonic::transport::{Channel, Endpoint};
 
@@ -69,6 +70,12 @@ impl Driver {
     }
 
     fn start_with(dir: &Path, insecure: bool, extra: &[&str]) -> Driver {
+        let (mut cmd, socket) = Driver::command(dir, insecure, extra);
+        let child = cmd.spawn().expect("start expressfs-csi");
+        Driver { child, socket }
+    }
+
+    fn command(dir: &Path, insecure: bool, extra: &[&str]) -> (Command, PathBuf) {
         let socket = dir.join("csi/csi.sock");
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_expressfs-csi"));
         cmd.env("AWS_EC2_METADATA_DISABLED", "true")
@@ -88,8 +95,7 @@ impl Driver {
             cmd.arg("--allow-insecure-endpoints");
         }
         cmd.args(extra);
-        let child = cmd.spawn().expect("start expressfs-csi");
-        Driver { child, socket }
+        (cmd, socket)
     }
 
     async fn connect(&self) -> Channel {
@@ -435,4 +441,387 @@ async fn bad_requests_are_invalid_argument_and_mount_nothing() {
         assert!(!is_mounted(&target), "{what}: mounted");
         assert!(daemons_of(&target).is_empty(), "{what}: daemon started");
     }
+}
+
+/// A hostPID container as a runtime makes one, with the test process as the host: the driver runs in
+/// its own mount namespace, where the kubelet directory is shared both ways (`mountPropagation:
+/// Bidirectional`), optionally its own network namespace (no route to the emulator on the host's
+/// loopback), and in cgroups of its own in every hierarchy. Stopping it kills every process in those
+/// cgroups, which is what the runtime does to a container that shares the host's PID namespace.
+struct Container {
+    cgroups: Vec<PathBuf>,
+    driver: Option<Driver>,
+}
+
+/// The test process's cgroup directory in every mounted hierarchy but v1 cpuset (a new cpuset cgroup
+/// has no CPUs to run on until configured; the other hierarchies are enough to find a container's
+/// processes).
+fn own_cgroup_dirs() -> Vec<PathBuf> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let own = std::fs::read_to_string("/proc/self/cgroup").unwrap();
+    let mut dirs = Vec::new();
+    let mut seen = Vec::new();
+    for line in info.lines() {
+        let fields: Vec<&str> = line.split(' ').collect();
+        let dash = fields.iter().position(|f| *f == "-").unwrap();
+        let (mount_point, fstype, options) = (fields[4], fields[dash + 1], fields[dash + 3]);
+        if !(fstype == "cgroup" || fstype == "cgroup2") || seen.contains(&options) {
+            continue;
+        }
+        seen.push(options);
+        let options: Vec<&str> = options.split(',').collect();
+        if fstype == "cgroup" && options.contains(&"cpuset") {
+            continue;
+        }
+        let path = own.lines().find_map(|l| {
+            let mut parts = l.splitn(3, ':');
+            let (_, list, path) = (parts.next()?, parts.next()?, parts.next()?);
+            let matches = if fstype == "cgroup2" {
+                list.is_empty()
+            } else {
+                !list.is_empty() && list.split(',').all(|c| options.contains(&c))
+            };
+            matches.then(|| path.trim_start_matches('/').to_string())
+        });
+        dirs.push(Path::new(mount_point).join(path.unwrap()));
+    }
+    assert!(!dirs.is_empty(), "no cgroup hierarchy mounted");
+    dirs
+}
+
+impl Container {
+    fn start(dir: &Path, own_network: bool, extra: &[&str]) -> Container {
+        let cgroups: Vec<PathBuf> = own_cgroup_dirs()
+            .iter()
+            .map(|d| d.join(format!("expressfs-test-container-{}", std::process::id())))
+            .collect();
+        for cgroup in &cgroups {
+            std::fs::create_dir_all(cgroup).unwrap();
+        }
+        let (inner, socket) = Driver::command(dir, true, extra);
+        let mut cmd = Command::new("unshare");
+        cmd.args(["--mount", "--propagation", "unchanged"]);
+        if own_network {
+            cmd.arg("--net");
+        }
+        cmd.arg("--")
+            .arg(inner.get_program())
+            .args(inner.get_args());
+        for (key, value) in inner.get_envs() {
+            match value {
+                Some(v) => cmd.env(key, v),
+                None => cmd.env_remove(key),
+            };
+        }
+        let procs: Vec<std::fs::File> = cgroups
+            .iter()
+            .map(|c| {
+                std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(c.join("cgroup.procs"))
+                    .unwrap()
+            })
+            .collect();
+        let fds: Vec<i32> = procs.iter().map(std::os::fd::AsRawFd::as_raw_fd).collect();
+        // SAFETY: only write(2) on descriptors that stay open until the child has exec'd.
+        unsafe {
+            std::os::unix::process::CommandExt::pre_exec(&mut cmd, move || {
+                for fd in &fds {
+                    if nix::libc::write(*fd, b"0".as_ptr().cast(), 1) != 1 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                }
+                Ok(())
+            });
+        }
+        cmd.stdin(Stdio::null());
+        let child = cmd.spawn().expect("start the driver in a container");
+        drop(procs);
+        Container {
+            cgroups,
+            driver: Some(Driver { child, socket }),
+        }
+    }
+
+    fn pids(&self) -> Vec<i32> {
+        self.cgroups
+            .iter()
+            .filter_map(|c| std::fs::read_to_string(c.join("cgroup.procs")).ok())
+            .flat_map(|t| {
+                t.lines()
+                    .map(|l| l.trim().parse::<i32>().unwrap())
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    }
+
+    /// The runtime stops the container: SIGKILL to everything in its cgroups, until they are empty.
+    fn stop(&mut self) {
+        assert!(
+            self.kill_all(),
+            "container processes {:?} survive",
+            self.pids()
+        );
+    }
+
+    fn kill_all(&mut self) -> bool {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let pids = self.pids();
+            if pids.is_empty() {
+                break;
+            }
+            if Instant::now() > deadline {
+                return false;
+            }
+            for pid in pids {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+            // Reap the driver, and give the kernel a moment to empty the cgroups.
+            if let Some(mut driver) = self.driver.take() {
+                let _ = driver.child.wait();
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        for cgroup in &self.cgroups {
+            let _ = std::fs::remove_dir(cgroup);
+        }
+        true
+    }
+}
+
+impl Drop for Container {
+    fn drop(&mut self) {
+        self.kill_all();
+    }
+}
+
+/// Makes `dir` a mount of its own, shared: a mount made below it in one mount namespace shows in the
+/// other (kubelet's directory with Bidirectional propagation). Unmounted when dropped.
+struct SharedDir(PathBuf);
+
+impl SharedDir {
+    fn new(dir: PathBuf) -> SharedDir {
+        use nix::mount::{MsFlags, mount};
+        std::fs::create_dir_all(&dir).unwrap();
+        mount(
+            Some(&dir),
+            &dir,
+            None::<&str>,
+            MsFlags::MS_BIND,
+            None::<&str>,
+        )
+        .unwrap();
+        let shared = SharedDir(dir);
+        mount(
+            None::<&str>,
+            &shared.0,
+            None::<&str>,
+            MsFlags::MS_SHARED | MsFlags::MS_REC,
+            None::<&str>,
+        )
+        .unwrap();
+        shared
+    }
+}
+
+impl Drop for SharedDir {
+    fn drop(&mut self) {
+        let _ = nix::mount::umount2(&self.0, nix::mount::MntFlags::MNT_DETACH);
+    }
+}
+
+fn cgroups_of(pid: u32) -> Vec<String> {
+    std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
+        .unwrap()
+        .lines()
+        .map(|l| l.splitn(3, ':').nth(2).unwrap().to_string())
+        .collect()
+}
+
+fn same_namespace(pid: u32, ns: &str) -> bool {
+    std::fs::read_link(format!("/proc/{pid}/ns/{ns}")).unwrap()
+        == std::fs::read_link(format!("/proc/self/ns/{ns}")).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn host_launcher_mounts_survive_the_container_and_a_new_driver_unpublishes() {
+    let dir = tempfile::Builder::new()
+        .prefix("expressfs-csi-host-")
+        .tempdir()
+        .unwrap();
+    let bucket = format!("host{}--use1-az4--x-s3", std::process::id());
+    let emulator = start_emulator(dir.path(), &[&bucket]);
+    let endpoint = format!("endpoint-url {}", emulator.endpoint_url());
+    let kubelet = SharedDir::new(dir.path().join("kubelet"));
+    let host_dir = dir.path().join("host");
+    let me = std::process::id().to_string();
+    let host_args = [
+        "--launcher",
+        "host",
+        "--host-pid",
+        &me,
+        "--host-directory",
+        host_dir.to_str().unwrap(),
+    ];
+    let mut container = Container::start(dir.path(), true, &host_args);
+    let driver_pid = container.driver.as_ref().unwrap().child.id();
+    let mut node = NodeClient::new(container.driver.as_ref().unwrap().connect().await);
+    assert!(
+        !same_namespace(driver_pid, "net") && !same_namespace(driver_pid, "mnt"),
+        "the driver is not in namespaces of its own"
+    );
+
+    let target = pod_target(&kubelet.0, "pv-host");
+    let failed = pod_target(&kubelet.0, "pv-missing");
+    let _cleanup = Cleanup(vec![target.clone(), failed.clone()]);
+    let flags = vec![endpoint.clone(), format!("region {REGION}")];
+    let request = publish_request(
+        "pv-host",
+        &target,
+        Some(&bucket),
+        mount_capability(&flags, "", Mode::SingleNodeWriter),
+        false,
+    );
+    node.node_publish_volume(request).await.unwrap();
+    assert!(is_mounted(&target));
+    std::fs::write(target.join("weights.bin"), b"epoch 7").unwrap();
+    let daemons = daemons_of(&target);
+    assert_eq!(daemons.len(), 1, "{daemons:?}");
+    let daemon = daemons[0];
+    // The daemon runs the binary installed on the host, in the host's namespaces (it reached the
+    // emulator, which the container's network cannot), and in its own cgroups, none of the container's.
+    let exe = std::fs::read_link(format!("/proc/{daemon}/exe")).unwrap();
+    assert!(exe.starts_with(host_dir.join("bin")), "{}", exe.display());
+    for ns in ["net", "mnt", "pid", "cgroup"] {
+        assert!(
+            same_namespace(daemon, ns),
+            "daemon not in the host's {ns} namespace"
+        );
+    }
+    let cgroups = cgroups_of(daemon);
+    let container_name = format!("expressfs-test-container-{}", std::process::id());
+    assert!(
+        cgroups.iter().all(|c| !c.contains(&container_name)),
+        "{cgroups:?}"
+    );
+    let unit_cgroups: Vec<&String> = cgroups
+        .iter()
+        .filter(|c| c.contains("/expressfs-csi/expressfs-"))
+        .collect();
+    assert!(unit_cgroups.len() >= container.cgroups.len(), "{cgroups:?}");
+
+    // A publish that fails (no such bucket) leaves no daemon and no cgroup behind.
+    let request = publish_request(
+        "pv-missing",
+        &failed,
+        Some("missing--use1-az4--x-s3"),
+        mount_capability(&flags, "", Mode::SingleNodeWriter),
+        false,
+    );
+    let status = node.node_publish_volume(request).await.unwrap_err();
+    assert_eq!(status.code(), Code::Internal, "{status:?}");
+    assert!(!is_mounted(&failed));
+    assert!(daemons_of(&failed).is_empty());
+
+    // The container goes away as in a rollout. The mount keeps serving.
+    container.stop();
+    assert!(container.pids().is_empty());
+    assert!(
+        daemons_of(&target).contains(&daemon),
+        "the daemon died with the container"
+    );
+    assert_eq!(
+        std::fs::read(target.join("weights.bin")).unwrap(),
+        b"epoch 7"
+    );
+    // (Only the count: a kept DirEntry holds the directory open, and the mount busy.)
+    assert_eq!(std::fs::read_dir(&target).unwrap().count(), 1);
+
+    // The next driver (here on the host itself) adopts and unpublishes it.
+    let driver = Driver::start_with(dir.path(), true, &host_args);
+    let mut node = NodeClient::new(driver.connect().await);
+    for (id, target) in [("pv-host", &target), ("pv-missing", &failed)] {
+        node.node_unpublish_volume(unpublish_request(id, target))
+            .await
+            .unwrap();
+        assert!(!is_mounted(target), "{} still mounted", target.display());
+        assert!(daemons_of(target).is_empty(), "daemon of {id} left");
+    }
+    let stat = std::fs::read_to_string(format!("/proc/{daemon}/stat")).unwrap_or_default();
+    assert!(
+        stat.is_empty()
+            || stat
+                .rsplit_once(')')
+                .unwrap()
+                .1
+                .trim_start()
+                .starts_with('Z'),
+        "daemon {daemon} still running"
+    );
+    // The mounts' cgroups are gone (the failed one's already at its failure); their parent stays.
+    for target in [&target, &failed] {
+        let digest = sha2::Sha256::digest(target.as_os_str().as_encoded_bytes());
+        let hex: String = digest[..8].iter().map(|b| format!("{b:02x}")).collect();
+        let unit = format!("expressfs-{hex}");
+        assert!(
+            unit_cgroups.iter().any(|c| c.ends_with(&unit)) || target == &failed,
+            "{unit} is not the daemon's cgroup: {unit_cgroups:?}"
+        );
+        for dir in own_cgroup_dirs() {
+            let cgroup = dir.join("expressfs-csi").join(&unit);
+            assert!(!cgroup.exists(), "{} left", cgroup.display());
+        }
+    }
+}
+
+/// The control: with the direct launcher the same container stop takes the mount down, so the test
+/// above would see it if the host launcher did nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn direct_launcher_mounts_die_with_the_container() {
+    let dir = tempfile::Builder::new()
+        .prefix("expressfs-csi-direct-")
+        .tempdir()
+        .unwrap();
+    let bucket = format!("direct{}--use1-az4--x-s3", std::process::id());
+    let emulator = start_emulator(dir.path(), &[&bucket]);
+    let kubelet = SharedDir::new(dir.path().join("kubelet"));
+    // The host's network: a daemon in the container's own could not reach the emulator at all.
+    let mut container = Container::start(dir.path(), false, &[]);
+    let mut node = NodeClient::new(container.driver.as_ref().unwrap().connect().await);
+    let target = pod_target(&kubelet.0, "pv-direct");
+    let _cleanup = Cleanup(vec![target.clone()]);
+    let flags = vec![
+        format!("endpoint-url {}", emulator.endpoint_url()),
+        format!("region {REGION}"),
+    ];
+    let request = publish_request(
+        "pv-direct",
+        &target,
+        Some(&bucket),
+        mount_capability(&flags, "", Mode::SingleNodeWriter),
+        false,
+    );
+    node.node_publish_volume(request).await.unwrap();
+    std::fs::write(target.join("x"), b"x").unwrap();
+    assert_eq!(daemons_of(&target).len(), 1);
+    container.stop();
+    assert!(
+        daemons_of(&target).is_empty(),
+        "the daemon outlived its container"
+    );
+    assert!(
+        std::fs::read_dir(&target).is_err(),
+        "the dead mount still answers"
+    );
+    // A new driver clears the dead mount.
+    let driver = Driver::start(dir.path(), true);
+    let mut node = NodeClient::new(driver.connect().await);
+    node.node_unpublish_volume(unpublish_request("pv-direct", &target))
+        .await
+        .unwrap();
+    assert!(!is_mounted(&target));
 }
