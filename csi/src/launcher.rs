@@ -40,6 +40,52 @@ pub struct HostLauncher {
     state_dir: PathBuf,
     /// The host's systemd-run, when the host runs systemd.
     systemd_run: Option<PathBuf>,
+    /// The driver's own web-identity token (IRSA), copied where host daemons can read it.
+    token: Option<TokenCopy>,
+}
+
+/// IRSA gives the driver a token file inside its container, which a daemon in the host's mount namespace
+/// cannot open. The driver keeps a copy on the host (kubelet rotates the original) and points the daemons'
+/// AWS_WEB_IDENTITY_TOKEN_FILE at it.
+#[derive(Clone)]
+pub struct TokenCopy {
+    source: PathBuf,
+    /// Host path of the copy.
+    copy: PathBuf,
+    /// The copy as the driver reaches it.
+    reachable: PathBuf,
+}
+
+/// Replaces `path` with `content` (mode 0600) in one rename, so a reader never sees half a token.
+pub fn write_private(path: &Path, content: &[u8]) -> std::io::Result<()> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+    }
+    let temporary = path.with_extension(format!("tmp.{}", std::process::id()));
+    let write = || -> std::io::Result<()> {
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&temporary)?;
+        file.write_all(content)?;
+        file.sync_all()?;
+        std::fs::rename(&temporary, path)
+    };
+    write().inspect_err(|_| {
+        let _ = std::fs::remove_file(&temporary);
+    })
+}
+
+impl TokenCopy {
+    pub fn refresh(&self) -> Result<(), String> {
+        let token = std::fs::read(&self.source)
+            .map_err(|e| format!("reading {}: {e}", self.source.display()))?;
+        write_private(&self.reachable, &token)
+            .map_err(|e| format!("writing {}: {e}", self.reachable.display()))
+    }
 }
 
 /// The unit and cgroup name of the mount at `target`: one per target path, stable across drivers.
@@ -237,12 +283,43 @@ impl HostLauncher {
             .iter()
             .map(PathBuf::from)
             .find(|p| booted && through_root(&host_proc, p).is_file());
+        let token = std::env::var_os("AWS_WEB_IDENTITY_TOKEN_FILE").map(|source| {
+            let copy = host_dir.join("credentials/driver/token");
+            TokenCopy {
+                source: PathBuf::from(source),
+                reachable: through_root(&host_proc, &copy),
+                copy,
+            }
+        });
+        if let Some(token) = &token {
+            token.refresh()?;
+        }
         Ok(HostLauncher {
             host_proc,
             binary,
             state_dir: host_dir.join("run"),
             systemd_run,
+            token,
         })
+    }
+
+    /// Copies the driver's web-identity token again when called (kubelet rotates it; STS refuses an
+    /// expired one).
+    pub fn token_refresher(&self) -> impl Fn() -> Result<(), String> + Send + 'static {
+        let token = self.token.clone();
+        move || token.as_ref().map_or(Ok(()), TokenCopy::refresh)
+    }
+
+    /// What a daemon's environment needs beyond the driver's own.
+    fn environment(&self) -> BTreeMap<String, String> {
+        let mut env = daemon_environment(std::env::vars_os());
+        if let Some(token) = &self.token {
+            env.insert(
+                "AWS_WEB_IDENTITY_TOKEN_FILE".into(),
+                token.copy.to_string_lossy().into_owned(),
+            );
+        }
+        env
     }
 
     pub fn uses_systemd(&self) -> bool {
@@ -278,7 +355,7 @@ impl HostLauncher {
                 .truncate(true)
                 .mode(0o600)
                 .open(&reachable)?;
-            file.write_all(environment_file(&daemon_environment(std::env::vars_os())).as_bytes())
+            file.write_all(environment_file(&self.environment()).as_bytes())
         };
         write().map_err(|e| format!("writing {}: {e}", reachable.display()))?;
         let namespaces = namespace_fds(&self.host_proc)?;
@@ -327,7 +404,7 @@ impl HostLauncher {
         let started = match (opened, namespace_fds(&self.host_proc)) {
             (Ok(procs), Ok(namespaces)) => {
                 let mut command = tokio::process::Command::new(&self.binary);
-                command.args(args);
+                command.args(args).envs(self.environment());
                 enter_host(&mut command, &namespaces, &procs);
                 mounts::run_until_mounted(command, "expressfs").await
             }

@@ -107,6 +107,19 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             launcher::Launcher::Host(host)
         }
     };
+    if let launcher::Launcher::Host(host) = &launcher {
+        // The copy must stay fresher than the token's refresh by kubelet; a minute is plenty.
+        let host = host.token_refresher();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(std::time::Duration::from_secs(60));
+            loop {
+                tick.tick().await;
+                if let Err(e) = host() {
+                    tracing::warn!("refreshing the daemons' copy of the web-identity token: {e}");
+                }
+            }
+        });
+    }
     let driver = Arc::new(service::Driver {
         name: args.driver_name,
         node_id: args.node_id,

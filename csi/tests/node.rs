@@ -490,7 +490,7 @@ fn own_cgroup_dirs() -> Vec<PathBuf> {
 }
 
 impl Container {
-    fn start(dir: &Path, own_network: bool, extra: &[&str]) -> Container {
+    fn start(dir: &Path, own_network: bool, extra: &[&str], env: &[(&str, &Path)]) -> Container {
         let cgroups: Vec<PathBuf> = own_cgroup_dirs()
             .iter()
             .map(|d| d.join(format!("expressfs-test-container-{}", std::process::id())))
@@ -535,6 +535,7 @@ impl Container {
             });
         }
         cmd.stdin(Stdio::null());
+        cmd.envs(env.iter().copied());
         let child = cmd.spawn().expect("start the driver in a container");
         drop(procs);
         Container {
@@ -667,7 +668,16 @@ async fn host_launcher_mounts_survive_the_container_and_a_new_driver_unpublishes
         "--host-directory",
         host_dir.to_str().unwrap(),
     ];
-    let mut container = Container::start(dir.path(), true, &host_args);
+    // IRSA's token file, at a path only the container's processes may see.
+    let token = dir.path().join("container/eks.amazonaws.com/token");
+    std::fs::create_dir_all(token.parent().unwrap()).unwrap();
+    std::fs::write(&token, "driver-token-1").unwrap();
+    let mut container = Container::start(
+        dir.path(),
+        true,
+        &host_args,
+        &[("AWS_WEB_IDENTITY_TOKEN_FILE", &token)],
+    );
     let driver_pid = container.driver.as_ref().unwrap().child.id();
     let mut node = NodeClient::new(container.driver.as_ref().unwrap().connect().await);
     assert!(
@@ -702,6 +712,17 @@ async fn host_launcher_mounts_survive_the_container_and_a_new_driver_unpublishes
             "daemon not in the host's {ns} namespace"
         );
     }
+    // Its web-identity token is the driver's, copied to the host.
+    let environ = std::fs::read(format!("/proc/{daemon}/environ")).unwrap();
+    let copy = host_dir.join("credentials/driver/token");
+    let want = format!("AWS_WEB_IDENTITY_TOKEN_FILE={}", copy.display());
+    assert!(
+        environ.split(|b| *b == 0).any(|v| v == want.as_bytes()),
+        "{want} not in the daemon's environment"
+    );
+    assert_eq!(std::fs::read(&copy).unwrap(), b"driver-token-1");
+    let mode = std::fs::metadata(&copy).unwrap().mode();
+    assert_eq!(mode & 0o777, 0o600);
     let cgroups = cgroups_of(daemon);
     let container_name = format!("expressfs-test-container-{}", std::process::id());
     assert!(
@@ -790,7 +811,7 @@ async fn direct_launcher_mounts_die_with_the_container() {
     let emulator = start_emulator(dir.path(), &[&bucket]);
     let kubelet = SharedDir::new(dir.path().join("kubelet"));
     // The host's network: a daemon in the container's own could not reach the emulator at all.
-    let mut container = Container::start(dir.path(), false, &[]);
+    let mut container = Container::start(dir.path(), false, &[], &[]);
     let mut node = NodeClient::new(container.driver.as_ref().unwrap().connect().await);
     let target = pod_target(&kubelet.0, "pv-direct");
     let _cleanup = Cleanup(vec![target.clone()]);
