@@ -144,6 +144,37 @@ pub fn install(source: &Path, host_proc: &Path, host_dir: &Path) -> Result<PathB
     Ok(binary)
 }
 
+/// Removes the binaries under HOST_DIR/bin that are neither `keep` nor run by a live process (a daemon
+/// mounted by an older driver keeps its binary until it exits; the next driver start collects it).
+pub fn collect_old_binaries(host_proc: &Path, host_dir: &Path, keep: &Path) {
+    let bin = host_dir.join("bin");
+    let Ok(entries) = std::fs::read_dir(through_root(host_proc, &bin)) else {
+        return;
+    };
+    let running: Vec<PathBuf> = std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|p| std::fs::read_link(p.path().join("exe")).ok())
+        .collect();
+    for entry in entries.flatten() {
+        let binary = bin.join(entry.file_name()).join("expressfs");
+        let in_use = running.iter().any(|exe| {
+            exe.as_os_str()
+                .as_encoded_bytes()
+                .starts_with(binary.as_os_str().as_encoded_bytes())
+        });
+        if binary != keep && !in_use && entry.path().is_dir() {
+            match std::fs::remove_dir_all(entry.path()) {
+                Ok(()) => tracing::info!(binary = %binary.display(), "removed an unused expressfs"),
+                Err(e) => {
+                    tracing::warn!(binary = %binary.display(), "removing an unused expressfs: {e}")
+                }
+            }
+        }
+    }
+}
+
 fn file_digest(path: &Path) -> Result<String, String> {
     let mut file =
         std::fs::File::open(path).map_err(|e| format!("reading {}: {e}", path.display()))?;
@@ -277,6 +308,7 @@ impl HostLauncher {
         let host_proc = PathBuf::from(format!("/proc/{host_pid}"));
         namespace_fds(&host_proc)?;
         let binary = install(bundled, &host_proc, host_dir)?;
+        collect_old_binaries(&host_proc, host_dir, &binary);
         // systemd's own test for "booted with systemd" (sd_booted), plus its client.
         let booted = through_root(&host_proc, Path::new("/run/systemd/system")).is_dir();
         let systemd_run = ["/usr/bin/systemd-run", "/bin/systemd-run"]
@@ -549,5 +581,19 @@ mod tests {
         assert!(first.is_file(), "the binary of running daemons stays");
         let leftovers = std::fs::read_dir(first.parent().unwrap()).unwrap().count();
         assert_eq!(leftovers, 1, "no temporary file left");
+        // One that a process runs stays (a daemon of an older driver); one nothing runs goes.
+        let running = host_dir.join("bin/00000000feedface/expressfs");
+        std::fs::create_dir_all(running.parent().unwrap()).unwrap();
+        std::fs::copy("/bin/sleep", &running).unwrap();
+        let mut child = std::process::Command::new(&running)
+            .arg("30")
+            .spawn()
+            .unwrap();
+        collect_old_binaries(&me, &host_dir, &second);
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert!(!first.parent().unwrap().exists());
+        assert!(second.is_file());
+        assert!(running.is_file());
     }
 }
