@@ -40,15 +40,17 @@ pub struct HostLauncher {
     state_dir: PathBuf,
     /// The host's systemd-run, when the host runs systemd.
     systemd_run: Option<PathBuf>,
-    /// The driver's own web-identity token (IRSA), copied where host daemons can read it.
-    token: Option<TokenCopy>,
+    /// The driver's own credential tokens (IRSA, Pod Identity), copied where host daemons can read them.
+    tokens: Vec<TokenCopy>,
 }
 
-/// IRSA gives the driver a token file inside its container, which a daemon in the host's mount namespace
-/// cannot open. The driver keeps a copy on the host (kubelet rotates the original) and points the daemons'
-/// AWS_WEB_IDENTITY_TOKEN_FILE at it.
+/// IRSA and EKS Pod Identity give the driver a token file inside its container, which a daemon in the
+/// host's mount namespace cannot open. The driver keeps a copy on the host (kubelet rotates the original)
+/// and points the daemons' variable at it.
 #[derive(Clone)]
 pub struct TokenCopy {
+    /// AWS_WEB_IDENTITY_TOKEN_FILE or AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE.
+    variable: &'static str,
     source: PathBuf,
     /// Host path of the copy.
     copy: PathBuf,
@@ -315,15 +317,26 @@ impl HostLauncher {
             .iter()
             .map(PathBuf::from)
             .find(|p| booted && through_root(&host_proc, p).is_file());
-        let token = std::env::var_os("AWS_WEB_IDENTITY_TOKEN_FILE").map(|source| {
-            let copy = host_dir.join("credentials/driver/token");
-            TokenCopy {
+        let tokens: Vec<TokenCopy> = [
+            ("AWS_WEB_IDENTITY_TOKEN_FILE", "web-identity-token"),
+            (
+                "AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE",
+                "pod-identity-token",
+            ),
+        ]
+        .into_iter()
+        .filter_map(|(variable, name)| {
+            let source = std::env::var_os(variable)?;
+            let copy = host_dir.join("credentials/driver").join(name);
+            Some(TokenCopy {
+                variable,
                 source: PathBuf::from(source),
                 reachable: through_root(&host_proc, &copy),
                 copy,
-            }
-        });
-        if let Some(token) = &token {
+            })
+        })
+        .collect();
+        for token in &tokens {
             token.refresh()?;
         }
         Ok(HostLauncher {
@@ -331,23 +344,22 @@ impl HostLauncher {
             binary,
             state_dir: host_dir.join("run"),
             systemd_run,
-            token,
+            tokens,
         })
     }
 
-    /// Copies the driver's web-identity token again when called (kubelet rotates it; STS refuses an
-    /// expired one).
+    /// Copies the driver's tokens again when called (kubelet rotates them; an expired one is refused).
     pub fn token_refresher(&self) -> impl Fn() -> Result<(), String> + Send + 'static {
-        let token = self.token.clone();
-        move || token.as_ref().map_or(Ok(()), TokenCopy::refresh)
+        let tokens = self.tokens.clone();
+        move || tokens.iter().try_for_each(TokenCopy::refresh)
     }
 
     /// What a daemon's environment needs beyond the driver's own.
     fn environment(&self) -> BTreeMap<String, String> {
         let mut env = daemon_environment(std::env::vars_os());
-        if let Some(token) = &self.token {
+        for token in &self.tokens {
             env.insert(
-                "AWS_WEB_IDENTITY_TOKEN_FILE".into(),
+                token.variable.into(),
                 token.copy.to_string_lossy().into_owned(),
             );
         }

@@ -714,7 +714,7 @@ async fn host_launcher_mounts_survive_the_container_and_a_new_driver_unpublishes
     }
     // Its web-identity token is the driver's, copied to the host.
     let environ = std::fs::read(format!("/proc/{daemon}/environ")).unwrap();
-    let copy = host_dir.join("credentials/driver/token");
+    let copy = host_dir.join("credentials/driver/web-identity-token");
     let want = format!("AWS_WEB_IDENTITY_TOKEN_FILE={}", copy.display());
     assert!(
         environ.split(|b| *b == 0).any(|v| v == want.as_bytes()),
