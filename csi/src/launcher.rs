@@ -21,14 +21,41 @@ use sha2::{Digest, Sha256};
 
 use crate::hostcgroup::MountCgroup;
 use crate::mounts;
+use crate::podauth::PodCredentials;
 
 /// Namespaces a host daemon joins, in order: the cgroup namespace before the cgroup move (the move is
 /// judged from the writer's cgroup namespace), the mount namespace last (paths change with it).
 const NAMESPACES: &[&str] = &["cgroup", "ipc", "uts", "net", "pid", "mnt"];
 
 pub enum Launcher {
-    Direct,
+    /// `directory` holds the pods' tokens (`authenticationSource: pod`).
+    Direct {
+        directory: PathBuf,
+    },
     Host(HostLauncher),
+}
+
+/// Changes to a daemon's environment on top of the driver's: variables to drop, then to set.
+#[derive(Default)]
+pub struct EnvChanges {
+    remove: &'static [&'static str],
+    set: Vec<(String, String)>,
+}
+
+impl EnvChanges {
+    fn apply(&self, command: &mut tokio::process::Command) {
+        for name in self.remove {
+            command.env_remove(name);
+        }
+        command.envs(self.set.iter().cloned());
+    }
+
+    fn apply_to(&self, env: &mut BTreeMap<String, String>) {
+        for name in self.remove {
+            env.remove(*name);
+        }
+        env.extend(self.set.iter().cloned());
+    }
 }
 
 pub struct HostLauncher {
@@ -40,6 +67,8 @@ pub struct HostLauncher {
     state_dir: PathBuf,
     /// The host's systemd-run, when the host runs systemd.
     systemd_run: Option<PathBuf>,
+    /// `--host-directory`, a host path.
+    host_dir: PathBuf,
     /// The driver's own credential tokens (IRSA, Pod Identity), copied where host daemons can read them.
     tokens: Vec<TokenCopy>,
 }
@@ -344,6 +373,7 @@ impl HostLauncher {
             binary,
             state_dir: host_dir.join("run"),
             systemd_run,
+            host_dir: host_dir.to_path_buf(),
             tokens,
         })
     }
@@ -374,11 +404,19 @@ impl HostLauncher {
         &self.binary
     }
 
-    async fn start(&self, args: &[String], target: &Path) -> Result<(), String> {
+    async fn start(
+        &self,
+        args: &[String],
+        target: &Path,
+        changes: &EnvChanges,
+    ) -> Result<(), String> {
         let unit = unit_name(target);
         match &self.systemd_run {
-            Some(systemd_run) => self.start_unit(systemd_run, &unit, args, target).await,
-            None => self.start_in_cgroup(&unit, args).await,
+            Some(systemd_run) => {
+                self.start_unit(systemd_run, &unit, args, target, changes)
+                    .await
+            }
+            None => self.start_in_cgroup(&unit, args, changes).await,
         }
     }
 
@@ -388,7 +426,10 @@ impl HostLauncher {
         unit: &str,
         args: &[String],
         target: &Path,
+        changes: &EnvChanges,
     ) -> Result<(), String> {
+        let mut env = self.environment();
+        changes.apply_to(&mut env);
         let env_file = self.state_dir.join(format!("{unit}.env"));
         let reachable = through_root(&self.host_proc, &env_file);
         let write = || -> std::io::Result<()> {
@@ -399,7 +440,7 @@ impl HostLauncher {
                 .truncate(true)
                 .mode(0o600)
                 .open(&reachable)?;
-            file.write_all(environment_file(&self.environment()).as_bytes())
+            file.write_all(environment_file(&env).as_bytes())
         };
         write().map_err(|e| format!("writing {}: {e}", reachable.display()))?;
         let namespaces = namespace_fds(&self.host_proc)?;
@@ -429,7 +470,12 @@ impl HostLauncher {
         Ok(())
     }
 
-    async fn start_in_cgroup(&self, unit: &str, args: &[String]) -> Result<(), String> {
+    async fn start_in_cgroup(
+        &self,
+        unit: &str,
+        args: &[String],
+        changes: &EnvChanges,
+    ) -> Result<(), String> {
         let cgroup = MountCgroup::locate(&self.host_proc, unit)?;
         // Left over from a daemon that died without its mount: nothing there serves anyone.
         cgroup.destroy().await?;
@@ -449,6 +495,7 @@ impl HostLauncher {
             (Ok(procs), Ok(namespaces)) => {
                 let mut command = tokio::process::Command::new(&self.binary);
                 command.args(args).envs(self.environment());
+                changes.apply(&mut command);
                 enter_host(&mut command, &namespaces, &procs);
                 mounts::run_until_mounted(command, "expressfs").await
             }
@@ -476,16 +523,29 @@ impl HostLauncher {
 
 impl Launcher {
     /// Starts expressfs with `args` (ending in BUCKET TARGET) and returns once the mount at `target` is
-    /// live. On failure nothing it started is left running.
+    /// live; with `pod`, on the pod's credentials instead of the driver's. On failure nothing it started
+    /// is left running.
     pub async fn start(
         &self,
         bundled: &Path,
         args: &[String],
         target: &Path,
+        pod: Option<&PodCredentials>,
     ) -> Result<(), String> {
-        match self {
-            Launcher::Direct => {
-                let result = mounts::spawn(bundled, args).await;
+        let changes = match pod {
+            Some(credentials) => {
+                let token_file = self.write_pod_token(target, credentials)?;
+                let (remove, set) = credentials.environment(&token_file);
+                EnvChanges { remove, set }
+            }
+            None => EnvChanges::default(),
+        };
+        let result = match self {
+            Launcher::Direct { .. } => {
+                let mut command = tokio::process::Command::new(bundled);
+                command.args(args);
+                changes.apply(&mut command);
+                let result = mounts::run_until_mounted(command, "expressfs").await;
                 if result.is_err() {
                     for pid in mounts::daemon_pids(target) {
                         let _ = nix::sys::signal::kill(
@@ -496,15 +556,58 @@ impl Launcher {
                 }
                 result
             }
-            Launcher::Host(host) => host.start(args, target).await,
+            Launcher::Host(host) => host.start(args, target, &changes).await,
+        };
+        if result.is_err() {
+            self.remove_credentials(target);
         }
+        result
     }
 
     /// Called once `target` is unmounted (or was not mounted): releases what the launcher kept for it.
     pub async fn forget(&self, target: &Path) -> Result<(), String> {
+        self.remove_credentials(target);
         match self {
-            Launcher::Direct => Ok(()),
+            Launcher::Direct { .. } => Ok(()),
             Launcher::Host(host) => host.forget(target).await,
+        }
+    }
+
+    /// The directory of the mount's pod token: as the daemon sees it, and as the driver reaches it.
+    fn credentials_dir(&self, target: &Path) -> (PathBuf, PathBuf) {
+        let relative = Path::new("credentials").join(unit_name(target));
+        match self {
+            Launcher::Direct { directory } => {
+                let dir = directory.join(relative);
+                (dir.clone(), dir)
+            }
+            Launcher::Host(host) => {
+                let dir = host.host_dir.join(relative);
+                (dir.clone(), through_root(&host.host_proc, &dir))
+            }
+        }
+    }
+
+    /// Writes the pod's token for the mount at `target` (also on a republish, which brings a fresh one
+    /// before the old expires) and returns the file's path as the daemon sees it.
+    pub fn write_pod_token(
+        &self,
+        target: &Path,
+        credentials: &PodCredentials,
+    ) -> Result<PathBuf, String> {
+        let (dir, reachable) = self.credentials_dir(target);
+        let name = "web-identity-token";
+        write_private(&reachable.join(name), credentials.token.as_bytes())
+            .map_err(|e| format!("writing the pod's token in {}: {e}", reachable.display()))?;
+        Ok(dir.join(name))
+    }
+
+    fn remove_credentials(&self, target: &Path) {
+        let (_, reachable) = self.credentials_dir(target);
+        match std::fs::remove_dir_all(&reachable) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => tracing::warn!(dir = %reachable.display(), "removing a pod token: {e}"),
         }
     }
 }

@@ -5,6 +5,7 @@ mod hostcgroup;
 mod launcher;
 mod mounts;
 mod options;
+mod podauth;
 mod service;
 
 use std::path::PathBuf;
@@ -49,7 +50,8 @@ struct Args {
     /// With --launcher host: the process whose namespaces and cgroups are the host's
     #[arg(long, default_value_t = 1, value_name = "PID")]
     host_pid: u32,
-    /// With --launcher host: host directory for the installed expressfs binaries (bin/HASH/expressfs)
+    /// Host directory for the installed expressfs binaries (bin/HASH/expressfs, with --launcher host) and
+    /// the pods' tokens (credentials/, volumes with `authenticationSource: pod`)
     #[arg(long, default_value = "/var/lib/expressfs-csi", value_name = "DIR")]
     host_directory: PathBuf,
 }
@@ -94,7 +96,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let socket = socket_path(&args.endpoint)?;
     let expressfs = args.expressfs.unwrap_or_else(default_expressfs);
     let launcher = match args.launcher {
-        LauncherKind::Direct => launcher::Launcher::Direct,
+        LauncherKind::Direct => launcher::Launcher::Direct {
+            directory: args.host_directory.clone(),
+        },
         LauncherKind::Host => {
             let bundled = service::find_binary(&expressfs)
                 .ok_or_else(|| format!("expressfs binary {} not found", expressfs.display()))?;

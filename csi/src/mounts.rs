@@ -129,16 +129,10 @@ fn is_zombie(pid: i32) -> bool {
         .unwrap_or(true)
 }
 
-/// Runs expressfs without --foreground: it forks a daemon into its own session and exits 0 once the
-/// mount is live, so the daemon is no child of ours and survives a restart of the driver.
-pub async fn spawn(binary: &Path, args: &[String]) -> Result<(), String> {
-    let mut command = tokio::process::Command::new(binary);
-    command.args(args);
-    run_until_mounted(command, "expressfs").await
-}
-
-/// Runs `command` (expressfs, or a launcher of it that waits as long) to its exit, which comes once the
-/// mount is live; its stderr becomes the error otherwise. Killed if it takes longer than 120 s.
+/// Runs `command` (expressfs without --foreground, or a launcher of it that waits as long) to its exit.
+/// expressfs forks a daemon into its own session and exits 0 once the mount is live, so the daemon is no
+/// child of ours and survives a restart of the driver. Its stderr becomes the error otherwise; killed if
+/// it takes longer than 120 s.
 pub async fn run_until_mounted(
     mut command: tokio::process::Command,
     what: &str,

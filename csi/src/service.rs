@@ -12,6 +12,7 @@ use crate::csi::volume_capability::access_mode::Mode;
 use crate::launcher::Launcher;
 use crate::mounts;
 use crate::options::{self, PublishInput};
+use crate::podauth;
 
 pub struct Driver {
     pub name: String,
@@ -125,6 +126,8 @@ impl csi::node_server::Node for Arc<Driver> {
             allow_insecure_endpoints: self.allow_insecure_endpoints,
         };
         let plan = options::plan(&input).map_err(Status::invalid_argument)?;
+        let pod_credentials =
+            podauth::from_context(&req.volume_context).map_err(Status::invalid_argument)?;
         let binary = find_binary(&self.expressfs).ok_or_else(|| {
             Status::failed_precondition(format!("{} not found", self.expressfs.display()))
         })?;
@@ -147,6 +150,12 @@ impl csi::node_server::Node for Arc<Driver> {
             if existing.is_ours() && mounts::is_alive(&target) {
                 if existing.source == plan.source() {
                     tracing::info!(target = %target.display(), "already published");
+                    // kubelet republishes to hand over a fresh token before the last one expires.
+                    if let Some(credentials) = &pod_credentials {
+                        self.launcher
+                            .write_pod_token(&target, credentials)
+                            .map_err(Status::internal)?;
+                    }
                     return Ok(Response::new(csi::NodePublishVolumeResponse {}));
                 }
                 return Err(Status::already_exists(format!(
@@ -189,7 +198,7 @@ impl csi::node_server::Node for Arc<Driver> {
         args.push(target.to_string_lossy().into_owned());
         tracing::info!(volume = %req.volume_id, target = %target.display(), ?args, "mounting");
         self.launcher
-            .start(&binary, &args, &target)
+            .start(&binary, &args, &target, pod_credentials.as_ref())
             .await
             .map_err(Status::internal)?;
         Ok(Response::new(csi::NodePublishVolumeResponse {}))
