@@ -88,9 +88,10 @@ impl Driver {
             .arg(format!("unix://{}", socket.display()))
             .arg("--node-id")
             .arg("test-node")
-            .arg("--expressfs")
-            .arg(expressfs_binary())
             .stdin(Stdio::null());
+        if !extra.contains(&"--expressfs") {
+            cmd.arg("--expressfs").arg(expressfs_binary());
+        }
         if insecure {
             cmd.arg("--allow-insecure-endpoints");
         }
@@ -845,4 +846,124 @@ async fn direct_launcher_mounts_die_with_the_container() {
         .await
         .unwrap();
     assert!(!is_mounted(&target));
+}
+
+/// `authenticationSource: pod`: the daemon gets the pod's token as a web-identity token file and none of
+/// the driver's credentials. No STS here: a wrapper in place of expressfs records the environment the
+/// driver gave it, then runs the real expressfs on the emulator's keys.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pod_authentication_hands_the_pod_token_to_the_daemon() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::Builder::new()
+        .prefix("expressfs-csi-pod-")
+        .tempdir()
+        .unwrap();
+    let bucket = format!("pod{}--use1-az4--x-s3", std::process::id());
+    let emulator = start_emulator(dir.path(), &[&bucket]);
+    let dump = dir.path().join("daemon.env");
+    let wrapper = dir.path().join("wrapper/expressfs");
+    std::fs::create_dir_all(wrapper.parent().unwrap()).unwrap();
+    std::fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/sh\nenv > '{}'\nexec env -u AWS_ROLE_ARN -u AWS_WEB_IDENTITY_TOKEN_FILE \
+             -u AWS_SHARED_CREDENTIALS_FILE -u AWS_CONFIG_FILE AWS_ACCESS_KEY_ID={ACCESS_KEY} \
+             AWS_SECRET_ACCESS_KEY={SECRET_KEY} '{}' \"$@\"\n",
+            dump.display(),
+            expressfs_binary().display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let host_dir = dir.path().join("host");
+    let driver = Driver::start_with(
+        dir.path(),
+        true,
+        &[
+            "--expressfs",
+            wrapper.to_str().unwrap(),
+            "--host-directory",
+            host_dir.to_str().unwrap(),
+        ],
+    );
+    let mut node = NodeClient::new(driver.connect().await);
+    let target = pod_target(dir.path(), "pv-pod");
+    let _cleanup = Cleanup(vec![target.clone()]);
+    let role = "arn:aws:iam::111122223333:role/trainer";
+    let request = |token: &str| {
+        let flags = vec![
+            format!("endpoint-url {}", emulator.endpoint_url()),
+            format!("region {REGION}"),
+        ];
+        let mut r = publish_request(
+            "pv-pod",
+            &target,
+            Some(&bucket),
+            mount_capability(&flags, "", Mode::SingleNodeWriter),
+            false,
+        );
+        r.volume_context
+            .insert("authenticationSource".into(), "pod".into());
+        r.volume_context.insert("roleArn".into(), role.into());
+        r.volume_context
+            .insert("csi.storage.k8s.io/pod.namespace".into(), "ml".into());
+        if !token.is_empty() {
+            r.volume_context.insert(
+                "csi.storage.k8s.io/serviceAccount.tokens".into(),
+                format!(r#"{{"sts.amazonaws.com":{{"token":"{token}","expirationTimestamp":"2030-01-01T00:00:00Z"}}}}"#),
+            );
+        }
+        r
+    };
+
+    // Without the token (no tokenRequests in the CSIDriver) nothing is mounted.
+    let status = node.node_publish_volume(request("")).await.unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    assert!(status.message().contains("tokenRequests"), "{status:?}");
+    assert!(!dump.exists() && !is_mounted(&target));
+
+    node.node_publish_volume(request("aGVhZA.Ym9keQ.c2ln1"))
+        .await
+        .unwrap();
+    assert!(is_mounted(&target));
+    std::fs::write(target.join("ok"), b"written on the emulator's keys").unwrap();
+    let env = std::fs::read_to_string(&dump).unwrap();
+    let var = |name: &str| {
+        env.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name}=")))
+            .map(str::to_string)
+    };
+    assert_eq!(var("AWS_ROLE_ARN").as_deref(), Some(role));
+    assert_eq!(
+        var("AWS_ROLE_SESSION_NAME").as_deref(),
+        Some("expressfs-ml-trainer-0")
+    );
+    assert_eq!(var("AWS_EC2_METADATA_DISABLED").as_deref(), Some("true"));
+    assert_eq!(
+        var("AWS_ACCESS_KEY_ID"),
+        None,
+        "the driver's keys reached the daemon"
+    );
+    assert_eq!(var("AWS_SECRET_ACCESS_KEY"), None);
+    let token_file = PathBuf::from(var("AWS_WEB_IDENTITY_TOKEN_FILE").unwrap());
+    assert!(token_file.starts_with(host_dir.join("credentials")));
+    assert_eq!(std::fs::read(&token_file).unwrap(), b"aGVhZA.Ym9keQ.c2ln1");
+    let mode = std::fs::metadata(&token_file).unwrap().mode();
+    assert_eq!(mode & 0o777, 0o600);
+
+    // kubelet republishes with a fresh token: the file changes, the daemon stays.
+    let daemons = daemons_of(&target);
+    assert_eq!(daemons.len(), 1);
+    node.node_publish_volume(request("aGVhZA.Ym9keQ.c2ln2"))
+        .await
+        .unwrap();
+    assert_eq!(std::fs::read(&token_file).unwrap(), b"aGVhZA.Ym9keQ.c2ln2");
+    assert_eq!(daemons_of(&target), daemons);
+
+    node.node_unpublish_volume(unpublish_request("pv-pod", &target))
+        .await
+        .unwrap();
+    assert!(!is_mounted(&target));
+    assert!(!token_file.exists(), "the pod's token outlived its mount");
+    assert!(daemons_of(&target).is_empty());
 }
