@@ -428,6 +428,9 @@ impl HostLauncher {
         target: &Path,
         changes: &EnvChanges,
     ) -> Result<(), String> {
+        // A unit of that name is stale (its mount is not live, or we would not be here): without this,
+        // systemd-run would refuse the name.
+        self.systemctl(systemd_run, &["stop", unit]).await;
         let mut env = self.environment();
         changes.apply_to(&mut env);
         let env_file = self.state_dir.join(format!("{unit}.env"));
@@ -458,16 +461,32 @@ impl HostLauncher {
         let _ = std::fs::remove_file(&reachable);
         if let Err(e) = started {
             // A unit still starting (our timeout) is stopped; a failed one was collected already.
-            let namespaces = namespace_fds(&self.host_proc)?;
-            let mut stop = tokio::process::Command::new(systemd_run.with_file_name("systemctl"));
-            stop.args(["stop", unit]);
-            enter_host(&mut stop, &namespaces, &[]);
-            let _ = stop.status().await;
+            self.systemctl(systemd_run, &["stop", unit]).await;
             return Err(format!(
                 "{e} (journalctl -u {unit} on the node has the daemon's log)"
             ));
         }
         Ok(())
+    }
+
+    /// Runs the host's systemctl (next to its systemd-run) in the host's namespaces; best effort.
+    async fn systemctl(&self, systemd_run: &Path, args: &[&str]) {
+        let Ok(namespaces) = namespace_fds(&self.host_proc) else {
+            return;
+        };
+        let mut command = tokio::process::Command::new(systemd_run.with_file_name("systemctl"));
+        command
+            .args(args)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .kill_on_drop(true);
+        enter_host(&mut command, &namespaces, &[]);
+        match tokio::time::timeout(std::time::Duration::from_secs(30), command.status()).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => tracing::warn!(?args, "systemctl: {e}"),
+            Err(_) => tracing::warn!(?args, "systemctl did not finish within 30 s"),
+        }
     }
 
     async fn start_in_cgroup(

@@ -454,10 +454,10 @@ struct Container {
     driver: Option<Driver>,
 }
 
-/// The test process's cgroup directory in every mounted hierarchy but v1 cpuset (a new cpuset cgroup
-/// has no CPUs to run on until configured; the other hierarchies are enough to find a container's
-/// processes).
-fn own_cgroup_dirs() -> Vec<PathBuf> {
+/// The test process's cgroup directory in every mounted hierarchy, v1 cpuset only `with_cpuset` (the
+/// container does without: a new cpuset cgroup has no CPUs to run on until configured, and the other
+/// hierarchies are enough to find its processes).
+fn own_cgroup_dirs(with_cpuset: bool) -> Vec<PathBuf> {
     let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
     let own = std::fs::read_to_string("/proc/self/cgroup").unwrap();
     let mut dirs = Vec::new();
@@ -471,7 +471,7 @@ fn own_cgroup_dirs() -> Vec<PathBuf> {
         }
         seen.push(options);
         let options: Vec<&str> = options.split(',').collect();
-        if fstype == "cgroup" && options.contains(&"cpuset") {
+        if fstype == "cgroup" && options.contains(&"cpuset") && !with_cpuset {
             continue;
         }
         let path = own.lines().find_map(|l| {
@@ -492,7 +492,7 @@ fn own_cgroup_dirs() -> Vec<PathBuf> {
 
 impl Container {
     fn start(dir: &Path, own_network: bool, extra: &[&str], env: &[(&str, &Path)]) -> Container {
-        let cgroups: Vec<PathBuf> = own_cgroup_dirs()
+        let cgroups: Vec<PathBuf> = own_cgroup_dirs(false)
             .iter()
             .map(|d| d.join(format!("expressfs-test-container-{}", std::process::id())))
             .collect();
@@ -793,10 +793,14 @@ async fn host_launcher_mounts_survive_the_container_and_a_new_driver_unpublishes
             unit_cgroups.iter().any(|c| c.ends_with(&unit)) || target == &failed,
             "{unit} is not the daemon's cgroup: {unit_cgroups:?}"
         );
-        for dir in own_cgroup_dirs() {
+        for dir in own_cgroup_dirs(true) {
             let cgroup = dir.join("expressfs-csi").join(&unit);
             assert!(!cgroup.exists(), "{} left", cgroup.display());
         }
+    }
+    // A node keeps the common parent; this machine need not (it stays while another test uses it).
+    for dir in own_cgroup_dirs(true) {
+        let _ = std::fs::remove_dir(dir.join("expressfs-csi"));
     }
 }
 
