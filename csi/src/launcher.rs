@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
@@ -26,6 +26,9 @@ use crate::podauth::PodCredentials;
 /// Namespaces a host daemon joins, in order: the cgroup namespace before the cgroup move (the move is
 /// judged from the writer's cgroup namespace), the mount namespace last (paths change with it).
 const NAMESPACES: &[&str] = &["cgroup", "ipc", "uts", "net", "pid", "mnt"];
+
+/// The inode of the kernel's first PID namespace (PROC_PID_INIT_INO), the host's on a real node.
+const INITIAL_PID_NAMESPACE: u64 = 0xEFFF_FFFC;
 
 pub enum Launcher {
     /// `directory` holds the pods' tokens (`authenticationSource: pod`).
@@ -336,8 +339,24 @@ impl HostLauncher {
     /// Installs `bundled` into `host_dir` on the host of process `host_pid` and finds out how to start
     /// daemons there.
     pub fn new(host_pid: u32, host_dir: &Path, bundled: &Path) -> Result<HostLauncher, String> {
+        // Without hostPID the driver's PID namespace is the pod's: PID 1 is the driver itself (or the pod's
+        // pause process), and daemons "on the host" would be in the pod after all.
+        if host_pid == std::process::id() {
+            return Err(format!(
+                "--launcher host: PID {host_pid} is this driver, so it runs in a PID namespace of its \
+                 own; the DaemonSet needs hostPID: true"
+            ));
+        }
         let host_proc = PathBuf::from(format!("/proc/{host_pid}"));
         namespace_fds(&host_proc)?;
+        let initial = std::fs::metadata(host_proc.join("ns/pid")).map(|m| m.ino());
+        if initial.ok() != Some(INITIAL_PID_NAMESPACE) {
+            tracing::warn!(
+                host_pid,
+                "the host process is not in the kernel's initial PID namespace: unless the node itself \
+                 is a container (kind), the DaemonSet lacks hostPID and daemons die with the pod"
+            );
+        }
         let binary = install(bundled, &host_proc, host_dir)?;
         collect_old_binaries(&host_proc, host_dir, &binary);
         // systemd's own test for "booted with systemd" (sd_booted), plus its client.

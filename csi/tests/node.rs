@@ -971,3 +971,35 @@ async fn pod_authentication_hands_the_pod_token_to_the_daemon() {
     assert!(!token_file.exists(), "the pod's token outlived its mount");
     assert!(daemons_of(&target).is_empty());
 }
+
+/// Without hostPID the driver is PID 1 of the pod's PID namespace and cannot reach the host's: the host
+/// launcher refuses to start rather than run "host" daemons that die with the pod.
+#[test]
+fn host_launcher_refuses_a_pid_namespace_of_its_own() {
+    let dir = tempfile::Builder::new()
+        .prefix("expressfs-csi-nohostpid-")
+        .tempdir()
+        .unwrap();
+    let host_dir = dir.path().join("host");
+    let (inner, _) = Driver::command(
+        dir.path(),
+        false,
+        &[
+            "--launcher",
+            "host",
+            "--host-directory",
+            host_dir.to_str().unwrap(),
+        ],
+    );
+    let output = Command::new("unshare")
+        .args(["--pid", "--fork", "--kill-child", "--"])
+        .arg(inner.get_program())
+        .args(inner.get_args())
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "started: {stderr}");
+    assert!(stderr.contains("hostPID"), "{stderr}");
+    assert!(!host_dir.exists(), "installed a binary anyway");
+}
