@@ -1003,3 +1003,122 @@ fn host_launcher_refuses_a_pid_namespace_of_its_own() {
     assert!(stderr.contains("hostPID"), "{stderr}");
     assert!(!host_dir.exists(), "installed a binary anyway");
 }
+
+/// The systemd path as far as it goes without systemd: a "host" whose /run/systemd/system exists and whose
+/// /usr/bin/systemd-run is a stand-in that records its command line, then does what systemd would for a
+/// Type=forking unit (an empty environment plus the EnvironmentFile, run the command, wait for its first
+/// process). The daemon reaching the emulator proves the credentials went through the file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn host_launcher_uses_systemd_run_where_the_host_has_systemd() {
+    use std::os::unix::fs::PermissionsExt;
+    assert!(
+        Path::new("/usr/bin/systemd-run").is_file(),
+        "no file to stand in for"
+    );
+    let dir = tempfile::Builder::new()
+        .prefix("expressfs-csi-systemd-")
+        .tempdir()
+        .unwrap();
+    let bucket = format!("unit{}--use1-az4--x-s3", std::process::id());
+    let emulator = start_emulator(dir.path(), &[&bucket]);
+    let kubelet = SharedDir::new(dir.path().join("kubelet"));
+    let recorded = dir.path().join("systemd-run.args");
+    let fake = dir.path().join("systemd-run");
+    std::fs::write(
+        &fake,
+        format!(
+            "#!/bin/sh\nprintf '%s\\n' \"$@\" > '{}'\nenv_file=\nwhile [ \"$1\" != -- ]; do\n  \
+             case \"$1\" in --property=EnvironmentFile=*) env_file=${{1#--property=EnvironmentFile=}};; esac\n  \
+             shift\ndone\nshift\nexec env -i PATH=/usr/bin:/bin sh -c 'set -a; . \"$0\"; set +a; exec \"$@\"' \
+             \"$env_file\" \"$@\"\n",
+            recorded.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+    // The host: a process in a mount namespace of its own (the kubelet directory shared with ours).
+    let ready = dir.path().join("ready");
+    let mut host = Command::new("unshare")
+        .args(["--mount", "--propagation", "unchanged", "--", "sh", "-c"])
+        .arg(format!(
+            "mount -t tmpfs none /run && mkdir -p /run/systemd/system && \
+             mount --bind '{}' /usr/bin/systemd-run && touch '{}' && exec sleep 600",
+            fake.display(),
+            ready.display()
+        ))
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    struct KillOnDrop<'a>(&'a mut Child);
+    impl Drop for KillOnDrop<'_> {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let host_pid = host.id();
+    let _host = KillOnDrop(&mut host);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !ready.exists() {
+        assert!(Instant::now() < deadline, "the stand-in host did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+
+    let host_dir = dir.path().join("host");
+    let host_pid_arg = host_pid.to_string();
+    let driver = Driver::start_with(
+        dir.path(),
+        true,
+        &[
+            "--launcher",
+            "host",
+            "--host-pid",
+            &host_pid_arg,
+            "--host-directory",
+            host_dir.to_str().unwrap(),
+        ],
+    );
+    let mut node = NodeClient::new(driver.connect().await);
+    let target = pod_target(&kubelet.0, "pv-unit");
+    let _cleanup = Cleanup(vec![target.clone()]);
+    let flags = vec![
+        format!("endpoint-url {}", emulator.endpoint_url()),
+        format!("region {REGION}"),
+    ];
+    let request = publish_request(
+        "pv-unit",
+        &target,
+        Some(&bucket),
+        mount_capability(&flags, "", Mode::SingleNodeWriter),
+        false,
+    );
+    node.node_publish_volume(request).await.unwrap();
+    std::fs::write(target.join("through-a-unit"), b"ok").unwrap();
+    assert_eq!(std::fs::read(target.join("through-a-unit")).unwrap(), b"ok");
+
+    let argv = std::fs::read_to_string(&recorded).unwrap();
+    let argv: Vec<&str> = argv.lines().collect();
+    assert!(argv[0].starts_with("--unit=expressfs-"), "{argv:?}");
+    for want in ["--collect", "--property=Type=forking"] {
+        assert!(argv.contains(&want), "{want} missing: {argv:?}");
+    }
+    assert_eq!(argv.last(), Some(&target.to_str().unwrap()));
+    let daemons = daemons_of(&target);
+    assert_eq!(daemons.len(), 1);
+    let environ = std::fs::read(format!("/proc/{}/environ", daemons[0])).unwrap();
+    let key = format!("AWS_ACCESS_KEY_ID={ACCESS_KEY}");
+    assert!(environ.split(|b| *b == 0).any(|v| v == key.as_bytes()));
+    // The daemon lives in the host's mount namespace, and the credentials file is gone once started.
+    assert_eq!(
+        std::fs::read_link(format!("/proc/{}/ns/mnt", daemons[0])).unwrap(),
+        std::fs::read_link(format!("/proc/{host_pid}/ns/mnt")).unwrap()
+    );
+    let env_files = std::fs::read_dir(host_dir.join("run")).unwrap().count();
+    assert_eq!(env_files, 0, "an environment file stayed on the host");
+
+    node.node_unpublish_volume(unpublish_request("pv-unit", &target))
+        .await
+        .unwrap();
+    assert!(!is_mounted(&target));
+    assert!(daemons_of(&target).is_empty());
+}
