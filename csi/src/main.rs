@@ -2,6 +2,7 @@
 //! (an expressfs daemon) at a pod's volume path and to unmount it again.
 
 mod hostcgroup;
+mod hostfiles;
 mod launcher;
 mod mounts;
 mod options;
