@@ -2,8 +2,12 @@
 //! (an expressfs daemon) at a pod's volume path and to unmount it again.
 
 mod controller;
+mod hostcgroup;
+mod hostfiles;
+mod launcher;
 mod mounts;
 mod options;
+mod podauth;
 mod service;
 
 use std::path::PathBuf;
@@ -41,6 +45,23 @@ struct Args {
     /// Each daemon logs to files in DIR/VOLUME_ID (detached daemons log nothing otherwise)
     #[arg(long, value_name = "DIR")]
     daemon_log_directory: Option<PathBuf>,
+    /// Where daemons run: `direct` (children of the driver that detach; they die with its container) or
+    /// `host` (in the host's namespaces and out of the container's cgroups; needs hostPID and privileges)
+    #[arg(long, value_enum, default_value = "direct")]
+    launcher: LauncherKind,
+    /// With --launcher host: the process whose namespaces and cgroups are the host's
+    #[arg(long, default_value_t = 1, value_name = "PID")]
+    host_pid: u32,
+    /// Host directory for the installed expressfs binaries (bin/HASH/expressfs, with --launcher host) and
+    /// the pods' tokens (credentials/, volumes with `authenticationSource: pod`)
+    #[arg(long, default_value = "/var/lib/expressfs-csi", value_name = "DIR")]
+    host_directory: PathBuf,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum LauncherKind {
+    Direct,
+    Host,
 }
 
 fn socket_path(endpoint: &str) -> Result<PathBuf, String> {
@@ -75,10 +96,41 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .init();
     let args = Args::parse();
     let socket = socket_path(&args.endpoint)?;
+    let expressfs = args.expressfs.unwrap_or_else(default_expressfs);
+    let launcher = match args.launcher {
+        LauncherKind::Direct => launcher::Launcher::Direct {
+            directory: args.host_directory.clone(),
+        },
+        LauncherKind::Host => {
+            let bundled = service::find_binary(&expressfs)
+                .ok_or_else(|| format!("expressfs binary {} not found", expressfs.display()))?;
+            let host = launcher::HostLauncher::new(args.host_pid, &args.host_directory, &bundled)?;
+            tracing::info!(
+                binary = %host.binary().display(),
+                systemd = host.uses_systemd(),
+                "daemons run on the host"
+            );
+            launcher::Launcher::Host(host)
+        }
+    };
+    if let launcher::Launcher::Host(host) = &launcher {
+        // The copy must stay fresher than the token's refresh by kubelet; a minute is plenty.
+        let host = host.token_refresher();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(std::time::Duration::from_secs(60));
+            loop {
+                tick.tick().await;
+                if let Err(e) = host() {
+                    tracing::warn!("refreshing the daemons' copy of the web-identity token: {e}");
+                }
+            }
+        });
+    }
     let driver = Arc::new(service::Driver {
         name: args.driver_name,
         node_id: args.node_id,
-        expressfs: args.expressfs.unwrap_or_else(default_expressfs),
+        expressfs,
+        launcher,
         allow_insecure_endpoints: args.allow_insecure_endpoints,
         daemon_log_directory: args.daemon_log_directory,
         lock: Default::default(),

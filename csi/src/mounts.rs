@@ -129,29 +129,32 @@ fn is_zombie(pid: i32) -> bool {
         .unwrap_or(true)
 }
 
-/// Runs expressfs without --foreground: it forks a daemon into its own session and exits 0 once the
-/// mount is live, so the daemon is no child of ours and survives a restart of the driver.
-pub async fn spawn(binary: &Path, args: &[String]) -> Result<(), String> {
-    let mut command = tokio::process::Command::new(binary);
+/// Runs `command` (expressfs without --foreground, or a launcher of it that waits as long) to its exit.
+/// expressfs forks a daemon into its own session and exits 0 once the mount is live, so the daemon is no
+/// child of ours and survives a restart of the driver. Its stderr becomes the error otherwise; killed if
+/// it takes longer than 120 s.
+pub async fn run_until_mounted(
+    mut command: tokio::process::Command,
+    what: &str,
+) -> Result<(), String> {
     command
-        .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .kill_on_drop(true);
     let child = command
         .spawn()
-        .map_err(|e| format!("starting {}: {e}", binary.display()))?;
+        .map_err(|e| format!("starting {what}: {e}"))?;
     let output = tokio::time::timeout(Duration::from_secs(120), child.wait_with_output())
         .await
-        .map_err(|_| "expressfs did not report a live mount within 120 s".to_string())?
-        .map_err(|e| format!("waiting for expressfs: {e}"))?;
+        .map_err(|_| format!("{what} did not report a live mount within 120 s"))?
+        .map_err(|e| format!("waiting for {what}: {e}"))?;
     if output.status.success() {
         Ok(())
     } else {
         let stderr = String::from_utf8_lossy(&output.stderr);
         Err(format!(
-            "expressfs failed ({}): {}",
+            "{what} failed ({}): {}",
             output.status,
             stderr.trim()
         ))

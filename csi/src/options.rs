@@ -177,6 +177,8 @@ pub fn plan(input: &PublishInput) -> Result<MountPlan, String> {
             ATTR_BUCKET => bucket = Some(value.clone()),
             ATTR_PREFIX => context_prefix = Some(value.clone()),
             ATTR_CACHE_XZ => cache_xz = Some(value.clone()),
+            // Checked by podauth: they decide the daemon's credentials, not its command line.
+            crate::podauth::ATTR_AUTH_SOURCE | crate::podauth::ATTR_ROLE_ARN => {}
             k if k.starts_with(KUBELET_PREFIX) => {}
             other => return Err(format!("unknown volume attribute {other:?}")),
         }

@@ -9,8 +9,10 @@ use tonic::{Request, Response, Status};
 
 use crate::csi;
 use crate::csi::volume_capability::access_mode::Mode;
+use crate::launcher::Launcher;
 use crate::mounts;
 use crate::options::{self, PublishInput};
+use crate::podauth;
 
 pub struct Driver {
     pub name: String,
@@ -18,6 +20,8 @@ pub struct Driver {
     pub expressfs: PathBuf,
     pub allow_insecure_endpoints: bool,
     pub daemon_log_directory: Option<PathBuf>,
+    /// Starts daemons: in the driver's own namespaces, or the host's so they outlive its container.
+    pub launcher: Launcher,
     /// One mount or unmount at a time: kubelet retries freely, and two calls for one target must not race.
     pub lock: Arc<Mutex<()>>,
 }
@@ -122,6 +126,8 @@ impl csi::node_server::Node for Arc<Driver> {
             allow_insecure_endpoints: self.allow_insecure_endpoints,
         };
         let plan = options::plan(&input).map_err(Status::invalid_argument)?;
+        let pod_credentials =
+            podauth::from_context(&req.volume_context).map_err(Status::invalid_argument)?;
         let binary = find_binary(&self.expressfs).ok_or_else(|| {
             Status::failed_precondition(format!("{} not found", self.expressfs.display()))
         })?;
@@ -144,6 +150,12 @@ impl csi::node_server::Node for Arc<Driver> {
             if existing.is_ours() && mounts::is_alive(&target) {
                 if existing.source == plan.source() {
                     tracing::info!(target = %target.display(), "already published");
+                    // kubelet republishes to hand over a fresh token before the last one expires.
+                    if let Some(credentials) = &pod_credentials {
+                        self.launcher
+                            .write_pod_token(&target, credentials)
+                            .map_err(Status::internal)?;
+                    }
                     return Ok(Response::new(csi::NodePublishVolumeResponse {}));
                 }
                 return Err(Status::already_exists(format!(
@@ -185,7 +197,8 @@ impl csi::node_server::Node for Arc<Driver> {
         args.push(plan.bucket.clone());
         args.push(target.to_string_lossy().into_owned());
         tracing::info!(volume = %req.volume_id, target = %target.display(), ?args, "mounting");
-        mounts::spawn(&binary, &args)
+        self.launcher
+            .start(&binary, &args, &target, pod_credentials.as_ref())
             .await
             .map_err(Status::internal)?;
         Ok(Response::new(csi::NodePublishVolumeResponse {}))
@@ -207,6 +220,10 @@ impl csi::node_server::Node for Arc<Driver> {
             tracing::info!(volume = %req.volume_id, target = %target.display(), "unmounting");
             mounts::unmount(&target).await.map_err(Status::internal)?;
         }
+        self.launcher
+            .forget(&target)
+            .await
+            .map_err(Status::internal)?;
         // The target directory is ours to remove once nothing is mounted on it; kubelet made its parent.
         match std::fs::remove_dir(&target) {
             Ok(()) => {}

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use expressfs_emulator::{Emulator, EmulatorConfig};
 use hyper_util::rt::TokioIo;
+use sha2::Digest;
 use tonic::Code;
 use tonic::transport::{Channel, Endpoint};
 
@@ -69,6 +70,12 @@ impl Driver {
     }
 
     fn start_with(dir: &Path, insecure: bool, extra: &[&str]) -> Driver {
+        let (mut cmd, socket) = Driver::command(dir, insecure, extra);
+        let child = cmd.spawn().expect("start expressfs-csi");
+        Driver { child, socket }
+    }
+
+    fn command(dir: &Path, insecure: bool, extra: &[&str]) -> (Command, PathBuf) {
         let socket = dir.join("csi/csi.sock");
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_expressfs-csi"));
         cmd.env("AWS_EC2_METADATA_DISABLED", "true")
@@ -81,15 +88,15 @@ impl Driver {
             .arg(format!("unix://{}", socket.display()))
             .arg("--node-id")
             .arg("test-node")
-            .arg("--expressfs")
-            .arg(expressfs_binary())
             .stdin(Stdio::null());
+        if !extra.contains(&"--expressfs") {
+            cmd.arg("--expressfs").arg(expressfs_binary());
+        }
         if insecure {
             cmd.arg("--allow-insecure-endpoints");
         }
         cmd.args(extra);
-        let child = cmd.spawn().expect("start expressfs-csi");
-        Driver { child, socket }
+        (cmd, socket)
     }
 
     async fn connect(&self) -> Channel {
@@ -435,4 +442,683 @@ async fn bad_requests_are_invalid_argument_and_mount_nothing() {
         assert!(!is_mounted(&target), "{what}: mounted");
         assert!(daemons_of(&target).is_empty(), "{what}: daemon started");
     }
+}
+
+/// A hostPID container as a runtime makes one, with the test process as the host: the driver runs in
+/// its own mount namespace, where the kubelet directory is shared both ways (`mountPropagation:
+/// Bidirectional`), optionally its own network namespace (no route to the emulator on the host's
+/// loopback), and in cgroups of its own in every hierarchy. Stopping it kills every process in those
+/// cgroups, which is what the runtime does to a container that shares the host's PID namespace.
+struct Container {
+    cgroups: Vec<PathBuf>,
+    driver: Option<Driver>,
+}
+
+/// The test process's cgroup directory in every mounted hierarchy, v1 cpuset only `with_cpuset` (the
+/// container does without: a new cpuset cgroup has no CPUs to run on until configured, and the other
+/// hierarchies are enough to find its processes).
+fn own_cgroup_dirs(with_cpuset: bool) -> Vec<PathBuf> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let own = std::fs::read_to_string("/proc/self/cgroup").unwrap();
+    let mut dirs = Vec::new();
+    let mut seen = Vec::new();
+    for line in info.lines() {
+        let fields: Vec<&str> = line.split(' ').collect();
+        let dash = fields.iter().position(|f| *f == "-").unwrap();
+        let (mount_point, fstype, options) = (fields[4], fields[dash + 1], fields[dash + 3]);
+        if !(fstype == "cgroup" || fstype == "cgroup2") || seen.contains(&options) {
+            continue;
+        }
+        seen.push(options);
+        let options: Vec<&str> = options.split(',').collect();
+        if fstype == "cgroup" && options.contains(&"cpuset") && !with_cpuset {
+            continue;
+        }
+        let path = own.lines().find_map(|l| {
+            let mut parts = l.splitn(3, ':');
+            let (_, list, path) = (parts.next()?, parts.next()?, parts.next()?);
+            let matches = if fstype == "cgroup2" {
+                list.is_empty()
+            } else {
+                !list.is_empty() && list.split(',').all(|c| options.contains(&c))
+            };
+            matches.then(|| path.trim_start_matches('/').to_string())
+        });
+        dirs.push(Path::new(mount_point).join(path.unwrap()));
+    }
+    assert!(!dirs.is_empty(), "no cgroup hierarchy mounted");
+    dirs
+}
+
+impl Container {
+    fn start(dir: &Path, own_network: bool, extra: &[&str], env: &[(&str, &Path)]) -> Container {
+        let cgroups: Vec<PathBuf> = own_cgroup_dirs(false)
+            .iter()
+            .map(|d| d.join(format!("expressfs-test-container-{}", std::process::id())))
+            .collect();
+        for cgroup in &cgroups {
+            std::fs::create_dir_all(cgroup).unwrap();
+        }
+        let (inner, socket) = Driver::command(dir, true, extra);
+        let mut cmd = Command::new("unshare");
+        cmd.args(["--mount", "--propagation", "unchanged"]);
+        if own_network {
+            cmd.arg("--net");
+        }
+        cmd.arg("--")
+            .arg(inner.get_program())
+            .args(inner.get_args());
+        for (key, value) in inner.get_envs() {
+            match value {
+                Some(v) => cmd.env(key, v),
+                None => cmd.env_remove(key),
+            };
+        }
+        let procs: Vec<std::fs::File> = cgroups
+            .iter()
+            .map(|c| {
+                std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(c.join("cgroup.procs"))
+                    .unwrap()
+            })
+            .collect();
+        let fds: Vec<i32> = procs.iter().map(std::os::fd::AsRawFd::as_raw_fd).collect();
+        // SAFETY: only write(2) on descriptors that stay open until the child has exec'd.
+        unsafe {
+            std::os::unix::process::CommandExt::pre_exec(&mut cmd, move || {
+                for fd in &fds {
+                    if nix::libc::write(*fd, b"0".as_ptr().cast(), 1) != 1 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                }
+                Ok(())
+            });
+        }
+        cmd.stdin(Stdio::null());
+        cmd.envs(env.iter().copied());
+        let child = cmd.spawn().expect("start the driver in a container");
+        drop(procs);
+        Container {
+            cgroups,
+            driver: Some(Driver { child, socket }),
+        }
+    }
+
+    fn pids(&self) -> Vec<i32> {
+        self.cgroups
+            .iter()
+            .filter_map(|c| std::fs::read_to_string(c.join("cgroup.procs")).ok())
+            .flat_map(|t| {
+                t.lines()
+                    .map(|l| l.trim().parse::<i32>().unwrap())
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    }
+
+    /// The runtime stops the container: SIGKILL to everything in its cgroups, until they are empty.
+    fn stop(&mut self) {
+        assert!(
+            self.kill_all(),
+            "container processes {:?} survive",
+            self.pids()
+        );
+    }
+
+    fn kill_all(&mut self) -> bool {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let pids = self.pids();
+            if pids.is_empty() {
+                break;
+            }
+            if Instant::now() > deadline {
+                return false;
+            }
+            for pid in pids {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+            // Reap the driver, and give the kernel a moment to empty the cgroups.
+            if let Some(mut driver) = self.driver.take() {
+                let _ = driver.child.wait();
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        for cgroup in &self.cgroups {
+            let _ = std::fs::remove_dir(cgroup);
+        }
+        true
+    }
+}
+
+impl Drop for Container {
+    fn drop(&mut self) {
+        self.kill_all();
+    }
+}
+
+/// Makes `dir` a mount of its own, shared: a mount made below it in one mount namespace shows in the
+/// other (kubelet's directory with Bidirectional propagation). Unmounted when dropped.
+struct SharedDir(PathBuf);
+
+impl SharedDir {
+    fn new(dir: PathBuf) -> SharedDir {
+        use nix::mount::{MsFlags, mount};
+        std::fs::create_dir_all(&dir).unwrap();
+        mount(
+            Some(&dir),
+            &dir,
+            None::<&str>,
+            MsFlags::MS_BIND,
+            None::<&str>,
+        )
+        .unwrap();
+        let shared = SharedDir(dir);
+        mount(
+            None::<&str>,
+            &shared.0,
+            None::<&str>,
+            MsFlags::MS_SHARED | MsFlags::MS_REC,
+            None::<&str>,
+        )
+        .unwrap();
+        shared
+    }
+}
+
+impl Drop for SharedDir {
+    fn drop(&mut self) {
+        let _ = nix::mount::umount2(&self.0, nix::mount::MntFlags::MNT_DETACH);
+    }
+}
+
+fn cgroups_of(pid: u32) -> Vec<String> {
+    std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
+        .unwrap()
+        .lines()
+        .map(|l| l.splitn(3, ':').nth(2).unwrap().to_string())
+        .collect()
+}
+
+fn same_namespace(pid: u32, ns: &str) -> bool {
+    std::fs::read_link(format!("/proc/{pid}/ns/{ns}")).unwrap()
+        == std::fs::read_link(format!("/proc/self/ns/{ns}")).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn host_launcher_mounts_survive_the_container_and_a_new_driver_unpublishes() {
+    let dir = tempfile::Builder::new()
+        .prefix("expressfs-csi-host-")
+        .tempdir()
+        .unwrap();
+    let bucket = format!("host{}--use1-az4--x-s3", std::process::id());
+    let emulator = start_emulator(dir.path(), &[&bucket]);
+    let endpoint = format!("endpoint-url {}", emulator.endpoint_url());
+    let kubelet = SharedDir::new(dir.path().join("kubelet"));
+    let host_dir = dir.path().join("host");
+    let me = std::process::id().to_string();
+    let host_args = [
+        "--launcher",
+        "host",
+        "--host-pid",
+        &me,
+        "--host-directory",
+        host_dir.to_str().unwrap(),
+    ];
+    // IRSA's token file, at a path only the container's processes may see.
+    let token = dir.path().join("container/eks.amazonaws.com/token");
+    std::fs::create_dir_all(token.parent().unwrap()).unwrap();
+    std::fs::write(&token, "driver-token-1").unwrap();
+    let mut container = Container::start(
+        dir.path(),
+        true,
+        &host_args,
+        &[("AWS_WEB_IDENTITY_TOKEN_FILE", &token)],
+    );
+    let driver_pid = container.driver.as_ref().unwrap().child.id();
+    let mut node = NodeClient::new(container.driver.as_ref().unwrap().connect().await);
+    assert!(
+        !same_namespace(driver_pid, "net") && !same_namespace(driver_pid, "mnt"),
+        "the driver is not in namespaces of its own"
+    );
+
+    let target = pod_target(&kubelet.0, "pv-host");
+    let failed = pod_target(&kubelet.0, "pv-missing");
+    let _cleanup = Cleanup(vec![target.clone(), failed.clone()]);
+    let flags = vec![endpoint.clone(), format!("region {REGION}")];
+    let request = publish_request(
+        "pv-host",
+        &target,
+        Some(&bucket),
+        mount_capability(&flags, "", Mode::SingleNodeWriter),
+        false,
+    );
+    node.node_publish_volume(request).await.unwrap();
+    assert!(is_mounted(&target));
+    std::fs::write(target.join("weights.bin"), b"epoch 7").unwrap();
+    let daemons = daemons_of(&target);
+    assert_eq!(daemons.len(), 1, "{daemons:?}");
+    let daemon = daemons[0];
+    // The daemon runs the binary installed on the host, in the host's namespaces (it reached the
+    // emulator, which the container's network cannot), and in its own cgroups, none of the container's.
+    let exe = std::fs::read_link(format!("/proc/{daemon}/exe")).unwrap();
+    assert!(exe.starts_with(host_dir.join("bin")), "{}", exe.display());
+    for ns in ["net", "mnt", "pid", "cgroup"] {
+        assert!(
+            same_namespace(daemon, ns),
+            "daemon not in the host's {ns} namespace"
+        );
+    }
+    // Its web-identity token is the driver's, copied to the host.
+    let environ = std::fs::read(format!("/proc/{daemon}/environ")).unwrap();
+    let copy = host_dir.join("credentials/driver/web-identity-token");
+    let want = format!("AWS_WEB_IDENTITY_TOKEN_FILE={}", copy.display());
+    assert!(
+        environ.split(|b| *b == 0).any(|v| v == want.as_bytes()),
+        "{want} not in the daemon's environment"
+    );
+    assert_eq!(std::fs::read(&copy).unwrap(), b"driver-token-1");
+    let mode = std::fs::metadata(&copy).unwrap().mode();
+    assert_eq!(mode & 0o777, 0o600);
+    let cgroups = cgroups_of(daemon);
+    let container_name = format!("expressfs-test-container-{}", std::process::id());
+    assert!(
+        cgroups.iter().all(|c| !c.contains(&container_name)),
+        "{cgroups:?}"
+    );
+    let unit_cgroups: Vec<&String> = cgroups
+        .iter()
+        .filter(|c| c.contains("/expressfs-csi/expressfs-"))
+        .collect();
+    assert!(unit_cgroups.len() >= container.cgroups.len(), "{cgroups:?}");
+
+    // A publish that fails (no such bucket) leaves no daemon and no cgroup behind.
+    let request = publish_request(
+        "pv-missing",
+        &failed,
+        Some("missing--use1-az4--x-s3"),
+        mount_capability(&flags, "", Mode::SingleNodeWriter),
+        false,
+    );
+    let status = node.node_publish_volume(request).await.unwrap_err();
+    assert_eq!(status.code(), Code::Internal, "{status:?}");
+    assert!(!is_mounted(&failed));
+    assert!(daemons_of(&failed).is_empty());
+
+    // The container goes away as in a rollout. The mount keeps serving.
+    container.stop();
+    assert!(container.pids().is_empty());
+    assert!(
+        daemons_of(&target).contains(&daemon),
+        "the daemon died with the container"
+    );
+    assert_eq!(
+        std::fs::read(target.join("weights.bin")).unwrap(),
+        b"epoch 7"
+    );
+    // (Only the count: a kept DirEntry holds the directory open, and the mount busy.)
+    assert_eq!(std::fs::read_dir(&target).unwrap().count(), 1);
+
+    // The next driver (here on the host itself) adopts and unpublishes it.
+    let driver = Driver::start_with(dir.path(), true, &host_args);
+    let mut node = NodeClient::new(driver.connect().await);
+    for (id, target) in [("pv-host", &target), ("pv-missing", &failed)] {
+        node.node_unpublish_volume(unpublish_request(id, target))
+            .await
+            .unwrap();
+        assert!(!is_mounted(target), "{} still mounted", target.display());
+        assert!(daemons_of(target).is_empty(), "daemon of {id} left");
+    }
+    let stat = std::fs::read_to_string(format!("/proc/{daemon}/stat")).unwrap_or_default();
+    assert!(
+        stat.is_empty()
+            || stat
+                .rsplit_once(')')
+                .unwrap()
+                .1
+                .trim_start()
+                .starts_with('Z'),
+        "daemon {daemon} still running"
+    );
+    // The mounts' cgroups are gone (the failed one's already at its failure); their parent stays.
+    for target in [&target, &failed] {
+        let digest = sha2::Sha256::digest(target.as_os_str().as_encoded_bytes());
+        let hex: String = digest[..8].iter().map(|b| format!("{b:02x}")).collect();
+        let unit = format!("expressfs-{hex}");
+        assert!(
+            unit_cgroups.iter().any(|c| c.ends_with(&unit)) || target == &failed,
+            "{unit} is not the daemon's cgroup: {unit_cgroups:?}"
+        );
+        for dir in own_cgroup_dirs(true) {
+            let cgroup = dir.join("expressfs-csi").join(&unit);
+            assert!(!cgroup.exists(), "{} left", cgroup.display());
+        }
+    }
+    // A node keeps the common parent; this machine need not (it stays while another test uses it).
+    for dir in own_cgroup_dirs(true) {
+        let _ = std::fs::remove_dir(dir.join("expressfs-csi"));
+    }
+}
+
+/// The control: with the direct launcher the same container stop takes the mount down, so the test
+/// above would see it if the host launcher did nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn direct_launcher_mounts_die_with_the_container() {
+    let dir = tempfile::Builder::new()
+        .prefix("expressfs-csi-direct-")
+        .tempdir()
+        .unwrap();
+    let bucket = format!("direct{}--use1-az4--x-s3", std::process::id());
+    let emulator = start_emulator(dir.path(), &[&bucket]);
+    let kubelet = SharedDir::new(dir.path().join("kubelet"));
+    // The host's network: a daemon in the container's own could not reach the emulator at all.
+    let mut container = Container::start(dir.path(), false, &[], &[]);
+    let mut node = NodeClient::new(container.driver.as_ref().unwrap().connect().await);
+    let target = pod_target(&kubelet.0, "pv-direct");
+    let _cleanup = Cleanup(vec![target.clone()]);
+    let flags = vec![
+        format!("endpoint-url {}", emulator.endpoint_url()),
+        format!("region {REGION}"),
+    ];
+    let request = publish_request(
+        "pv-direct",
+        &target,
+        Some(&bucket),
+        mount_capability(&flags, "", Mode::SingleNodeWriter),
+        false,
+    );
+    node.node_publish_volume(request).await.unwrap();
+    std::fs::write(target.join("x"), b"x").unwrap();
+    assert_eq!(daemons_of(&target).len(), 1);
+    container.stop();
+    assert!(
+        daemons_of(&target).is_empty(),
+        "the daemon outlived its container"
+    );
+    assert!(
+        std::fs::read_dir(&target).is_err(),
+        "the dead mount still answers"
+    );
+    // A new driver clears the dead mount.
+    let driver = Driver::start(dir.path(), true);
+    let mut node = NodeClient::new(driver.connect().await);
+    node.node_unpublish_volume(unpublish_request("pv-direct", &target))
+        .await
+        .unwrap();
+    assert!(!is_mounted(&target));
+}
+
+/// `authenticationSource: pod`: the daemon gets the pod's token as a web-identity token file and none of
+/// the driver's credentials. No STS here: a wrapper in place of expressfs records the environment the
+/// driver gave it, then runs the real expressfs on the emulator's keys.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pod_authentication_hands_the_pod_token_to_the_daemon() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::Builder::new()
+        .prefix("expressfs-csi-pod-")
+        .tempdir()
+        .unwrap();
+    let bucket = format!("pod{}--use1-az4--x-s3", std::process::id());
+    let emulator = start_emulator(dir.path(), &[&bucket]);
+    let dump = dir.path().join("daemon.env");
+    let wrapper = dir.path().join("wrapper/expressfs");
+    std::fs::create_dir_all(wrapper.parent().unwrap()).unwrap();
+    std::fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/sh\nenv > '{}'\nexec env -u AWS_ROLE_ARN -u AWS_WEB_IDENTITY_TOKEN_FILE \
+             -u AWS_SHARED_CREDENTIALS_FILE -u AWS_CONFIG_FILE AWS_ACCESS_KEY_ID={ACCESS_KEY} \
+             AWS_SECRET_ACCESS_KEY={SECRET_KEY} '{}' \"$@\"\n",
+            dump.display(),
+            expressfs_binary().display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let host_dir = dir.path().join("host");
+    let driver = Driver::start_with(
+        dir.path(),
+        true,
+        &[
+            "--expressfs",
+            wrapper.to_str().unwrap(),
+            "--host-directory",
+            host_dir.to_str().unwrap(),
+        ],
+    );
+    let mut node = NodeClient::new(driver.connect().await);
+    let target = pod_target(dir.path(), "pv-pod");
+    let _cleanup = Cleanup(vec![target.clone()]);
+    let role = "arn:aws:iam::111122223333:role/trainer";
+    let request = |token: &str| {
+        let flags = vec![
+            format!("endpoint-url {}", emulator.endpoint_url()),
+            format!("region {REGION}"),
+        ];
+        let mut r = publish_request(
+            "pv-pod",
+            &target,
+            Some(&bucket),
+            mount_capability(&flags, "", Mode::SingleNodeWriter),
+            false,
+        );
+        r.volume_context
+            .insert("authenticationSource".into(), "pod".into());
+        r.volume_context.insert("roleArn".into(), role.into());
+        r.volume_context
+            .insert("csi.storage.k8s.io/pod.namespace".into(), "ml".into());
+        if !token.is_empty() {
+            r.volume_context.insert(
+                "csi.storage.k8s.io/serviceAccount.tokens".into(),
+                format!(r#"{{"sts.amazonaws.com":{{"token":"{token}","expirationTimestamp":"2030-01-01T00:00:00Z"}}}}"#),
+            );
+        }
+        r
+    };
+
+    // Without the token (no tokenRequests in the CSIDriver) nothing is mounted.
+    let status = node.node_publish_volume(request("")).await.unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    assert!(status.message().contains("tokenRequests"), "{status:?}");
+    assert!(!dump.exists() && !is_mounted(&target));
+
+    node.node_publish_volume(request("aGVhZA.Ym9keQ.c2ln1"))
+        .await
+        .unwrap();
+    assert!(is_mounted(&target));
+    std::fs::write(target.join("ok"), b"written on the emulator's keys").unwrap();
+    let env = std::fs::read_to_string(&dump).unwrap();
+    let var = |name: &str| {
+        env.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name}=")))
+            .map(str::to_string)
+    };
+    assert_eq!(var("AWS_ROLE_ARN").as_deref(), Some(role));
+    assert_eq!(
+        var("AWS_ROLE_SESSION_NAME").as_deref(),
+        Some("expressfs-ml-trainer-0")
+    );
+    assert_eq!(var("AWS_EC2_METADATA_DISABLED").as_deref(), Some("true"));
+    assert_eq!(
+        var("AWS_ACCESS_KEY_ID"),
+        None,
+        "the driver's keys reached the daemon"
+    );
+    assert_eq!(var("AWS_SECRET_ACCESS_KEY"), None);
+    let token_file = PathBuf::from(var("AWS_WEB_IDENTITY_TOKEN_FILE").unwrap());
+    assert!(token_file.starts_with(host_dir.join("credentials")));
+    assert_eq!(std::fs::read(&token_file).unwrap(), b"aGVhZA.Ym9keQ.c2ln1");
+    let mode = std::fs::metadata(&token_file).unwrap().mode();
+    assert_eq!(mode & 0o777, 0o600);
+
+    // kubelet republishes with a fresh token: the file changes, the daemon stays.
+    let daemons = daemons_of(&target);
+    assert_eq!(daemons.len(), 1);
+    node.node_publish_volume(request("aGVhZA.Ym9keQ.c2ln2"))
+        .await
+        .unwrap();
+    assert_eq!(std::fs::read(&token_file).unwrap(), b"aGVhZA.Ym9keQ.c2ln2");
+    assert_eq!(daemons_of(&target), daemons);
+
+    node.node_unpublish_volume(unpublish_request("pv-pod", &target))
+        .await
+        .unwrap();
+    assert!(!is_mounted(&target));
+    assert!(!token_file.exists(), "the pod's token outlived its mount");
+    assert!(daemons_of(&target).is_empty());
+}
+
+/// Without hostPID the driver is PID 1 of the pod's PID namespace and cannot reach the host's: the host
+/// launcher refuses to start rather than run "host" daemons that die with the pod.
+#[test]
+fn host_launcher_refuses_a_pid_namespace_of_its_own() {
+    let dir = tempfile::Builder::new()
+        .prefix("expressfs-csi-nohostpid-")
+        .tempdir()
+        .unwrap();
+    let host_dir = dir.path().join("host");
+    let (inner, _) = Driver::command(
+        dir.path(),
+        false,
+        &[
+            "--launcher",
+            "host",
+            "--host-directory",
+            host_dir.to_str().unwrap(),
+        ],
+    );
+    let output = Command::new("unshare")
+        .args(["--pid", "--fork", "--kill-child", "--"])
+        .arg(inner.get_program())
+        .args(inner.get_args())
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "started: {stderr}");
+    assert!(stderr.contains("hostPID"), "{stderr}");
+    assert!(!host_dir.exists(), "installed a binary anyway");
+}
+
+/// The systemd path as far as it goes without systemd: a "host" whose /run/systemd/system exists and whose
+/// /usr/bin/systemd-run is a stand-in that records its command line, then does what systemd would for a
+/// Type=forking unit (an empty environment plus the EnvironmentFile, run the command, wait for its first
+/// process). The daemon reaching the emulator proves the credentials went through the file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn host_launcher_uses_systemd_run_where_the_host_has_systemd() {
+    use std::os::unix::fs::PermissionsExt;
+    assert!(
+        Path::new("/usr/bin/systemd-run").is_file(),
+        "no file to stand in for"
+    );
+    let dir = tempfile::Builder::new()
+        .prefix("expressfs-csi-systemd-")
+        .tempdir()
+        .unwrap();
+    let bucket = format!("unit{}--use1-az4--x-s3", std::process::id());
+    let emulator = start_emulator(dir.path(), &[&bucket]);
+    let kubelet = SharedDir::new(dir.path().join("kubelet"));
+    let recorded = dir.path().join("systemd-run.args");
+    let fake = dir.path().join("systemd-run");
+    std::fs::write(
+        &fake,
+        format!(
+            "#!/bin/sh\nprintf '%s\\n' \"$@\" > '{}'\nenv_file=\nwhile [ \"$1\" != -- ]; do\n  \
+             case \"$1\" in --property=EnvironmentFile=*) env_file=${{1#--property=EnvironmentFile=}};; esac\n  \
+             shift\ndone\nshift\nexec env -i PATH=/usr/bin:/bin sh -c 'set -a; . \"$0\"; set +a; exec \"$@\"' \
+             \"$env_file\" \"$@\"\n",
+            recorded.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+    // The host: a process in a mount namespace of its own (the kubelet directory shared with ours).
+    let ready = dir.path().join("ready");
+    let mut host = Command::new("unshare")
+        .args(["--mount", "--propagation", "unchanged", "--", "sh", "-c"])
+        .arg(format!(
+            "mount -t tmpfs none /run && mkdir -p /run/systemd/system && \
+             mount --bind '{}' /usr/bin/systemd-run && touch '{}' && exec sleep 600",
+            fake.display(),
+            ready.display()
+        ))
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    struct KillOnDrop<'a>(&'a mut Child);
+    impl Drop for KillOnDrop<'_> {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let host_pid = host.id();
+    let _host = KillOnDrop(&mut host);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !ready.exists() {
+        assert!(Instant::now() < deadline, "the stand-in host did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+
+    let host_dir = dir.path().join("host");
+    let host_pid_arg = host_pid.to_string();
+    let driver = Driver::start_with(
+        dir.path(),
+        true,
+        &[
+            "--launcher",
+            "host",
+            "--host-pid",
+            &host_pid_arg,
+            "--host-directory",
+            host_dir.to_str().unwrap(),
+        ],
+    );
+    let mut node = NodeClient::new(driver.connect().await);
+    let target = pod_target(&kubelet.0, "pv-unit");
+    let _cleanup = Cleanup(vec![target.clone()]);
+    let flags = vec![
+        format!("endpoint-url {}", emulator.endpoint_url()),
+        format!("region {REGION}"),
+    ];
+    let request = publish_request(
+        "pv-unit",
+        &target,
+        Some(&bucket),
+        mount_capability(&flags, "", Mode::SingleNodeWriter),
+        false,
+    );
+    node.node_publish_volume(request).await.unwrap();
+    std::fs::write(target.join("through-a-unit"), b"ok").unwrap();
+    assert_eq!(std::fs::read(target.join("through-a-unit")).unwrap(), b"ok");
+
+    let argv = std::fs::read_to_string(&recorded).unwrap();
+    let argv: Vec<&str> = argv.lines().collect();
+    assert!(argv[0].starts_with("--unit=expressfs-"), "{argv:?}");
+    for want in ["--collect", "--property=Type=forking"] {
+        assert!(argv.contains(&want), "{want} missing: {argv:?}");
+    }
+    assert_eq!(argv.last(), Some(&target.to_str().unwrap()));
+    let daemons = daemons_of(&target);
+    assert_eq!(daemons.len(), 1);
+    let environ = std::fs::read(format!("/proc/{}/environ", daemons[0])).unwrap();
+    let key = format!("AWS_ACCESS_KEY_ID={ACCESS_KEY}");
+    assert!(environ.split(|b| *b == 0).any(|v| v == key.as_bytes()));
+    // The daemon lives in the host's mount namespace, and the credentials file is gone once started.
+    assert_eq!(
+        std::fs::read_link(format!("/proc/{}/ns/mnt", daemons[0])).unwrap(),
+        std::fs::read_link(format!("/proc/{host_pid}/ns/mnt")).unwrap()
+    );
+    let env_files = std::fs::read_dir(host_dir.join("run")).unwrap().count();
+    assert_eq!(env_files, 0, "an environment file stayed on the host");
+
+    node.node_unpublish_volume(unpublish_request("pv-unit", &target))
+        .await
+        .unwrap();
+    assert!(!is_mounted(&target));
+    assert!(daemons_of(&target).is_empty());
 }
