@@ -20,6 +20,7 @@ use tonic::transport::{Channel, Endpoint};
 mod csi {
     tonic::include_proto!("csi.v1");
 }
+use csi::controller_client::ControllerClient;
 use csi::identity_client::IdentityClient;
 use csi::node_client::NodeClient;
 use csi::volume_capability::access_mode::Mode;
@@ -269,6 +270,40 @@ async fn publish_survives_driver_restart_and_unpublish_leaves_nothing() {
         .unwrap()
         .into_inner();
     assert_eq!(probe.ready, Some(true));
+    // No controller is announced, but its capabilities answer (csi-sanity asks before its Node specs) and
+    // name no RPC; provisioning calls are refused.
+    let plugin = IdentityClient::new(channel.clone())
+        .get_plugin_capabilities(csi::GetPluginCapabilitiesRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(plugin.capabilities.is_empty(), "{plugin:?}");
+    let mut controller = ControllerClient::new(channel.clone());
+    let controller_caps = controller
+        .controller_get_capabilities(csi::ControllerGetCapabilitiesRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    let rpcs: Vec<_> = controller_caps
+        .capabilities
+        .iter()
+        .map(|c| match &c.r#type {
+            Some(csi::controller_service_capability::Type::Rpc(rpc)) => rpc.r#type(),
+            None => panic!("capability without a type"),
+        })
+        .collect();
+    assert_eq!(
+        rpcs,
+        [csi::controller_service_capability::rpc::Type::SingleNodeMultiWriter]
+    );
+    let refused = controller
+        .create_volume(csi::CreateVolumeRequest {
+            name: "pv-new".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::Unimplemented);
     let mut node = NodeClient::new(channel);
     let node_info = node
         .node_get_info(csi::NodeGetInfoRequest {})
