@@ -33,6 +33,23 @@ const NAMESPACES: &[&str] = &["cgroup", "ipc", "uts", "net", "pid", "mnt"];
 /// The inode of the kernel's first PID namespace (PROC_PID_INIT_INO), the host's on a real node.
 const INITIAL_PID_NAMESPACE: u64 = 0xEFFF_FFFC;
 
+/// The oldest systemd whose systemd-run takes our command line: `--collect` (CollectMode=) came with 236,
+/// EnvironmentFile= for transient units with 228. Amazon Linux 2 has 219: there daemons get a cgroup of
+/// their own instead.
+pub const MIN_SYSTEMD: u32 = 236;
+
+/// The version in `systemd-run --version`'s first line: "systemd 252 (252.22-1~deb12u1)".
+pub fn systemd_version(output: &str) -> Option<u32> {
+    output
+        .lines()
+        .next()?
+        .strip_prefix("systemd ")?
+        .split(|c: char| !c.is_ascii_digit())
+        .next()?
+        .parse()
+        .ok()
+}
+
 pub enum Launcher {
     /// `directory` holds the pods' tokens (`authenticationSource: pod`).
     Direct {
@@ -194,10 +211,31 @@ fn enter_host(
     }
 }
 
+/// The version of the host's systemd-run, run in the host's namespaces; None when it does not say.
+async fn host_systemd_version(host_proc: &Path, systemd_run: &Path) -> Option<u32> {
+    let namespaces = namespace_fds(host_proc).ok()?;
+    let mut command = tokio::process::Command::new(systemd_run);
+    command
+        .arg("--version")
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true);
+    enter_host(&mut command, &namespaces, &[]);
+    let output = tokio::time::timeout(std::time::Duration::from_secs(30), command.output())
+        .await
+        .ok()?
+        .ok()?;
+    systemd_version(&String::from_utf8_lossy(&output.stdout))
+}
+
 impl HostLauncher {
     /// Installs `bundled` into `host_dir` on the host of process `host_pid` and finds out how to start
     /// daemons there.
-    pub fn new(host_pid: u32, host_dir: &Path, bundled: &Path) -> Result<HostLauncher, String> {
+    pub async fn new(
+        host_pid: u32,
+        host_dir: &Path,
+        bundled: &Path,
+    ) -> Result<HostLauncher, String> {
         // Without hostPID the driver's PID namespace is the pod's: PID 1 is the driver itself (or the pod's
         // pause process), and daemons "on the host" would be in the pod after all.
         if host_pid == std::process::id() {
@@ -220,10 +258,24 @@ impl HostLauncher {
         collect_old_binaries(&host_proc, host_dir, &binary);
         // systemd's own test for "booted with systemd" (sd_booted), plus its client.
         let booted = through_root(&host_proc, Path::new("/run/systemd/system")).is_dir();
-        let systemd_run = ["/usr/bin/systemd-run", "/bin/systemd-run"]
+        let candidate = ["/usr/bin/systemd-run", "/bin/systemd-run"]
             .iter()
             .map(PathBuf::from)
             .find(|p| booted && through_root(&host_proc, p).is_file());
+        let systemd_run = match candidate {
+            Some(path) => match host_systemd_version(&host_proc, &path).await {
+                Some(version) if version >= MIN_SYSTEMD => Some(path),
+                version => {
+                    tracing::warn!(
+                        ?version,
+                        "the host's systemd-run predates systemd {MIN_SYSTEMD} (--collect, \
+                         EnvironmentFile=): daemons get a cgroup of their own instead of a unit"
+                    );
+                    None
+                }
+            },
+            None => None,
+        };
         let tokens: Vec<TokenCopy> = [
             ("AWS_WEB_IDENTITY_TOKEN_FILE", "web-identity-token"),
             (
@@ -548,6 +600,19 @@ mod tests {
                 target.to_str().unwrap()
             ]
         );
+    }
+
+    #[test]
+    fn systemd_versions() {
+        assert_eq!(
+            systemd_version("systemd 252 (252.22-1~deb12u1)\n+PAM +AUDIT\n"),
+            Some(252)
+        );
+        assert_eq!(systemd_version("systemd 219\n+PAM +AUDIT\n"), Some(219));
+        assert_eq!(systemd_version("systemd 256~rc1 (256~rc1)\n"), Some(256));
+        assert_eq!(systemd_version(""), None);
+        assert_eq!(systemd_version("usage: systemd-run ...\n"), None);
+        assert!(systemd_version("systemd 219").unwrap() < MIN_SYSTEMD);
     }
 
     #[test]

@@ -104,7 +104,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         LauncherKind::Host => {
             let bundled = service::find_binary(&expressfs)
                 .ok_or_else(|| format!("expressfs binary {} not found", expressfs.display()))?;
-            let host = launcher::HostLauncher::new(args.host_pid, &args.host_directory, &bundled)?;
+            let host =
+                launcher::HostLauncher::new(args.host_pid, &args.host_directory, &bundled).await?;
             tracing::info!(
                 binary = %host.binary().display(),
                 systemd = host.uses_systemd(),

@@ -1039,17 +1039,75 @@ fn host_launcher_refuses_a_pid_namespace_of_its_own() {
     assert!(!host_dir.exists(), "installed a binary anyway");
 }
 
-/// The systemd path as far as it goes without systemd: a "host" whose /run/systemd/system exists and whose
-/// /usr/bin/systemd-run is a stand-in that records its command line, then does what systemd would for a
-/// Type=forking unit (an empty environment plus the EnvironmentFile, run the command, wait for its first
-/// process). The daemon reaching the emulator proves the credentials went through the file.
+/// A stand-in for a host with systemd: a process in a mount namespace of its own (the kubelet directory
+/// shared with ours) where /run/systemd/system exists and /usr/bin/systemd-run is a script that answers
+/// `--version` with `systemd VERSION`, and otherwise records its command line in `recorded` and does what
+/// systemd would for a Type=forking unit (an empty environment plus the EnvironmentFile, run the command,
+/// wait for its first process).
+struct StandInHost {
+    child: Child,
+    recorded: PathBuf,
+}
+
+impl StandInHost {
+    fn start(dir: &Path, version: u32) -> StandInHost {
+        use std::os::unix::fs::PermissionsExt;
+        assert!(
+            Path::new("/usr/bin/systemd-run").is_file(),
+            "no file to stand in for"
+        );
+        let recorded = dir.join("systemd-run.args");
+        let fake = dir.join("systemd-run");
+        std::fs::write(
+            &fake,
+            format!(
+                "#!/bin/sh\nif [ \"$1\" = --version ]; then echo 'systemd {version} ({version}.1-1)'; \
+                 echo '+PAM +AUDIT'; exit 0; fi\nprintf '%s\\n' \"$@\" > '{}'\nenv_file=\nwhile [ \"$1\" != -- ]; do\n  \
+                 case \"$1\" in --property=EnvironmentFile=*) env_file=${{1#--property=EnvironmentFile=}};; esac\n  \
+                 shift\ndone\nshift\nexec env -i PATH=/usr/bin:/bin sh -c 'set -a; . \"$0\"; set +a; exec \"$@\"' \
+                 \"$env_file\" \"$@\"\n",
+                recorded.display()
+            ),
+        )
+        .unwrap();
+        std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let ready = dir.join("ready");
+        let child = Command::new("unshare")
+            .args(["--mount", "--propagation", "unchanged", "--", "sh", "-c"])
+            .arg(format!(
+                "mount -t tmpfs none /run && mkdir -p /run/systemd/system && \
+                 mount --bind '{}' /usr/bin/systemd-run && touch '{}' && exec sleep 600",
+                fake.display(),
+                ready.display()
+            ))
+            .stdin(Stdio::null())
+            .spawn()
+            .unwrap();
+        let host = StandInHost { child, recorded };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !ready.exists() {
+            assert!(Instant::now() < deadline, "the stand-in host did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        host
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for StandInHost {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The systemd path as far as it goes without systemd, on the stand-in host. The daemon reaching the
+/// emulator proves the credentials went through the file.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn host_launcher_uses_systemd_run_where_the_host_has_systemd() {
-    use std::os::unix::fs::PermissionsExt;
-    assert!(
-        Path::new("/usr/bin/systemd-run").is_file(),
-        "no file to stand in for"
-    );
     let dir = tempfile::Builder::new()
         .prefix("expressfs-csi-systemd-")
         .tempdir()
@@ -1057,47 +1115,9 @@ async fn host_launcher_uses_systemd_run_where_the_host_has_systemd() {
     let bucket = format!("unit{}--use1-az4--x-s3", std::process::id());
     let emulator = start_emulator(dir.path(), &[&bucket]);
     let kubelet = SharedDir::new(dir.path().join("kubelet"));
-    let recorded = dir.path().join("systemd-run.args");
-    let fake = dir.path().join("systemd-run");
-    std::fs::write(
-        &fake,
-        format!(
-            "#!/bin/sh\nprintf '%s\\n' \"$@\" > '{}'\nenv_file=\nwhile [ \"$1\" != -- ]; do\n  \
-             case \"$1\" in --property=EnvironmentFile=*) env_file=${{1#--property=EnvironmentFile=}};; esac\n  \
-             shift\ndone\nshift\nexec env -i PATH=/usr/bin:/bin sh -c 'set -a; . \"$0\"; set +a; exec \"$@\"' \
-             \"$env_file\" \"$@\"\n",
-            recorded.display()
-        ),
-    )
-    .unwrap();
-    std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
-    // The host: a process in a mount namespace of its own (the kubelet directory shared with ours).
-    let ready = dir.path().join("ready");
-    let mut host = Command::new("unshare")
-        .args(["--mount", "--propagation", "unchanged", "--", "sh", "-c"])
-        .arg(format!(
-            "mount -t tmpfs none /run && mkdir -p /run/systemd/system && \
-             mount --bind '{}' /usr/bin/systemd-run && touch '{}' && exec sleep 600",
-            fake.display(),
-            ready.display()
-        ))
-        .stdin(Stdio::null())
-        .spawn()
-        .unwrap();
-    struct KillOnDrop<'a>(&'a mut Child);
-    impl Drop for KillOnDrop<'_> {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-    let host_pid = host.id();
-    let _host = KillOnDrop(&mut host);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !ready.exists() {
-        assert!(Instant::now() < deadline, "the stand-in host did not start");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let host = StandInHost::start(dir.path(), 252);
+    let host_pid = host.pid();
+    let recorded = host.recorded.clone();
 
     let host_dir = dir.path().join("host");
     let host_pid_arg = host_pid.to_string();
@@ -1156,4 +1176,70 @@ async fn host_launcher_uses_systemd_run_where_the_host_has_systemd() {
         .unwrap();
     assert!(!is_mounted(&target));
     assert!(daemons_of(&target).is_empty());
+}
+
+/// A host whose systemd is older than `systemd-run --collect` and transient EnvironmentFile= (Amazon Linux 2
+/// has systemd 219): the driver does not hand systemd-run a command line it refuses, but starts the daemon
+/// in a cgroup of its own as on a host without systemd.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn host_launcher_uses_a_cgroup_where_systemd_is_too_old() {
+    let dir = tempfile::Builder::new()
+        .prefix("expressfs-csi-oldsystemd-")
+        .tempdir()
+        .unwrap();
+    let bucket = format!("old{}--use1-az4--x-s3", std::process::id());
+    let emulator = start_emulator(dir.path(), &[&bucket]);
+    let kubelet = SharedDir::new(dir.path().join("kubelet"));
+    let host = StandInHost::start(dir.path(), 219);
+    let host_dir = dir.path().join("host");
+    let host_pid_arg = host.pid().to_string();
+    let driver = Driver::start_with(
+        dir.path(),
+        true,
+        &[
+            "--launcher",
+            "host",
+            "--host-pid",
+            &host_pid_arg,
+            "--host-directory",
+            host_dir.to_str().unwrap(),
+        ],
+    );
+    let mut node = NodeClient::new(driver.connect().await);
+    let target = pod_target(&kubelet.0, "pv-old");
+    let _cleanup = Cleanup(vec![target.clone()]);
+    let flags = vec![
+        format!("endpoint-url {}", emulator.endpoint_url()),
+        format!("region {REGION}"),
+    ];
+    let request = publish_request(
+        "pv-old",
+        &target,
+        Some(&bucket),
+        mount_capability(&flags, "", Mode::SingleNodeWriter),
+        false,
+    );
+    node.node_publish_volume(request).await.unwrap();
+    std::fs::write(target.join("in-a-cgroup"), b"ok").unwrap();
+    assert!(
+        !host.recorded.exists(),
+        "systemd 219's systemd-run was asked to start a unit"
+    );
+    let daemons = daemons_of(&target);
+    assert_eq!(daemons.len(), 1, "{daemons:?}");
+    let cgroups = cgroups_of(daemons[0]);
+    assert!(
+        cgroups
+            .iter()
+            .any(|c| c.contains("/expressfs-csi/expressfs-")),
+        "{cgroups:?}"
+    );
+    node.node_unpublish_volume(unpublish_request("pv-old", &target))
+        .await
+        .unwrap();
+    assert!(!is_mounted(&target));
+    assert!(daemons_of(&target).is_empty());
+    for dir in own_cgroup_dirs(true) {
+        let _ = std::fs::remove_dir(dir.join("expressfs-csi"));
+    }
 }
