@@ -142,11 +142,7 @@ impl MountCgroup {
             .procs_files()
             .iter()
             .filter_map(|f| std::fs::read_to_string(f).ok())
-            .flat_map(|t| {
-                t.lines()
-                    .filter_map(|l| l.trim().parse().ok())
-                    .collect::<Vec<i32>>()
-            })
+            .flat_map(|t| procs_pids(&t))
             .collect();
         pids.sort_unstable();
         pids.dedup();
@@ -193,6 +189,15 @@ impl MountCgroup {
         }
         Ok(())
     }
+}
+
+/// The PIDs in a `cgroup.procs` text. cgroup2 lists a process outside the reader's PID namespace as 0, and
+/// kill(0) would signal the driver's own process group: only positive PIDs.
+fn procs_pids(text: &str) -> Vec<i32> {
+    text.lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .filter(|pid| *pid > 0)
+        .collect()
 }
 
 fn inherit_cpuset(dir: &Path) -> Result<(), String> {
@@ -245,6 +250,11 @@ mod tests {
             h[2].controllers.as_deref(),
             Some(&["xattr".to_string(), "name=systemd".to_string()][..])
         );
+    }
+
+    #[test]
+    fn procs_lists_only_processes_we_can_signal() {
+        assert_eq!(procs_pids("12\n0\n345\n\n-1\nx\n"), [12, 345]);
     }
 
     #[test]
