@@ -30,19 +30,33 @@ pub fn write_private(path: &Path, content: &[u8]) -> std::io::Result<()> {
     }
     let temporary = path.with_extension(format!("tmp.{}", std::process::id()));
     let write = || -> std::io::Result<()> {
-        let mut file = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&temporary)?;
-        file.write_all(content)?;
-        file.sync_all()?;
+        write_new_private(&temporary, content)?;
         std::fs::rename(&temporary, path)
     };
     write().inspect_err(|_| {
         let _ = std::fs::remove_file(&temporary);
     })
+}
+
+/// Writes `content` to a file of its own at `path`, mode 0600 whatever was there: a leftover file (of any
+/// mode) or a symbolic link is removed first, never written through. A failed write leaves no file.
+pub fn write_new_private(path: &Path, content: &[u8]) -> std::io::Result<()> {
+    match std::fs::remove_file(path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)?;
+    file.write_all(content)
+        .and_then(|()| file.sync_all())
+        .inspect_err(|_| {
+            let _ = std::fs::remove_file(path);
+        })
 }
 
 impl TokenCopy {
@@ -155,6 +169,41 @@ fn file_digest(path: &Path) -> Result<String, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn private_files_replace_what_was_there_and_follow_no_link() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().unwrap();
+        let victim = dir.path().join("victim");
+        std::fs::write(&victim, b"public").unwrap();
+        std::fs::set_permissions(&victim, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let path = dir.path().join("run/unit.env");
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::os::unix::fs::symlink(&victim, &path).unwrap();
+        write_new_private(&path, b"AWS_SECRET_ACCESS_KEY=\"s\"\n").unwrap();
+        assert_eq!(
+            std::fs::read(&victim).unwrap(),
+            b"public",
+            "written through a link"
+        );
+        let meta = std::fs::symlink_metadata(&path).unwrap();
+        assert!(meta.file_type().is_file());
+        assert_eq!(meta.mode() & 0o777, 0o600);
+        // A leftover readable by others is replaced, not reused with its mode.
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        write_new_private(&path, b"x").unwrap();
+        assert_eq!(std::fs::metadata(&path).unwrap().mode() & 0o777, 0o600);
+        assert_eq!(std::fs::read(&path).unwrap(), b"x");
+        // The same for the tokens' temporary file.
+        let token = dir.path().join("credentials/t/web-identity-token");
+        std::fs::create_dir_all(token.parent().unwrap()).unwrap();
+        let temporary = token.with_extension(format!("tmp.{}", std::process::id()));
+        std::os::unix::fs::symlink(&victim, &temporary).unwrap();
+        write_private(&token, b"a.b.c").unwrap();
+        assert_eq!(std::fs::read(&victim).unwrap(), b"public");
+        assert_eq!(std::fs::read(&token).unwrap(), b"a.b.c");
+        assert_eq!(std::fs::metadata(&token).unwrap().mode() & 0o777, 0o600);
+    }
 
     #[test]
     fn installs_by_content_once() {

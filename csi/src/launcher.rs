@@ -12,16 +12,15 @@
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
-use std::io::Write;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 
 use crate::hostcgroup::MountCgroup;
 use crate::hostfiles::{
-    TokenCopy, collect_old_binaries, hex, install, through_root, write_private,
+    TokenCopy, collect_old_binaries, hex, install, through_root, write_new_private, write_private,
 };
 use crate::mounts;
 use crate::podauth::PodCredentials;
@@ -367,13 +366,7 @@ impl HostLauncher {
         let reachable = through_root(&self.host_proc, &env_file);
         let write = || -> std::io::Result<()> {
             std::fs::create_dir_all(reachable.parent().unwrap_or(&reachable))?;
-            let mut file = std::fs::OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .mode(0o600)
-                .open(&reachable)?;
-            file.write_all(environment_file(&env).as_bytes())
+            write_new_private(&reachable, environment_file(&env).as_bytes())
         };
         write().map_err(|e| format!("writing {}: {e}", reachable.display()))?;
         let namespaces = namespace_fds(&self.host_proc)?;
