@@ -210,6 +210,24 @@ fn enter_host(
     }
 }
 
+/// Removes the environment files a driver that died while starting a unit left in `dir` (the driver's
+/// credentials, in files no unit will read): one driver runs per node, so none is being read now.
+fn remove_environment_files(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if !(name.starts_with("expressfs-") && name.ends_with(".env")) {
+            continue;
+        }
+        if let Err(e) = std::fs::remove_file(entry.path()) {
+            tracing::warn!(file = %entry.path().display(), "removing a stale environment file: {e}");
+        }
+    }
+}
+
 /// The version of the host's systemd-run, run in the host's namespaces; None when it does not say.
 async fn host_systemd_version(host_proc: &Path, systemd_run: &Path) -> Option<u32> {
     let namespaces = namespace_fds(host_proc).ok()?;
@@ -255,6 +273,8 @@ impl HostLauncher {
         }
         let binary = install(bundled, &host_proc, host_dir)?;
         collect_old_binaries(&host_proc, host_dir, &binary);
+        let state_dir = host_dir.join("run");
+        remove_environment_files(&through_root(&host_proc, &state_dir));
         // systemd's own test for "booted with systemd" (sd_booted), plus its client.
         let booted = through_root(&host_proc, Path::new("/run/systemd/system")).is_dir();
         let candidate = ["/usr/bin/systemd-run", "/bin/systemd-run"]
@@ -300,7 +320,7 @@ impl HostLauncher {
         Ok(HostLauncher {
             host_proc,
             binary,
-            state_dir: host_dir.join("run"),
+            state_dir,
             systemd_run,
             host_dir: host_dir.to_path_buf(),
             tokens,

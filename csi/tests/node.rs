@@ -1120,6 +1120,11 @@ async fn host_launcher_uses_systemd_run_where_the_host_has_systemd() {
     let recorded = host.recorded.clone();
 
     let host_dir = dir.path().join("host");
+    // A driver that died between writing a unit's environment file and starting the unit left it behind,
+    // credentials and all: the next driver removes it.
+    let stale = host_dir.join("run/expressfs-0123456789abcdef.env");
+    std::fs::create_dir_all(stale.parent().unwrap()).unwrap();
+    std::fs::write(&stale, format!("AWS_SECRET_ACCESS_KEY=\"{SECRET_KEY}\"\n")).unwrap();
     let host_pid_arg = host_pid.to_string();
     let driver = Driver::start_with(
         dir.path(),
