@@ -522,6 +522,14 @@ impl Launcher {
         };
         if result.is_err() {
             self.remove_credentials(target);
+            // The start may have failed after the mount went live (a timeout, a launcher that reports
+            // failure late); its daemon is killed by now, and a dead mount left on the target would fail
+            // every access of the pod, with no unpublish to come after a final error.
+            if mounts::mounted_at(target).is_some_and(|m| m.is_ours())
+                && let Err(e) = nix::mount::umount2(target, nix::mount::MntFlags::MNT_DETACH)
+            {
+                tracing::warn!(target = %target.display(), "detaching after a failed start: {e}");
+            }
         }
         result
     }

@@ -1248,3 +1248,61 @@ async fn host_launcher_uses_a_cgroup_where_systemd_is_too_old() {
         let _ = std::fs::remove_dir(dir.join("expressfs-csi"));
     }
 }
+
+/// A start that fails after the mount went live (here a launcher that mounts, then reports failure) must
+/// not leave the mount behind: its daemon is killed, and a dead mount fails every access of the pod.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_that_fails_after_mounting_leaves_no_mount() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::Builder::new()
+        .prefix("expressfs-csi-late-")
+        .tempdir()
+        .unwrap();
+    let bucket = format!("late{}--use1-az4--x-s3", std::process::id());
+    let emulator = start_emulator(dir.path(), &[&bucket]);
+    let wrapper = dir.path().join("wrapper/expressfs");
+    std::fs::create_dir_all(wrapper.parent().unwrap()).unwrap();
+    std::fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/sh\n'{}' \"$@\" || exit $?\necho 'failed after mounting' >&2\nexit 1\n",
+            expressfs_binary().display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let driver = Driver::start_with(
+        dir.path(),
+        true,
+        &["--expressfs", wrapper.to_str().unwrap()],
+    );
+    let mut node = NodeClient::new(driver.connect().await);
+    let target = pod_target(dir.path(), "pv-late");
+    let _cleanup = Cleanup(vec![target.clone()]);
+    let flags = vec![
+        format!("endpoint-url {}", emulator.endpoint_url()),
+        format!("region {REGION}"),
+    ];
+    let request = publish_request(
+        "pv-late",
+        &target,
+        Some(&bucket),
+        mount_capability(&flags, "", Mode::SingleNodeWriter),
+        false,
+    );
+    let status = node.node_publish_volume(request).await.unwrap_err();
+    assert_eq!(status.code(), Code::Internal, "{status:?}");
+    assert!(
+        status.message().contains("failed after mounting"),
+        "{status:?}"
+    );
+    assert!(!is_mounted(&target), "a dead mount stayed on the target");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !daemons_of(&target).is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "the daemon outlived its failed start"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
