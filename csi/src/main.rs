@@ -56,6 +56,14 @@ struct Args {
     /// the pods' tokens (credentials/, volumes with `authenticationSource: pod`)
     #[arg(long, default_value = "/var/lib/expressfs-csi", value_name = "DIR")]
     host_directory: PathBuf,
+    /// A directory a volume's `cache` mount option may name, or a directory under it (repeatable). The
+    /// daemon writes and evicts there as root; with --launcher host these are the host's paths
+    #[arg(
+        long = "cache-root",
+        default_value = "/var/cache/expressfs",
+        value_name = "DIR"
+    )]
+    cache_roots: Vec<PathBuf>,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -133,6 +141,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         expressfs,
         launcher,
         allow_insecure_endpoints: args.allow_insecure_endpoints,
+        cache_roots: args.cache_roots,
         daemon_log_directory: args.daemon_log_directory,
         lock: Default::default(),
     });

@@ -3,7 +3,7 @@
 //! value that could reach outside what the volume should do, is refused before anything is mounted.
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::{Component, Path};
+use std::path::{Component, Path, PathBuf};
 
 /// Volume attributes (PV `spec.csi.volumeAttributes`) we understand.
 pub const ATTR_BUCKET: &str = "bucketName";
@@ -64,6 +64,9 @@ pub struct PublishInput {
     /// `readonly` of the request or a reader-only access mode.
     pub read_only: bool,
     pub allow_insecure_endpoints: bool,
+    /// The driver's `--cache-root`s: a `cache` option must name a directory under one of them. The daemon
+    /// writes (and evicts) there as root, and with the host launcher these are the host's paths.
+    pub cache_roots: Vec<PathBuf>,
 }
 
 /// A checked mount: the bucket and the expressfs arguments before `BUCKET TARGET`.
@@ -109,7 +112,8 @@ fn plain(value: &str) -> bool {
             .all(|c| c.is_ascii_alphanumeric() || "-_./:=+@%,".contains(c))
 }
 
-fn check_value(name: &str, kind: Kind, value: &str, insecure_ok: bool) -> Result<(), String> {
+fn check_value(name: &str, kind: Kind, value: &str, input: &PublishInput) -> Result<(), String> {
+    let insecure_ok = input.allow_insecure_endpoints;
     let bad = |why: &str| Err(format!("mount option {name}: {why}: {value:?}"));
     if !plain(value) {
         return bad("value not allowed");
@@ -140,10 +144,20 @@ fn check_value(name: &str, kind: Kind, value: &str, insecure_ok: bool) -> Result
             let clean = path
                 .components()
                 .all(|c| matches!(c, Component::RootDir | Component::Normal(_)));
-            if path.is_absolute() && clean {
-                Ok(())
-            } else {
+            if !(path.is_absolute() && clean) {
                 bad("needs an absolute path without '..'")
+            } else if !input.cache_roots.iter().any(|root| path.starts_with(root)) {
+                let roots: Vec<String> = input
+                    .cache_roots
+                    .iter()
+                    .map(|r| r.display().to_string())
+                    .collect();
+                bad(&format!(
+                    "not under the driver's --cache-root ({})",
+                    roots.join(", ")
+                ))
+            } else {
+                Ok(())
             }
         }
         Kind::Url => {
@@ -204,7 +218,7 @@ pub fn plan(input: &PublishInput) -> Result<MountPlan, String> {
             (Kind::Flag, Some(_)) => return Err(format!("mount option {name} takes no value")),
             (Kind::Flag, None) => {}
             (_, None) => return Err(format!("mount option {name} needs a value")),
-            (_, Some(v)) => check_value(&name, kind, v, input.allow_insecure_endpoints)?,
+            (_, Some(v)) => check_value(&name, kind, v, input)?,
         }
         if chosen.insert(index, value).is_some() && kind != Kind::Flag {
             return Err(format!("mount option {name} given twice"));
@@ -231,7 +245,7 @@ pub fn plan(input: &PublishInput) -> Result<MountPlan, String> {
     }
     // The pod's fsGroup owns the files unless the PV names a gid itself.
     if !input.mount_group.is_empty() && !chosen.contains_key(&index_of("gid")) {
-        check_value("gid", Kind::Uint, &input.mount_group, false)?;
+        check_value("gid", Kind::Uint, &input.mount_group, input)?;
         chosen.insert(index_of("gid"), Some(input.mount_group.clone()));
     }
     if input.read_only {
@@ -265,6 +279,7 @@ mod tests {
         PublishInput {
             volume_context: [(ATTR_BUCKET.to_string(), bucket.to_string())].into(),
             mount_flags: flags.iter().map(|s| s.to_string()).collect(),
+            cache_roots: vec!["/var/cache".into()],
             ..Default::default()
         }
     }
@@ -346,6 +361,10 @@ mod tests {
         assert!(refused(input("b", &["uid=root"])).contains("not a number"));
         assert!(refused(input("b", &["cache ../etc"])).contains("absolute"));
         assert!(refused(input("b", &["cache /var/../etc"])).contains("absolute"));
+        // A host path outside the cache roots (the daemon writes there as root).
+        assert!(refused(input("b", &["cache /etc/sudoers.d"])).contains("--cache-root"));
+        assert!(refused(input("b", &["cache /var/cachex"])).contains("--cache-root"));
+        assert!(plan(&input("b", &["cache /var/cache"])).is_ok());
         assert!(refused(input("b", &["region --foreground"])).contains("not allowed"));
         assert!(refused(input("b", &["region a;b"])).contains("not allowed"));
         assert!(refused(input("b", &["region a", "region b"])).contains("twice"));

@@ -19,6 +19,8 @@ pub struct Driver {
     pub node_id: String,
     pub expressfs: PathBuf,
     pub allow_insecure_endpoints: bool,
+    /// `--cache-root`: where a volume's `cache` may be.
+    pub cache_roots: Vec<PathBuf>,
     pub daemon_log_directory: Option<PathBuf>,
     /// Starts daemons: in the driver's own namespaces, or the host's so they outlive its container.
     pub launcher: Launcher,
@@ -124,6 +126,7 @@ impl csi::node_server::Node for Arc<Driver> {
             mount_group: mount.volume_mount_group.clone(),
             read_only: req.readonly || read_only_mode(capability),
             allow_insecure_endpoints: self.allow_insecure_endpoints,
+            cache_roots: self.cache_roots.clone(),
         };
         let plan = options::plan(&input).map_err(Status::invalid_argument)?;
         let pod_credentials =
