@@ -135,7 +135,7 @@ impl csi::node_server::Node for Arc<Driver> {
             Status::failed_precondition(format!("{} not found", self.expressfs.display()))
         })?;
 
-        let _guard = self.lock.lock().await;
+        let guard = self.lock.clone().lock_owned().await;
         let target = PathBuf::from(&req.target_path);
         std::fs::create_dir_all(&target).or_else(|e| {
             // A dead mount of a crashed daemon: expressfs detaches it itself before mounting.
@@ -200,10 +200,21 @@ impl csi::node_server::Node for Arc<Driver> {
         args.push(plan.bucket.clone());
         args.push(target.to_string_lossy().into_owned());
         tracing::info!(volume = %req.volume_id, target = %target.display(), ?args, "mounting");
-        self.launcher
-            .start(&binary, &args, &target, pod_credentials.as_ref())
-            .await
-            .map_err(Status::internal)?;
+        // The caller's deadline (kubelet's grpc-timeout, 2 min) drops this future when it passes, and with it
+        // any await in progress. The start, and its cleanup after a failure (the unit, the cgroup, the
+        // environment file, the pod's token, a dead mount), runs to its end in a task of its own, which holds
+        // the lock until then.
+        let driver = Arc::clone(self);
+        tokio::spawn(async move {
+            let _guard = guard;
+            driver
+                .launcher
+                .start(&binary, &args, &target, pod_credentials.as_ref())
+                .await
+        })
+        .await
+        .map_err(|e| Status::internal(format!("starting the mount: {e}")))?
+        .map_err(Status::internal)?;
         Ok(Response::new(csi::NodePublishVolumeResponse {}))
     }
 

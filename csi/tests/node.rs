@@ -1306,3 +1306,82 @@ async fn a_start_that_fails_after_mounting_leaves_no_mount() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// kubelet's deadline drops the NodePublishVolume call when it passes (tonic enforces grpc-timeout); a start
+/// still running then must still clean up after itself when it fails: here the pod's token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_publish_past_its_deadline_still_cleans_up() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::Builder::new()
+        .prefix("expressfs-csi-deadline-")
+        .tempdir()
+        .unwrap();
+    let wrapper = dir.path().join("wrapper/expressfs");
+    std::fs::create_dir_all(wrapper.parent().unwrap()).unwrap();
+    std::fs::write(
+        &wrapper,
+        "#!/bin/sh\nsleep 2\necho 'no mount' >&2\nexit 1\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let host_dir = dir.path().join("host");
+    let driver = Driver::start_with(
+        dir.path(),
+        true,
+        &[
+            "--expressfs",
+            wrapper.to_str().unwrap(),
+            "--host-directory",
+            host_dir.to_str().unwrap(),
+        ],
+    );
+    let mut node = NodeClient::new(driver.connect().await);
+    let target = pod_target(dir.path(), "pv-deadline");
+    let _cleanup = Cleanup(vec![target.clone()]);
+    let mut request = publish_request(
+        "pv-deadline",
+        &target,
+        Some("b--use1-az4--x-s3"),
+        mount_capability(&[], "", Mode::SingleNodeWriter),
+        false,
+    );
+    request
+        .volume_context
+        .insert("authenticationSource".into(), "pod".into());
+    request.volume_context.insert(
+        "roleArn".into(),
+        "arn:aws:iam::111122223333:role/trainer".into(),
+    );
+    request.volume_context.insert(
+        "csi.storage.k8s.io/serviceAccount.tokens".into(),
+        r#"{"sts.amazonaws.com":{"token":"aGVhZA.Ym9keQ.c2ln"}}"#.into(),
+    );
+    let mut request = tonic::Request::new(request);
+    request.set_timeout(Duration::from_millis(500));
+    let status = node.node_publish_volume(request).await.unwrap_err();
+    assert!(
+        matches!(status.code(), Code::Cancelled | Code::DeadlineExceeded),
+        "{status:?}"
+    );
+    // The token was written (the start began) and is gone once the start has failed.
+    let credentials = host_dir.join("credentials");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let left = std::fs::read_dir(&credentials)
+            .map(|d| d.count())
+            .unwrap_or(0);
+        if left == 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the pod's token outlived a start cancelled by its deadline"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(credentials.exists(), "the start never wrote the token");
+    // The lock is free again: an unpublish goes through.
+    node.node_unpublish_volume(unpublish_request("pv-deadline", &target))
+        .await
+        .unwrap();
+}
