@@ -380,6 +380,8 @@ impl HostLauncher {
         // A unit of that name is stale (its mount is not live, or we would not be here): without this,
         // systemd-run would refuse the name.
         self.systemctl(systemd_run, &["stop", unit]).await;
+        // Everything that can fail before systemd-run comes before the credentials file.
+        let namespaces = namespace_fds(&self.host_proc)?;
         let mut env = self.environment();
         changes.apply_to(&mut env);
         let env_file = self.state_dir.join(format!("{unit}.env"));
@@ -389,7 +391,6 @@ impl HostLauncher {
             write_new_private(&reachable, environment_file(&env).as_bytes())
         };
         write().map_err(|e| format!("writing {}: {e}", reachable.display()))?;
-        let namespaces = namespace_fds(&self.host_proc)?;
         let mut command = tokio::process::Command::new(systemd_run);
         command.args(systemd_run_args(
             unit,
