@@ -475,8 +475,12 @@ impl HostLauncher {
 
     /// After an unmount: the daemon has exited; anything left in the mount's cgroup is killed with it.
     async fn forget(&self, target: &Path) -> Result<(), String> {
-        if self.systemd_run.is_some() {
-            return Ok(()); // systemd stops and collects the unit when its daemon exits
+        if let Some(systemd_run) = &self.systemd_run {
+            // systemd collects the unit when its daemon exits; one still running here outlived its mount
+            // (detached under it) and would keep its credentials: stop it, as the cgroup path kills it.
+            self.systemctl(systemd_run, &["stop", &unit_name(target)])
+                .await;
+            return Ok(());
         }
         MountCgroup::locate(&self.host_proc, &unit_name(target))?
             .destroy()

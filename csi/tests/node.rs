@@ -1047,6 +1047,8 @@ fn host_launcher_refuses_a_pid_namespace_of_its_own() {
 struct StandInHost {
     child: Child,
     recorded: PathBuf,
+    /// What its /usr/bin/systemctl (a stand-in too) was asked, one call a line.
+    systemctl_calls: PathBuf,
 }
 
 impl StandInHost {
@@ -1057,6 +1059,17 @@ impl StandInHost {
             "no file to stand in for"
         );
         let recorded = dir.join("systemd-run.args");
+        let systemctl_calls = dir.join("systemctl.calls");
+        let fake_systemctl = dir.join("systemctl");
+        std::fs::write(
+            &fake_systemctl,
+            format!(
+                "#!/bin/sh\necho \"$*\" >> '{}'\n",
+                systemctl_calls.display()
+            ),
+        )
+        .unwrap();
+        std::fs::set_permissions(&fake_systemctl, std::fs::Permissions::from_mode(0o755)).unwrap();
         let fake = dir.join("systemd-run");
         std::fs::write(
             &fake,
@@ -1076,14 +1089,20 @@ impl StandInHost {
             .args(["--mount", "--propagation", "unchanged", "--", "sh", "-c"])
             .arg(format!(
                 "mount -t tmpfs none /run && mkdir -p /run/systemd/system && \
-                 mount --bind '{}' /usr/bin/systemd-run && touch '{}' && exec sleep 600",
+                 mount --bind '{}' /usr/bin/systemd-run && mount --bind '{}' /usr/bin/systemctl && \
+                 touch '{}' && exec sleep 600",
                 fake.display(),
+                fake_systemctl.display(),
                 ready.display()
             ))
             .stdin(Stdio::null())
             .spawn()
             .unwrap();
-        let host = StandInHost { child, recorded };
+        let host = StandInHost {
+            child,
+            recorded,
+            systemctl_calls,
+        };
         let deadline = Instant::now() + Duration::from_secs(10);
         while !ready.exists() {
             assert!(Instant::now() < deadline, "the stand-in host did not start");
@@ -1176,11 +1195,21 @@ async fn host_launcher_uses_systemd_run_where_the_host_has_systemd() {
     let env_files = std::fs::read_dir(host_dir.join("run")).unwrap().count();
     assert_eq!(env_files, 0, "an environment file stayed on the host");
 
+    // Before the start: a stale unit of that name goes.
+    let unit = argv[0].strip_prefix("--unit=").unwrap().to_string();
+    let calls = std::fs::read_to_string(&host.systemctl_calls).unwrap();
+    assert_eq!(calls.lines().collect::<Vec<_>>(), [format!("stop {unit}")]);
+
     node.node_unpublish_volume(unpublish_request("pv-unit", &target))
         .await
         .unwrap();
     assert!(!is_mounted(&target));
     assert!(daemons_of(&target).is_empty());
+    // Unpublish stops the unit too, as the cgroup path kills what is left in the mount's cgroup: a daemon
+    // that outlived its mount would keep its credentials.
+    let calls = std::fs::read_to_string(&host.systemctl_calls).unwrap();
+    assert_eq!(calls.lines().last(), Some(format!("stop {unit}").as_str()));
+    assert_eq!(calls.lines().count(), 2, "{calls}");
 }
 
 /// A host whose systemd is older than `systemd-run --collect` and transient EnvironmentFile= (Amazon Linux 2
