@@ -181,3 +181,49 @@ fn looking_up_a_directory_again_sends_no_get() {
     eprintln!("after the TTL: {cost:?}");
     assert_eq!(cost.failed_gets, 0, "{cost:?}");
 }
+
+/// One sample of the daemon's Prometheus text at `addr` (`series` is the name with its labels), once the
+/// endpoint answers.
+fn daemon_metric(addr: &str, series: &str) -> f64 {
+    use std::io::{Read, Write};
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Ok(mut s) = std::net::TcpStream::connect(addr) {
+            write!(s, "GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
+            let mut body = String::new();
+            let _ = s.read_to_string(&mut body);
+            if let Some(v) = body
+                .lines()
+                .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+            {
+                return v;
+            }
+        }
+        assert!(Instant::now() < deadline, "no {series} at {addr}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// 64 readers of 100 KB files at once (workload 4 of the bench): each file is one FUSE read. The kernel splits
+/// the read-ahead of a file into several requests when the FUSE requests in flight reach its congestion
+/// threshold (3/4 of max_background); with max_background 64 that was 2.5 reads a file under 64 readers.
+#[test]
+fn sixty_four_readers_of_small_files_send_one_fuse_read_per_file() {
+    let bucket = fresh_bucket(true, "onereadeach");
+    let files: Vec<_> = (0..640)
+        .map(|i| (format!("small/{i:06}.jpg"), pattern(i as u64, 100_000)))
+        .collect();
+    put_many(emulator(), &bucket, files.clone());
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let mount = Mount::new(&bucket, &["--metadata-ttl", "60", "--metrics-addr", &addr]);
+    read_shuffled(mount.path(), &files, 64);
+    let reads = daemon_metric(&addr, "expressfs_fuse_requests_total{op=\"read\"}");
+    eprintln!("{reads} FUSE reads for {} files", files.len());
+    assert!(reads >= files.len() as f64, "{reads}");
+    assert!(reads <= files.len() as f64 * 1.05, "{reads}");
+}
