@@ -80,9 +80,34 @@ pub fn resolved(path: &Path) -> PathBuf {
     }
 }
 
-/// True when the mount at `target` answers (a daemon that died leaves ENOTCONN behind).
-pub fn is_alive(target: &Path) -> bool {
-    std::fs::metadata(target).is_ok()
+/// How long a mount may take to answer a stat before it counts as hung.
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// What a stat of a mount point says about the daemon behind it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Health {
+    Answers,
+    /// The daemon died: ENOTCONN (or another error) at once.
+    Dead,
+    /// No answer within `ANSWER_TIMEOUT`: a stopped or wedged daemon.
+    Silent,
+}
+
+/// Stats `target` without letting a hung daemon hang the caller (and with it every CSI call, since
+/// publish and unpublish share one lock).
+pub async fn health(target: &Path) -> Health {
+    let path = target.to_path_buf();
+    let (answer, answered) = tokio::sync::oneshot::channel();
+    // A thread of its own, not the runtime's blocking pool: a stat stuck in a wedged daemon returns only
+    // when the mount goes away.
+    std::thread::spawn(move || {
+        let _ = answer.send(std::fs::metadata(&path).is_ok());
+    });
+    match tokio::time::timeout(ANSWER_TIMEOUT, answered).await {
+        Ok(Ok(true)) => Health::Answers,
+        Ok(_) => Health::Dead,
+        Err(_) => Health::Silent,
+    }
 }
 
 /// Live expressfs processes whose last argument is `target` (the mount point of their command line).
@@ -166,11 +191,14 @@ pub async fn run_until_mounted(
 pub async fn unmount(target: &Path) -> Result<(), String> {
     let pids = daemon_pids(target);
     let deadline = Instant::now() + Duration::from_secs(20);
+    let mut wedged = false;
     while mounted_at(target).is_some() {
-        let flags = if is_alive(target) {
+        let health = health(target).await;
+        wedged |= health == Health::Silent;
+        let flags = if health == Health::Answers {
             nix::mount::MntFlags::empty()
         } else {
-            // Nobody answers behind a dead mount; only a lazy detach takes it away.
+            // Nobody answers behind a dead or wedged mount; only a lazy detach takes it away.
             nix::mount::MntFlags::MNT_DETACH
         };
         match nix::mount::umount2(target, flags) {
@@ -181,14 +209,16 @@ pub async fn unmount(target: &Path) -> Result<(), String> {
             Err(e) => return Err(format!("unmount {}: {e}", target.display())),
         }
     }
-    wait_gone(&pids, Duration::from_secs(30)).await;
+    // A daemon that answered finishes its uploads and exits by itself; a wedged one will not.
+    let grace = if wedged { 2 } else { 30 };
+    wait_gone(&pids, Duration::from_secs(grace)).await;
     let left: Vec<i32> = pids.iter().copied().filter(|p| !is_zombie(*p)).collect();
     if !left.is_empty() {
         for pid in &left {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(*pid),
-                nix::sys::signal::Signal::SIGTERM,
-            );
+            let pid = nix::unistd::Pid::from_raw(*pid);
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+            // A stopped daemon would keep the TERM pending forever.
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT);
         }
         wait_gone(&left, Duration::from_secs(10)).await;
         if left.iter().any(|p| !is_zombie(*p)) {

@@ -137,20 +137,35 @@ impl csi::node_server::Node for Arc<Driver> {
 
         let guard = self.lock.clone().lock_owned().await;
         let target = PathBuf::from(&req.target_path);
-        std::fs::create_dir_all(&target).or_else(|e| {
-            // A dead mount of a crashed daemon: expressfs detaches it itself before mounting.
-            if e.raw_os_error() == Some(libc::ENOTCONN) {
-                Ok(())
-            } else {
-                Err(Status::internal(format!(
-                    "creating {}: {e}",
-                    target.display()
-                )))
-            }
-        })?;
+        // Nothing may stat a mount point before its health check: a wedged daemon would hang the call.
+        let mounted = mounts::mounted_at(&mounts::resolved(&target)).is_some();
+        if !mounted {
+            std::fs::create_dir_all(&target).or_else(|e| {
+                // A dead mount of a crashed daemon: expressfs detaches it itself before mounting.
+                if e.raw_os_error() == Some(libc::ENOTCONN) {
+                    Ok(())
+                } else {
+                    Err(Status::internal(format!(
+                        "creating {}: {e}",
+                        target.display()
+                    )))
+                }
+            })?;
+        }
         let target = mounts::resolved(&target);
         if let Some(existing) = mounts::mounted_at(&target) {
-            if existing.is_ours() && mounts::is_alive(&target) {
+            let health = if existing.is_ours() {
+                mounts::health(&target).await
+            } else {
+                mounts::Health::Dead
+            };
+            if health == mounts::Health::Silent {
+                return Err(Status::unavailable(format!(
+                    "{} is mounted but its expressfs daemon does not answer; unpublish it",
+                    target.display()
+                )));
+            }
+            if existing.is_ours() && health == mounts::Health::Answers {
                 if existing.source == plan.source() {
                     tracing::info!(target = %target.display(), "already published");
                     // kubelet republishes to hand over a fresh token before the last one expires.

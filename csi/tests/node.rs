@@ -419,6 +419,67 @@ fn libc_erofs() -> i32 {
     30 // EROFS on Linux
 }
 
+/// A stopped daemon leaves a mount whose every stat hangs. Publish and unpublish share one lock, so a call
+/// that stats it without a bound would stall the node's every volume; instead a republish is Unavailable,
+/// and unpublish detaches the mount and ends the daemon.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wedged_daemon_stalls_neither_publish_nor_unpublish() {
+    let dir = tempfile::Builder::new()
+        .prefix("expressfs-csi-")
+        .tempdir()
+        .unwrap();
+    let bucket = format!("wedged{}--use1-az4--x-s3", std::process::id());
+    let emulator = start_emulator(dir.path(), &[&bucket]);
+    let driver = Driver::start(dir.path(), true);
+    let mut node = NodeClient::new(driver.connect().await);
+    let target = pod_target(dir.path(), "pv-wedged");
+    let _cleanup = Cleanup(vec![target.clone()]);
+    let flags = vec![
+        format!("endpoint-url {}", emulator.endpoint_url()),
+        format!("region {REGION}"),
+    ];
+    let request = publish_request(
+        "pv-wedged",
+        &target,
+        Some(&bucket),
+        mount_capability(&flags, "", Mode::SingleNodeWriter),
+        false,
+    );
+    node.node_publish_volume(request.clone()).await.unwrap();
+    let daemons = daemons_of(&target);
+    assert_eq!(daemons.len(), 1);
+    for pid in &daemons {
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(*pid as i32),
+            nix::sys::signal::Signal::SIGSTOP,
+        )
+        .unwrap();
+    }
+    // Past the kernel's attribute cache of the mount's root (1 s by default), a stat reaches the daemon.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+
+    let started = Instant::now();
+    let republish = tokio::time::timeout(
+        Duration::from_secs(30),
+        node.node_publish_volume(request.clone()),
+    )
+    .await
+    .expect("a republish of a wedged mount must not hang")
+    .unwrap_err();
+    assert_eq!(republish.code(), Code::Unavailable, "{republish:?}");
+    assert!(started.elapsed() < Duration::from_secs(20));
+
+    tokio::time::timeout(
+        Duration::from_secs(90),
+        node.node_unpublish_volume(unpublish_request("pv-wedged", &target)),
+    )
+    .await
+    .expect("unpublish of a wedged mount must not hang")
+    .unwrap();
+    assert!(!is_mounted(&target));
+    assert!(daemons_of(&target).is_empty());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_requests_are_invalid_argument_and_mount_nothing() {
     let dir = tempfile::Builder::new()
