@@ -171,6 +171,12 @@ impl DiskCache {
         self.dir.join(name)
     }
 
+    /// Whether the block is indexed (no file I/O, not counted, the LRU order unchanged): lets a reader skip
+    /// the hand-off to a blocking thread when nothing of a range is cached.
+    pub fn holds(&self, id: &BlockId<'_>) -> bool {
+        self.index().blocks.contains(&id.file_name())
+    }
+
     /// The block's data if it is cached and intact. Blocking (file I/O): call from a blocking thread.
     pub fn get(&self, id: &BlockId<'_>) -> Option<Bytes> {
         let name = id.file_name();

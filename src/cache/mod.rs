@@ -108,7 +108,18 @@ impl CacheLayer for BlockCache {
         let bs = self.block_size;
         let (first, last) = (range.start / bs, (range.end - 1) / bs);
         let object = Arc::new(self.blocks_of(below.bucket(), key, etag));
-        let mut blocks = Arc::clone(&object).cached(first, last).await;
+        let any_held = (first..=last).any(|i| object.cache.holds(&object.id(i)));
+        let mut blocks = if any_held {
+            Arc::clone(&object).cached(first, last).await
+        } else {
+            // Counted as the misses the lookup would have counted.
+            object
+                .cache
+                .counters
+                .misses
+                .fetch_add(last - first + 1, std::sync::atomic::Ordering::Relaxed);
+            vec![None; (last - first + 1) as usize]
+        };
         if blocks.iter().all(Option::is_none) {
             // Nothing cached (a cold read, the whole of a warm-up): one GET, and its bytes are the answer
             // as they are, not copied into a new buffer.
