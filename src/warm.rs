@@ -156,7 +156,10 @@ impl Outcome {
 /// sending GETs with its first listing.
 pub fn run(args: &WarmArgs, progress: bool) -> Outcome {
     let started = Instant::now();
-    let bar = if progress {
+    let bar = if progress && args.listing_only {
+        indicatif::ProgressBar::new_spinner()
+    } else if progress {
+        // The total grows as listings find files.
         indicatif::ProgressBar::new(0)
     } else {
         indicatif::ProgressBar::hidden()
