@@ -155,7 +155,18 @@ fn explain(e: &ClientError, bucket: &str, region: &str, directory: bool) -> Stri
         ClientError::NoCredentials(m) => format!(
             "no AWS credentials found ({m}): set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, use --profile, or run with an instance role"
         ),
-        other => format!("cannot use bucket {bucket} (region {region}): {other}"),
+        other => {
+            let text = other.to_string();
+            // rustls names what it rejected ("invalid peer certificate: UnknownIssuer", "...: Expired");
+            // what to do about it is ours to say.
+            let hint = if text.contains("invalid peer certificate") {
+                "; the endpoint's TLS certificate is not trusted: if it comes from a private CA, give that \
+                 CA with --ca-bundle PEM (or AWS_CA_BUNDLE)"
+            } else {
+                ""
+            };
+            format!("cannot use bucket {bucket} (region {region}): {text}{hint}")
+        }
     }
 }
 
@@ -189,6 +200,17 @@ mod tests {
         assert_eq!(
             explain(&refused, "b", "us-east-1", false),
             "A custom endpoint cannot be combined with S3 Accelerate (bucket b, region us-east-1)"
+        );
+        let untrusted = ClientError::Transient {
+            code: "ConnectionError".into(),
+            message: "dispatch failure: io error: client error (Connect): TLS handshake failed: \
+                      invalid peer certificate: UnknownIssuer"
+                .into(),
+        };
+        let said = explain(&untrusted, "b", "us-east-1", false);
+        assert!(
+            said.contains("UnknownIssuer") && said.contains("--ca-bundle"),
+            "{said}"
         );
         let other = ClientError::Malformed("xml".into());
         assert_eq!(

@@ -12,7 +12,7 @@
 use std::collections::VecDeque;
 use std::io::{IsTerminal, Read};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -151,128 +151,123 @@ impl Outcome {
     }
 }
 
-/// Walks, then reads (unless `--listing-only`), with `jobs` threads for each; `progress` draws a bar.
+/// Walks and reads (unless `--listing-only`) with `jobs` threads; `progress` draws a bar. Files are read as
+/// soon as a listing finds them: the walk and the reads overlap, and a tree of many directories starts
+/// sending GETs with its first listing.
 pub fn run(args: &WarmArgs, progress: bool) -> Outcome {
     let started = Instant::now();
-    let jobs = usize::from(args.jobs);
-    let walk = Walk::default();
-    for path in &args.paths {
-        // The paths given are followed if they are symlinks, as a user who names one means its target.
-        match std::fs::metadata(path) {
-            Ok(meta) if meta.is_dir() => walk.push_dir(path.clone()),
-            Ok(meta) => walk.found_file(path.clone(), meta.len()),
-            Err(e) => walk.failed(path.clone(), e),
-        }
-    }
-    let bar = if progress {
+    let bar = if progress && args.listing_only {
         indicatif::ProgressBar::new_spinner()
+    } else if progress {
+        // The total grows as listings find files.
+        indicatif::ProgressBar::new(0)
     } else {
         indicatif::ProgressBar::hidden()
     };
-    bar.enable_steady_tick(Duration::from_millis(200));
-    bar.set_message("listing");
-    std::thread::scope(|s| {
-        for _ in 0..jobs {
-            s.spawn(|| walk.work(&bar));
-        }
-    });
-    let directories = walk.directories.load(Ordering::Relaxed);
-    let Walk {
-        files, failures, ..
-    } = walk;
-    let files = files.into_inner().unwrap_or_else(|e| e.into_inner());
-    let failures = Mutex::new(failures.into_inner().unwrap_or_else(|e| e.into_inner()));
-    let total: u64 = files.iter().map(|(_, len)| len).sum();
-    let done_bytes = AtomicU64::new(0);
     if !args.listing_only {
-        bar.set_position(0);
-        bar.set_length(total);
         bar.set_style(
             indicatif::ProgressStyle::with_template(
-                "{bar:30} {binary_bytes}/{binary_total_bytes} {binary_bytes_per_sec} {msg} ETA {eta}",
+                "{bar:30} {binary_bytes}/{binary_total_bytes} {binary_bytes_per_sec} {msg}",
             )
             .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
         );
-        let next = AtomicUsize::new(0);
-        let done_files = AtomicUsize::new(0);
-        std::thread::scope(|s| {
-            for _ in 0..jobs {
-                s.spawn(|| {
-                    let mut buf = vec![0u8; 1 << 20];
-                    loop {
-                        let i = next.fetch_add(1, Ordering::Relaxed);
-                        let Some((path, _)) = files.get(i) else { break };
-                        if let Err(e) = read_to_end(path, &mut buf, &bar, &done_bytes) {
-                            failures
-                                .lock()
-                                .unwrap_or_else(|e| e.into_inner())
-                                .push((path.clone(), e.to_string()));
-                        }
-                        let n = done_files.fetch_add(1, Ordering::Relaxed) + 1;
-                        bar.set_message(format!("{n}/{} files", files.len()));
-                    }
-                });
-            }
-        });
     }
-    bar.finish_and_clear();
-    let mut failed = failures.into_inner().unwrap_or_else(|e| e.into_inner());
+    bar.enable_steady_tick(Duration::from_millis(200));
+    let work = Work::new(!args.listing_only, bar);
+    for path in &args.paths {
+        // The paths given are followed if they are symlinks, as a user who names one means its target.
+        match std::fs::metadata(path) {
+            Ok(meta) if meta.is_dir() => work.push_dir(path.clone()),
+            Ok(meta) => work.found_file(path.clone(), meta.len()),
+            Err(e) => work.failed(path.clone(), e),
+        }
+    }
+    std::thread::scope(|s| {
+        for _ in 0..args.jobs {
+            s.spawn(|| work.work());
+        }
+    });
+    work.bar.finish_and_clear();
+    let mut failed = work
+        .failures
+        .into_inner()
+        .unwrap_or_else(|e| e.into_inner());
     failed.sort();
     Outcome {
-        files: files.len() as u64,
-        directories,
-        bytes: done_bytes.load(Ordering::Relaxed),
+        files: work.files.load(Ordering::Relaxed),
+        directories: work.directories.load(Ordering::Relaxed),
+        bytes: work.bytes.load(Ordering::Relaxed),
         elapsed: started.elapsed(),
         failed,
     }
 }
 
-fn read_to_end(
-    path: &Path,
-    buf: &mut [u8],
-    bar: &indicatif::ProgressBar,
-    done: &AtomicU64,
-) -> std::io::Result<()> {
-    let mut file = std::fs::File::open(path)?;
-    loop {
-        match file.read(buf) {
-            Ok(0) => return Ok(()),
-            Ok(n) => {
-                done.fetch_add(n as u64, Ordering::Relaxed);
-                bar.inc(n as u64);
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
+/// Size of each read(2): what the kernel passes to the daemon in one request at most (`max_read`, 1 MiB),
+/// so a file read around the page cache needs no more requests than that.
+const READ_BUFFER: usize = 1 << 20;
+
+/// What a thread does next.
+enum Task {
+    List(PathBuf),
+    Read(PathBuf),
+    Done,
+}
+
+/// Directories to list and files to read, shared by all threads; the work is over when both queues are
+/// empty and no listing is under way (a listing may add more).
+struct Queues {
+    dirs: VecDeque<PathBuf>,
+    files: VecDeque<PathBuf>,
+    listing: usize,
+}
+
+struct Work {
+    read: bool,
+    queues: Mutex<Queues>,
+    wake: Condvar,
+    bar: indicatif::ProgressBar,
+    failures: Mutex<Vec<(PathBuf, String)>>,
+    files: AtomicU64,
+    directories: AtomicU64,
+    bytes: AtomicU64,
+    files_read: AtomicU64,
+}
+
+impl Work {
+    fn new(read: bool, bar: indicatif::ProgressBar) -> Work {
+        Work {
+            read,
+            queues: Mutex::new(Queues {
+                dirs: VecDeque::new(),
+                files: VecDeque::new(),
+                listing: 0,
+            }),
+            wake: Condvar::new(),
+            bar,
+            failures: Mutex::default(),
+            files: AtomicU64::new(0),
+            directories: AtomicU64::new(0),
+            bytes: AtomicU64::new(0),
+            files_read: AtomicU64::new(0),
         }
     }
-}
 
-/// The parallel walk: a queue of directories to list, and how many are being listed (the walk is over
-/// when both are zero).
-#[derive(Default)]
-struct Walk {
-    queue: Mutex<(VecDeque<PathBuf>, usize)>,
-    wake: Condvar,
-    files: Mutex<Vec<(PathBuf, u64)>>,
-    failures: Mutex<Vec<(PathBuf, String)>>,
-    directories: AtomicU64,
-}
+    fn queues(&self) -> std::sync::MutexGuard<'_, Queues> {
+        self.queues.lock().unwrap_or_else(|e| e.into_inner())
+    }
 
-impl Walk {
     fn push_dir(&self, dir: PathBuf) {
-        self.queue
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .0
-            .push_back(dir);
+        self.queues().dirs.push_back(dir);
         self.wake.notify_one();
     }
 
     fn found_file(&self, path: PathBuf, len: u64) {
-        self.files
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push((path, len));
+        self.files.fetch_add(1, Ordering::Relaxed);
+        if self.read {
+            self.bar.inc_length(len);
+            self.queues().files.push_back(path);
+            self.wake.notify_one();
+        }
     }
 
     fn failed(&self, path: PathBuf, error: std::io::Error) {
@@ -282,29 +277,66 @@ impl Walk {
             .push((path, error.to_string()));
     }
 
-    fn work(&self, bar: &indicatif::ProgressBar) {
+    /// Directories come first: a listing is quick and finds the work for every thread.
+    fn next(&self) -> Task {
+        let mut queues = self.queues();
         loop {
-            let dir = {
-                let mut state = self.queue.lock().unwrap_or_else(|e| e.into_inner());
-                loop {
-                    if let Some(dir) = state.0.pop_front() {
-                        state.1 += 1;
-                        break dir;
-                    }
-                    if state.1 == 0 {
-                        self.wake.notify_all();
-                        return;
-                    }
-                    state = self.wake.wait(state).unwrap_or_else(|e| e.into_inner());
-                }
-            };
-            self.list(&dir);
-            let listed = self.directories.fetch_add(1, Ordering::Relaxed) + 1;
-            bar.set_message(format!("listing: {listed} directories"));
-            let mut state = self.queue.lock().unwrap_or_else(|e| e.into_inner());
-            state.1 -= 1;
-            if state.0.is_empty() && state.1 == 0 {
+            if let Some(dir) = queues.dirs.pop_front() {
+                queues.listing += 1;
+                return Task::List(dir);
+            }
+            if let Some(file) = queues.files.pop_front() {
+                return Task::Read(file);
+            }
+            if queues.listing == 0 {
                 self.wake.notify_all();
+                return Task::Done;
+            }
+            queues = self.wake.wait(queues).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    fn work(&self) {
+        let mut buf = Vec::new();
+        loop {
+            match self.next() {
+                Task::List(dir) => {
+                    self.list(&dir);
+                    let listed = self.directories.fetch_add(1, Ordering::Relaxed) + 1;
+                    if !self.read {
+                        self.bar.set_message(format!("listed {listed} directories"));
+                    }
+                    self.queues().listing -= 1;
+                    // The last listing may leave nothing to do: the threads waiting must learn it.
+                    self.wake.notify_all();
+                }
+                Task::Read(path) => {
+                    if buf.is_empty() {
+                        buf = vec![0u8; READ_BUFFER];
+                    }
+                    if let Err(e) = self.read_to_end(&path, &mut buf) {
+                        self.failed(path, e);
+                    }
+                    let n = self.files_read.fetch_add(1, Ordering::Relaxed) + 1;
+                    self.bar
+                        .set_message(format!("{n}/{} files", self.files.load(Ordering::Relaxed)));
+                }
+                Task::Done => return,
+            }
+        }
+    }
+
+    fn read_to_end(&self, path: &Path, buf: &mut [u8]) -> std::io::Result<()> {
+        let mut file = std::fs::File::open(path)?;
+        loop {
+            match file.read(buf) {
+                Ok(0) => return Ok(()),
+                Ok(n) => {
+                    self.bytes.fetch_add(n as u64, Ordering::Relaxed);
+                    self.bar.inc(n as u64);
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
             }
         }
     }
@@ -321,7 +353,8 @@ impl Walk {
                 Err(e) => return self.failed(dir.to_path_buf(), e),
             };
             let path = entry.path();
-            match std::fs::symlink_metadata(&path) {
+            // fstatat on the entry (no symlink followed): the same lookup, without walking the path again.
+            match entry.metadata() {
                 Ok(meta) if meta.is_dir() => self.push_dir(path),
                 Ok(meta) if meta.is_file() => self.found_file(path, meta.len()),
                 Ok(_) => {}

@@ -735,3 +735,98 @@ fn access_point_alias_is_a_bucket_name() {
         b"w"
     );
 }
+
+/// `--ca-bundle` over real TLS: an emulator serving HTTPS with a certificate from a private CA. With the CA
+/// as the bundle the mount reads and writes; without it the daemon refuses to start, names the certificate
+/// problem, and leaves nothing mounted.
+#[test]
+fn ca_bundle_trusts_a_private_ca() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ca_pem, cert_pem, key_pem) = private_ca_and_server_cert("127.0.0.1");
+    let ca = dir.path().join("ca.pem");
+    let cert = dir.path().join("server.pem");
+    let key = dir.path().join("server.key");
+    std::fs::write(&ca, ca_pem).unwrap();
+    std::fs::write(&cert, cert_pem).unwrap();
+    std::fs::write(&key, key_pem).unwrap();
+    let bucket = common::general_bucket("tls");
+    let emu = common::start_emulator(expressfs_emulator::EmulatorConfig {
+        buckets: vec![bucket.clone()],
+        tls: Some(expressfs_emulator::tls::TlsFiles {
+            cert: cert.clone(),
+            key: key.clone(),
+        }),
+        ..Default::default()
+    });
+    assert!(emu.endpoint_url().starts_with("https://127.0.0.1:"));
+    let ca_arg = ca.to_str().unwrap();
+
+    let mount = Mount::on(&emu, &bucket, &["--ca-bundle", ca_arg]);
+    std::fs::write(mount.path().join("over-tls.txt"), b"encrypted in transit").unwrap();
+    assert!(mount.unmount().success());
+    // A second daemon (no cache) reads it back from the bucket, over TLS again.
+    let mount = Mount::on(&emu, &bucket, &["--ca-bundle", ca_arg, "--read-only"]);
+    assert_eq!(
+        std::fs::read(mount.path().join("over-tls.txt")).unwrap(),
+        b"encrypted in transit"
+    );
+    assert!(mount.unmount().success());
+
+    // The system's roots do not know the private CA: the mount fails at startup, saying why.
+    let target = tempfile::tempdir().unwrap();
+    let out = expressfs_command(&emu)
+        .args(["--foreground", &bucket])
+        .arg(target.path())
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stderr =
+        String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success(), "mounted without the CA:\n{stderr}");
+    assert!(
+        stderr.contains("invalid peer certificate: UnknownIssuer")
+            && stderr.contains("--ca-bundle"),
+        "the error names the certificate problem and the flag:\n{stderr}"
+    );
+    assert!(!is_mounted(target.path()));
+    // A bundle without that CA in it fails the same way (the bundle replaces the system's roots).
+    let other = dir.path().join("other-ca.pem");
+    std::fs::write(&other, private_ca_and_server_cert("127.0.0.1").0).unwrap();
+    let out = expressfs_command(&emu)
+        .args([
+            "--foreground",
+            "--ca-bundle",
+            other.to_str().unwrap(),
+            &bucket,
+        ])
+        .arg(target.path())
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr)
+            .to_lowercase()
+            .contains("certificate")
+    );
+    assert!(!is_mounted(target.path()));
+}
+
+/// A CA certificate (PEM), and a server certificate it signed for `ip` with the server's key (PEM).
+fn private_ca_and_server_cert(ip: &str) -> (String, String, String) {
+    use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair, KeyUsagePurpose};
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+    ca_params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "expressfs test CA");
+    let ca_cert = ca_params.self_signed(&ca_key).unwrap();
+    let issuer = rcgen::Issuer::new(ca_params, ca_key);
+    let server_key = KeyPair::generate().unwrap();
+    // An IP string becomes an IP address SAN, which is what a client connecting to 127.0.0.1 checks.
+    let server_params = CertificateParams::new(vec![ip.to_string()]).unwrap();
+    let server_cert = server_params.signed_by(&server_key, &issuer).unwrap();
+    (ca_cert.pem(), server_cert.pem(), server_key.serialize_pem())
+}

@@ -19,6 +19,7 @@ pub mod objects;
 pub mod server;
 pub mod sigv4;
 pub mod store;
+pub mod tls;
 pub mod xml;
 
 use std::net::SocketAddr;
@@ -61,6 +62,8 @@ pub struct EmulatorConfig {
     pub access_point_aliases: Vec<(String, String)>,
     /// Keep the headers of recent requests for `GET /_emulator/requests` (also switched at run time).
     pub record_requests: bool,
+    /// Serve HTTPS with this certificate instead of plain HTTP.
+    pub tls: Option<tls::TlsFiles>,
 }
 
 impl Default for EmulatorConfig {
@@ -79,6 +82,7 @@ impl Default for EmulatorConfig {
             public_buckets: Vec::new(),
             access_point_aliases: Vec::new(),
             record_requests: false,
+            tls: None,
         }
     }
 }
@@ -86,6 +90,7 @@ impl Default for EmulatorConfig {
 /// A running emulator. Dropping it stops the server.
 pub struct Emulator {
     addr: SocketAddr,
+    https: bool,
     shutdown: Option<tokio::sync::oneshot::Sender<()>>,
 }
 
@@ -95,6 +100,7 @@ impl Emulator {
         let listener = std::net::TcpListener::bind(config.listen)?;
         listener.set_nonblocking(true)?;
         let addr = listener.local_addr()?;
+        let https = config.tls.is_some();
         let state = prepare(config)?;
         let (tx, rx) = tokio::sync::oneshot::channel();
         std::thread::Builder::new()
@@ -115,6 +121,7 @@ impl Emulator {
             })?;
         Ok(Emulator {
             addr,
+            https,
             shutdown: Some(tx),
         })
     }
@@ -123,9 +130,11 @@ impl Emulator {
         self.addr
     }
 
-    /// `http://127.0.0.1:PORT` (an IP, not `localhost`: the SDK goes virtual-hosted for directory buckets on names).
+    /// `http://127.0.0.1:PORT` (an IP, not `localhost`: the SDK goes virtual-hosted for directory buckets on names),
+    /// `https://` with TLS.
     pub fn endpoint_url(&self) -> String {
-        format!("http://{}", self.addr)
+        let scheme = if self.https { "https" } else { "http" };
+        format!("{scheme}://{}", self.addr)
     }
 }
 
@@ -150,6 +159,8 @@ pub fn prepare(config: EmulatorConfig) -> anyhow::Result<Arc<server::State>> {
             .create_bucket(bucket)
             .map_err(|e| anyhow::anyhow!("bucket {bucket:?}: {}", e.message))?;
     }
+    // A bad certificate or key fails here, at start, not at the first connection.
+    let tls = config.tls.as_ref().map(tls::acceptor).transpose()?;
     let access = access::Access::new(
         &config.public_buckets,
         &config.access_point_aliases,
@@ -161,6 +172,7 @@ pub fn prepare(config: EmulatorConfig) -> anyhow::Result<Arc<server::State>> {
         store,
         faults: std::sync::Mutex::new(faults),
         paused_until: std::sync::Mutex::new(None),
+        tls,
     }))
 }
 
@@ -178,12 +190,25 @@ pub async fn serve(listener: tokio::net::TcpListener, state: Arc<server::State>)
         let _ = stream.set_nodelay(true);
         let state = Arc::clone(&state);
         tokio::spawn(async move {
-            let service =
-                hyper::service::service_fn(move |req| server::handle(Arc::clone(&state), req));
-            let _ = hyper::server::conn::http1::Builder::new()
-                .keep_alive(true)
-                .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
-                .await;
+            match state.tls.clone() {
+                None => serve_connection(stream, state).await,
+                Some(acceptor) => match acceptor.accept(stream).await {
+                    Ok(stream) => serve_connection(stream, state).await,
+                    // A client that does not trust the certificate hangs up here: worth a line in the log.
+                    Err(e) => tracing::info!("TLS handshake failed: {e}"),
+                },
+            }
         });
     }
+}
+
+async fn serve_connection<S>(stream: S, state: Arc<server::State>)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let service = hyper::service::service_fn(move |req| server::handle(Arc::clone(&state), req));
+    let _ = hyper::server::conn::http1::Builder::new()
+        .keep_alive(true)
+        .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+        .await;
 }

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Parser;
+use expressfs_emulator::tls::TlsFiles;
 use expressfs_emulator::{EmulatorConfig, FaultConfig};
 
 #[derive(Parser, Debug)]
@@ -52,6 +53,12 @@ struct Args {
     /// Keep the headers of recent requests for GET /_emulator/requests
     #[arg(long)]
     record_requests: bool,
+    /// Serve HTTPS with this certificate chain (PEM, leaf first); needs --tls-key
+    #[arg(long, requires = "tls_key", value_name = "PEM")]
+    tls_cert: Option<PathBuf>,
+    /// Private key of --tls-cert (PEM)
+    #[arg(long, requires = "tls_cert", value_name = "PEM")]
+    tls_key: Option<PathBuf>,
     /// Fraction of requests (0..=1) that get an injected fault.
     #[arg(long, default_value_t = 0.0)]
     fault_rate: f64,
@@ -94,6 +101,10 @@ fn main() -> anyhow::Result<()> {
         public_buckets: args.public_buckets,
         access_point_aliases: args.access_point_aliases,
         record_requests: args.record_requests,
+        tls: args
+            .tls_cert
+            .zip(args.tls_key)
+            .map(|(cert, key)| TlsFiles { cert, key }),
         faults: FaultConfig {
             rate: args.fault_rate,
             seed: args.fault_seed,
@@ -109,9 +120,14 @@ fn main() -> anyhow::Result<()> {
             .await
             .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", config.listen))?;
         let addr = listener.local_addr()?;
+        let scheme = if config.tls.is_some() {
+            "https"
+        } else {
+            "http"
+        };
         let state = expressfs_emulator::prepare(config)?;
         // Scripts wait for this line (and read the port from it).
-        println!("listening on http://{addr}");
+        println!("listening on {scheme}://{addr}");
         use std::io::Write;
         std::io::stdout().flush()?;
         tokio::select! {

@@ -24,6 +24,8 @@ pub struct State {
     pub faults: Mutex<Faults>,
     /// Set by `POST /_emulator/pause?ms=N`: S3 requests wait until then.
     pub paused_until: Mutex<Option<Instant>>,
+    /// Set when the emulator serves HTTPS.
+    pub tls: Option<tokio_rustls::TlsAcceptor>,
 }
 
 /// Who signed the request.

@@ -81,6 +81,9 @@ impl ObjectBlocks {
             for (i, chunk) in data.chunks(self.block_size as usize).enumerate() {
                 self.cache.put(&self.id(first + i as u64), chunk);
             }
+            // The reader may be done with these bytes before this write is: whichever lets go last returns
+            // the GET's buffer to the pool (else every GET of a cached mount faults in a fresh one).
+            crate::buffers::give_back(data);
         });
     }
 }
@@ -105,7 +108,28 @@ impl CacheLayer for BlockCache {
         let bs = self.block_size;
         let (first, last) = (range.start / bs, (range.end - 1) / bs);
         let object = Arc::new(self.blocks_of(below.bucket(), key, etag));
-        let mut blocks = Arc::clone(&object).cached(first, last).await;
+        let any_held = (first..=last).any(|i| object.cache.holds(&object.id(i)));
+        let mut blocks = if any_held {
+            Arc::clone(&object).cached(first, last).await
+        } else {
+            // Counted as the misses the lookup would have counted.
+            object
+                .cache
+                .counters
+                .misses
+                .fetch_add(last - first + 1, std::sync::atomic::Ordering::Relaxed);
+            vec![None; (last - first + 1) as usize]
+        };
+        if blocks.iter().all(Option::is_none) {
+            // Nothing cached (a cold read, the whole of a warm-up): one GET, and its bytes are the answer
+            // as they are, not copied into a new buffer.
+            let start = first * bs;
+            let data = below.read(key, start..(last + 1) * bs, etag).await?;
+            Arc::clone(&object).store(first, data.clone());
+            let to = ((range.end - start) as usize).min(data.len());
+            let from = ((range.start - start) as usize).min(to);
+            return Ok(data.slice(from..to));
+        }
         // Fetch each run of missing blocks with one GET.
         let mut i = 0;
         while i < blocks.len() {

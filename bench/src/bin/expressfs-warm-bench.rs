@@ -80,20 +80,32 @@ fn main() -> Result<()> {
     let mib = total as f64 / MIB as f64;
 
     eprintln!("raw client limit ...");
+    let own_cpu = self_cpu_secs();
     let limit = rt.block_on(raw_limit(&c, &objects, args.jobs))?;
+    // The SDK client and the emulator serving it, both in this process.
+    let raw_cpu = self_cpu_secs() - own_cpu;
 
     eprintln!("unwarmed epoch ...");
     let cold_cache = work.path().join("cold-cache");
-    let (unwarmed_secs, unwarmed_gets) = {
+    let (unwarmed_secs, unwarmed_gets, unwarmed_cpu) = {
         let (mount, _) = mount(&args, &endpoint, &cold_cache)?;
         let gets = emulator_gets(&endpoint).map_or(0, |g| g.0);
+        let cpu = mount.cpu_secs();
         let secs = epoch(&mount.root().join("tree"), args.jobs, total)?;
-        (secs, emulator_gets(&endpoint).map_or(0, |g| g.0) - gets)
+        let cpu = mount.cpu_secs() - cpu;
+        (
+            secs,
+            emulator_gets(&endpoint).map_or(0, |g| g.0) - gets,
+            cpu,
+        )
     };
 
     eprintln!("warm-up, then the epoch after it ...");
     let cache = work.path().join("cache");
     let (mount, _) = mount(&args, &endpoint, &cache)?;
+    let requests_before = requests_by_operation(&endpoint);
+    let (daemon_cpu, client_cpu, emulator_cpu) =
+        (mount.cpu_secs(), children_cpu_secs(), self_cpu_secs());
     let started = Instant::now();
     let out = Command::new(&args.expressfs)
         .arg("warm")
@@ -103,11 +115,24 @@ fn main() -> Result<()> {
         .output()
         .context("run expressfs warm")?;
     let warm_secs = started.elapsed().as_secs_f64();
+    let (daemon_cpu, client_cpu, emulator_cpu) = (
+        mount.cpu_secs() - daemon_cpu,
+        children_cpu_secs() - client_cpu,
+        self_cpu_secs() - emulator_cpu,
+    );
     ensure!(
         out.status.success(),
         "expressfs warm failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
+    let warm_requests = requests_by_operation(&endpoint).map(|after| {
+        let before = requests_before.unwrap_or_default();
+        after
+            .into_iter()
+            .map(|(op, n)| (op.clone(), n - before.get(&op).copied().unwrap_or(0)))
+            .filter(|(_, n)| *n > 0)
+            .collect::<std::collections::BTreeMap<_, _>>()
+    });
     wait_for_cache_writes(&cache.join("blocks"));
     let gets = emulator_gets(&endpoint).map_or(0, |g| g.0);
     let warmed_secs = epoch(&mount.root().join("tree"), args.jobs, total)?;
@@ -125,8 +150,12 @@ fn main() -> Result<()> {
         "| raw client (limit) | {:.2} | {limit:.0} | 1.00 | |",
         mib / limit
     );
+    let warm_gets = warm_requests
+        .as_ref()
+        .and_then(|r| r.get("GetObject"))
+        .map_or(String::new(), u64::to_string);
     println!(
-        "| `expressfs warm` | {warm_secs:.2} | {warm_rate:.0} | {:.2} | |",
+        "| `expressfs warm` | {warm_secs:.2} | {warm_rate:.0} | {:.2} | {warm_gets} |",
         warm_rate / limit
     );
     println!(
@@ -139,7 +168,49 @@ fn main() -> Result<()> {
         mib / warmed_secs,
         mib / warmed_secs / limit
     );
+    // CPU is the resource on a small machine, and the figure least disturbed by other load.
+    println!(
+        "\nCPU seconds: raw client and emulator {raw_cpu:.2}; warm-up: daemon {daemon_cpu:.2}, \
+         `expressfs warm` {client_cpu:.2}, emulator {emulator_cpu:.2}; unwarmed epoch: daemon {unwarmed_cpu:.2}"
+    );
+    if let Some(requests) = warm_requests {
+        println!("\nrequests during the warm-up: {requests:?}");
+    }
     Ok(())
+}
+
+/// User + system CPU of this process (the emulator runs in it), seconds.
+fn self_cpu_secs() -> f64 {
+    rusage_secs(libc::RUSAGE_SELF)
+}
+
+/// User + system CPU of the children this process has waited for, seconds.
+fn children_cpu_secs() -> f64 {
+    rusage_secs(libc::RUSAGE_CHILDREN)
+}
+
+fn rusage_secs(who: libc::c_int) -> f64 {
+    // SAFETY: getrusage fills the struct it is given.
+    let usage = unsafe {
+        let mut usage: libc::rusage = std::mem::zeroed();
+        libc::getrusage(who, &mut usage);
+        usage
+    };
+    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    secs(usage.ru_utime) + secs(usage.ru_stime)
+}
+
+/// Requests the emulator has served so far, by operation, summed over buckets (its `/_emulator/stats`).
+fn requests_by_operation(endpoint: &str) -> Option<std::collections::BTreeMap<String, u64>> {
+    let body = s3::emulator_admin(endpoint, "GET", "/_emulator/stats", "")?;
+    let stats: serde_json::Value = serde_json::from_str(&body).ok()?;
+    let mut counts = std::collections::BTreeMap::new();
+    for ops in stats.as_object()?.values() {
+        for (op, fields) in ops.as_object()? {
+            *counts.entry(op.clone()).or_insert(0) += fields["requests"].as_u64().unwrap_or(0);
+        }
+    }
+    Some(counts)
 }
 
 fn mount(args: &Args, endpoint: &str, cache: &Path) -> Result<(Mount, Duration)> {
