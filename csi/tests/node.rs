@@ -70,6 +70,20 @@ impl Driver {
         Driver::start_with(dir, insecure, &[])
     }
 
+    /// A driver with the host launcher, its host being process `host_pid`.
+    fn start_host(dir: &Path, host_pid: &str, host_dir: &Path) -> Driver {
+        let host_dir = host_dir.to_str().unwrap();
+        let args = [
+            "--launcher",
+            "host",
+            "--host-pid",
+            host_pid,
+            "--host-directory",
+            host_dir,
+        ];
+        Driver::start_with(dir, true, &args)
+    }
+
     fn start_with(dir: &Path, insecure: bool, extra: &[&str]) -> Driver {
         let (mut cmd, socket) = Driver::command(dir, insecure, extra);
         let child = cmd.spawn().expect("start expressfs-csi");
@@ -223,6 +237,26 @@ fn publish_request(
         volume_context: context,
         ..Default::default()
     }
+}
+
+/// A read-write volume of `bucket` on the test's emulator, as a PV with only the endpoint and region set.
+fn emulator_volume(
+    id: &str,
+    target: &Path,
+    bucket: &str,
+    emulator: &Emulator,
+) -> csi::NodePublishVolumeRequest {
+    let flags = vec![
+        format!("endpoint-url {}", emulator.endpoint_url()),
+        format!("region {REGION}"),
+    ];
+    publish_request(
+        id,
+        target,
+        Some(bucket),
+        mount_capability(&flags, "", Mode::SingleNodeWriter),
+        false,
+    )
 }
 
 fn unpublish_request(id: &str, target: &Path) -> csi::NodeUnpublishVolumeRequest {
@@ -434,17 +468,7 @@ async fn a_wedged_daemon_stalls_neither_publish_nor_unpublish() {
     let mut node = NodeClient::new(driver.connect().await);
     let target = pod_target(dir.path(), "pv-wedged");
     let _cleanup = Cleanup(vec![target.clone()]);
-    let flags = vec![
-        format!("endpoint-url {}", emulator.endpoint_url()),
-        format!("region {REGION}"),
-    ];
-    let request = publish_request(
-        "pv-wedged",
-        &target,
-        Some(&bucket),
-        mount_capability(&flags, "", Mode::SingleNodeWriter),
-        false,
-    );
+    let request = emulator_volume("pv-wedged", &target, &bucket, &emulator);
     node.node_publish_volume(request.clone()).await.unwrap();
     let daemons = daemons_of(&target);
     assert_eq!(daemons.len(), 1);
@@ -916,17 +940,7 @@ async fn direct_launcher_mounts_die_with_the_container() {
     let mut node = NodeClient::new(container.driver.as_ref().unwrap().connect().await);
     let target = pod_target(&kubelet.0, "pv-direct");
     let _cleanup = Cleanup(vec![target.clone()]);
-    let flags = vec![
-        format!("endpoint-url {}", emulator.endpoint_url()),
-        format!("region {REGION}"),
-    ];
-    let request = publish_request(
-        "pv-direct",
-        &target,
-        Some(&bucket),
-        mount_capability(&flags, "", Mode::SingleNodeWriter),
-        false,
-    );
+    let request = emulator_volume("pv-direct", &target, &bucket, &emulator);
     node.node_publish_volume(request).await.unwrap();
     std::fs::write(target.join("x"), b"x").unwrap();
     assert_eq!(daemons_of(&target).len(), 1);
@@ -1206,32 +1220,11 @@ async fn host_launcher_uses_systemd_run_where_the_host_has_systemd() {
     std::fs::create_dir_all(stale.parent().unwrap()).unwrap();
     std::fs::write(&stale, format!("AWS_SECRET_ACCESS_KEY=\"{SECRET_KEY}\"\n")).unwrap();
     let host_pid_arg = host_pid.to_string();
-    let driver = Driver::start_with(
-        dir.path(),
-        true,
-        &[
-            "--launcher",
-            "host",
-            "--host-pid",
-            &host_pid_arg,
-            "--host-directory",
-            host_dir.to_str().unwrap(),
-        ],
-    );
+    let driver = Driver::start_host(dir.path(), &host_pid_arg, &host_dir);
     let mut node = NodeClient::new(driver.connect().await);
     let target = pod_target(&kubelet.0, "pv-unit");
     let _cleanup = Cleanup(vec![target.clone()]);
-    let flags = vec![
-        format!("endpoint-url {}", emulator.endpoint_url()),
-        format!("region {REGION}"),
-    ];
-    let request = publish_request(
-        "pv-unit",
-        &target,
-        Some(&bucket),
-        mount_capability(&flags, "", Mode::SingleNodeWriter),
-        false,
-    );
+    let request = emulator_volume("pv-unit", &target, &bucket, &emulator);
     node.node_publish_volume(request).await.unwrap();
     std::fs::write(target.join("through-a-unit"), b"ok").unwrap();
     assert_eq!(std::fs::read(target.join("through-a-unit")).unwrap(), b"ok");
@@ -1288,32 +1281,11 @@ async fn host_launcher_uses_a_cgroup_where_systemd_is_too_old() {
     let host = StandInHost::start(dir.path(), 219);
     let host_dir = dir.path().join("host");
     let host_pid_arg = host.pid().to_string();
-    let driver = Driver::start_with(
-        dir.path(),
-        true,
-        &[
-            "--launcher",
-            "host",
-            "--host-pid",
-            &host_pid_arg,
-            "--host-directory",
-            host_dir.to_str().unwrap(),
-        ],
-    );
+    let driver = Driver::start_host(dir.path(), &host_pid_arg, &host_dir);
     let mut node = NodeClient::new(driver.connect().await);
     let target = pod_target(&kubelet.0, "pv-old");
     let _cleanup = Cleanup(vec![target.clone()]);
-    let flags = vec![
-        format!("endpoint-url {}", emulator.endpoint_url()),
-        format!("region {REGION}"),
-    ];
-    let request = publish_request(
-        "pv-old",
-        &target,
-        Some(&bucket),
-        mount_capability(&flags, "", Mode::SingleNodeWriter),
-        false,
-    );
+    let request = emulator_volume("pv-old", &target, &bucket, &emulator);
     node.node_publish_volume(request).await.unwrap();
     std::fs::write(target.join("in-a-cgroup"), b"ok").unwrap();
     assert!(
@@ -1369,17 +1341,7 @@ async fn a_start_that_fails_after_mounting_leaves_no_mount() {
     let mut node = NodeClient::new(driver.connect().await);
     let target = pod_target(dir.path(), "pv-late");
     let _cleanup = Cleanup(vec![target.clone()]);
-    let flags = vec![
-        format!("endpoint-url {}", emulator.endpoint_url()),
-        format!("region {REGION}"),
-    ];
-    let request = publish_request(
-        "pv-late",
-        &target,
-        Some(&bucket),
-        mount_capability(&flags, "", Mode::SingleNodeWriter),
-        false,
-    );
+    let request = emulator_volume("pv-late", &target, &bucket, &emulator);
     let status = node.node_publish_volume(request).await.unwrap_err();
     assert_eq!(status.code(), Code::Internal, "{status:?}");
     assert!(
