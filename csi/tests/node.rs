@@ -259,6 +259,14 @@ fn emulator_volume(
     )
 }
 
+/// Writes a script (a stand-in for a program the driver runs), and its directory, and makes it executable.
+fn write_executable(path: &Path, text: impl AsRef<[u8]>) {
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    std::fs::write(path, text).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
+}
+
 fn unpublish_request(id: &str, target: &Path) -> csi::NodeUnpublishVolumeRequest {
     csi::NodeUnpublishVolumeRequest {
         volume_id: id.into(),
@@ -967,7 +975,6 @@ async fn direct_launcher_mounts_die_with_the_container() {
 /// driver gave it, then runs the real expressfs on the emulator's keys.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pod_authentication_hands_the_pod_token_to_the_daemon() {
-    use std::os::unix::fs::PermissionsExt;
     let dir = tempfile::Builder::new()
         .prefix("expressfs-csi-pod-")
         .tempdir()
@@ -976,8 +983,7 @@ async fn pod_authentication_hands_the_pod_token_to_the_daemon() {
     let emulator = start_emulator(dir.path(), &[&bucket]);
     let dump = dir.path().join("daemon.env");
     let wrapper = dir.path().join("wrapper/expressfs");
-    std::fs::create_dir_all(wrapper.parent().unwrap()).unwrap();
-    std::fs::write(
+    write_executable(
         &wrapper,
         format!(
             "#!/bin/sh\nenv > '{}'\nexec env -u AWS_ROLE_ARN -u AWS_WEB_IDENTITY_TOKEN_FILE \
@@ -986,9 +992,7 @@ async fn pod_authentication_hands_the_pod_token_to_the_daemon() {
             dump.display(),
             expressfs_binary().display()
         ),
-    )
-    .unwrap();
-    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+    );
     let host_dir = dir.path().join("host");
     let driver = Driver::start_with(
         dir.path(),
@@ -1128,7 +1132,6 @@ struct StandInHost {
 
 impl StandInHost {
     fn start(dir: &Path, version: u32) -> StandInHost {
-        use std::os::unix::fs::PermissionsExt;
         assert!(
             Path::new("/usr/bin/systemd-run").is_file(),
             "no file to stand in for"
@@ -1136,17 +1139,15 @@ impl StandInHost {
         let recorded = dir.join("systemd-run.args");
         let systemctl_calls = dir.join("systemctl.calls");
         let fake_systemctl = dir.join("systemctl");
-        std::fs::write(
+        write_executable(
             &fake_systemctl,
             format!(
                 "#!/bin/sh\necho \"$*\" >> '{}'\n",
                 systemctl_calls.display()
             ),
-        )
-        .unwrap();
-        std::fs::set_permissions(&fake_systemctl, std::fs::Permissions::from_mode(0o755)).unwrap();
+        );
         let fake = dir.join("systemd-run");
-        std::fs::write(
+        write_executable(
             &fake,
             format!(
                 "#!/bin/sh\nif [ \"$1\" = --version ]; then echo 'systemd {version} ({version}.1-1)'; \
@@ -1156,9 +1157,7 @@ impl StandInHost {
                  \"$env_file\" \"$@\"\n",
                 recorded.display()
             ),
-        )
-        .unwrap();
-        std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+        );
         let ready = dir.join("ready");
         let child = Command::new("unshare")
             .args(["--mount", "--propagation", "unchanged", "--", "sh", "-c"])
@@ -1315,7 +1314,6 @@ async fn host_launcher_uses_a_cgroup_where_systemd_is_too_old() {
 /// not leave the mount behind: its daemon is killed, and a dead mount fails every access of the pod.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_start_that_fails_after_mounting_leaves_no_mount() {
-    use std::os::unix::fs::PermissionsExt;
     let dir = tempfile::Builder::new()
         .prefix("expressfs-csi-late-")
         .tempdir()
@@ -1323,16 +1321,13 @@ async fn a_start_that_fails_after_mounting_leaves_no_mount() {
     let bucket = format!("late{}--use1-az4--x-s3", std::process::id());
     let emulator = start_emulator(dir.path(), &[&bucket]);
     let wrapper = dir.path().join("wrapper/expressfs");
-    std::fs::create_dir_all(wrapper.parent().unwrap()).unwrap();
-    std::fs::write(
+    write_executable(
         &wrapper,
         format!(
             "#!/bin/sh\n'{}' \"$@\" || exit $?\necho 'failed after mounting' >&2\nexit 1\n",
             expressfs_binary().display()
         ),
-    )
-    .unwrap();
-    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+    );
     let driver = Driver::start_with(
         dir.path(),
         true,
@@ -1363,19 +1358,15 @@ async fn a_start_that_fails_after_mounting_leaves_no_mount() {
 /// still running then must still clean up after itself when it fails: here the pod's token.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_publish_past_its_deadline_still_cleans_up() {
-    use std::os::unix::fs::PermissionsExt;
     let dir = tempfile::Builder::new()
         .prefix("expressfs-csi-deadline-")
         .tempdir()
         .unwrap();
     let wrapper = dir.path().join("wrapper/expressfs");
-    std::fs::create_dir_all(wrapper.parent().unwrap()).unwrap();
-    std::fs::write(
+    write_executable(
         &wrapper,
         "#!/bin/sh\nsleep 2\necho 'no mount' >&2\nexit 1\n",
-    )
-    .unwrap();
-    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+    );
     let host_dir = dir.path().join("host");
     let driver = Driver::start_with(
         dir.path(),
