@@ -154,19 +154,22 @@ impl csi::node_server::Node for Arc<Driver> {
         }
         let target = mounts::resolved(&target);
         if let Some(existing) = mounts::mounted_at(&target) {
-            let health = if existing.is_ours() {
-                mounts::health(&target).await
-            } else {
-                mounts::Health::Dead
-            };
-            if health == mounts::Health::Silent {
-                return Err(Status::unavailable(format!(
-                    "{} is mounted but its expressfs daemon does not answer; unpublish it",
-                    target.display()
+            if !existing.is_ours() {
+                return Err(Status::failed_precondition(format!(
+                    "{} holds a {} mount of {}",
+                    target.display(),
+                    existing.fstype,
+                    existing.source
                 )));
             }
-            if existing.is_ours() && health == mounts::Health::Answers {
-                if existing.source == plan.source() {
+            match mounts::health(&target).await {
+                mounts::Health::Silent => {
+                    return Err(Status::unavailable(format!(
+                        "{} is mounted but its expressfs daemon does not answer; unpublish it",
+                        target.display()
+                    )));
+                }
+                mounts::Health::Answers if existing.source == plan.source() => {
                     tracing::info!(target = %target.display(), "already published");
                     // kubelet republishes to hand over a fresh token before the last one expires.
                     if let Some(credentials) = &pod_credentials {
@@ -176,20 +179,16 @@ impl csi::node_server::Node for Arc<Driver> {
                     }
                     return Ok(Response::new(csi::NodePublishVolumeResponse {}));
                 }
-                return Err(Status::already_exists(format!(
-                    "{} already mounts {}, not {}",
-                    target.display(),
-                    existing.source,
-                    plan.source()
-                )));
-            }
-            if !existing.is_ours() {
-                return Err(Status::failed_precondition(format!(
-                    "{} holds a {} mount of {}",
-                    target.display(),
-                    existing.fstype,
-                    existing.source
-                )));
+                mounts::Health::Answers => {
+                    return Err(Status::already_exists(format!(
+                        "{} already mounts {}, not {}",
+                        target.display(),
+                        existing.source,
+                        plan.source()
+                    )));
+                }
+                // A dead mount of a crashed daemon: expressfs detaches it itself before mounting.
+                mounts::Health::Dead => {}
             }
         }
         let mut args = plan.args.clone();
