@@ -8,8 +8,8 @@ use std::io::{Read, Write};
 use std::time::Duration;
 
 use common::{
-    Mount, admin_get, admin_post, fresh_bucket, get, pattern, put, put_many, sha256_hex,
-    start_emulator,
+    Mount, admin_get, admin_post, emulator_stat, fresh_bucket, get, pattern, put, put_many,
+    sha256_hex, start_emulator,
 };
 use expressfs_emulator::EmulatorConfig;
 
@@ -38,22 +38,6 @@ fn own_emulator(tag: &str) -> (String, expressfs_emulator::Emulator) {
         ..Default::default()
     });
     (bucket, emu)
-}
-
-/// Total errors the emulator answered (injected faults show up here).
-fn emulator_errors(emu: &expressfs_emulator::Emulator) -> u64 {
-    let (_, body) = admin_get(emu, "/_emulator/stats");
-    body.match_indices("\"errors\":")
-        .map(|(i, m)| {
-            body[i + m.len()..]
-                .trim_start()
-                .split(|c: char| !c.is_ascii_digit())
-                .next()
-                .unwrap()
-                .parse::<u64>()
-                .unwrap_or(0)
-        })
-        .sum()
 }
 
 /// Sizes of the fault test: CI-sized by default; `EXPRESSFS_FAULT_SCALE=full` runs the sizes (1 GiB
@@ -155,7 +139,7 @@ fn faults_never_produce_wrong_bytes() {
         drop(mount);
     }
     assert!(
-        emulator_errors(&emu) > 20,
+        emulator_stat(&emu, None, None, "errors") > 20,
         "few faults were injected; the test tested little"
     );
     assert!(

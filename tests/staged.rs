@@ -87,23 +87,6 @@ fn open_uploads(emu: &Emulator, bucket: &str) -> String {
     body
 }
 
-/// Sum of one counter over every operation of the emulator's stats (one bucket per emulator here).
-fn total_stat(emu: &Emulator, counter: &str) -> u64 {
-    let (_, body) = admin_get(emu, "/_emulator/stats");
-    let name = format!("\"{counter}\":");
-    body.match_indices(&name)
-        .map(|(i, m)| {
-            body[i + m.len()..]
-                .trim_start()
-                .split(|c: char| !c.is_ascii_digit())
-                .next()
-                .unwrap()
-                .parse::<u64>()
-                .unwrap()
-        })
-        .sum()
-}
-
 /// Last closes of staged files whose upload failed, from the daemon's log.
 fn release_failures(mount: &Mount) -> usize {
     mount
@@ -356,23 +339,10 @@ fn patching_a_big_object_sends_a_part_and_copies_the_rest() {
     f.seek(SeekFrom::Start(at as u64)).unwrap();
     f.write_all(&[0x5A; 4096]).unwrap();
     close(f).unwrap();
-    let bytes_in = total_stat(&emu, "bytes_in");
-    let bytes_out = total_stat(&emu, "bytes_out");
+    let bytes_in = emulator_stat(&emu, None, None, "bytes_in");
+    let bytes_out = emulator_stat(&emu, None, None, "bytes_out");
     let (_, stats) = admin_get(&emu, "/_emulator/stats");
-    let count = |op: &str| {
-        let Some(i) = stats.find(&format!("\"{op}\"")) else {
-            return 0;
-        };
-        let rest = &stats[i..];
-        let r = rest.find("\"requests\":").unwrap() + "\"requests\":".len();
-        rest[r..]
-            .trim_start()
-            .split(|c: char| !c.is_ascii_digit())
-            .next()
-            .unwrap()
-            .parse::<u64>()
-            .unwrap()
-    };
+    let count = |op: &str| emulator_stat(&emu, None, Some(op), "requests");
     eprintln!("bytes in {bytes_in}, out {bytes_out}\n{stats}");
     assert!(bytes_in < 32 * MIB as u64, "sent {bytes_in} bytes");
     assert!(bytes_out < 32 * MIB as u64, "fetched {bytes_out} bytes");

@@ -492,26 +492,28 @@ pub fn op_count(bucket: &str, op: &str) -> u64 {
 /// One counter (`requests`, `errors`, `unsigned_payload`, ...) of one operation the shared emulator served
 /// for `bucket`.
 pub fn op_stat(bucket: &str, op: &str, counter: &str) -> u64 {
-    let (status, body) = admin_get(emulator(), "/_emulator/stats");
-    assert_eq!(status, 200);
-    // {"bucket": {"GetObject": {"requests": N, ...}, ...}, ...}: find this bucket's section, then the op.
-    let Some(at) = body.find(&format!("\"{bucket}\"")) else {
-        return 0;
-    };
-    let rest = &body[at..];
-    let end = rest[1..].find("\n  \"").map_or(rest.len(), |e| e + 1);
-    let section = &rest[..end];
-    let Some(g) = section.find(&format!("\"{op}\"")) else {
-        return 0;
-    };
-    let after = &section[g..];
-    let name = format!("\"{counter}\":");
-    let r = after.find(&name).expect("known counter") + name.len();
-    after[r..]
-        .trim_start()
-        .split(|c: char| !c.is_ascii_digit())
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap()
+    emulator_stat(emulator(), Some(bucket), Some(op), counter)
+}
+
+/// One counter of `emu`'s stats (`{"bucket": {"GetObject": {"requests": N, ...}}}`), summed over every bucket
+/// and operation, or only those named.
+pub fn emulator_stat(emu: &Emulator, bucket: Option<&str>, op: Option<&str>, counter: &str) -> u64 {
+    let (status, body) = admin_get(emu, "/_emulator/stats");
+    assert_eq!(status, 200, "{body}");
+    let stats: serde_json::Value = serde_json::from_str(&body).expect("the stats are JSON");
+    let mut total = 0;
+    for (name, ops) in stats.as_object().expect("buckets") {
+        if bucket.is_some_and(|want| want != name) {
+            continue;
+        }
+        for (name, counters) in ops.as_object().expect("operations") {
+            if op.is_some_and(|want| want != name) {
+                continue;
+            }
+            total += counters[counter]
+                .as_u64()
+                .unwrap_or_else(|| panic!("no counter {counter} in {counters}"));
+        }
+    }
+    total
 }
