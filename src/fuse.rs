@@ -374,8 +374,7 @@ impl Filesystem for Adapter {
                 // Two objects cannot trade keys atomically.
                 return Err(FsError::InvalidArgument("RENAME_EXCHANGE".into()));
             }
-            fs.metadata()
-                .rename(parent.0, &name, newparent.0, &newname, no_replace)
+            fs.rename(parent.0, &name, newparent.0, &newname, no_replace)
                 .await
         };
         self.serve("rename", span, reply, work, ok);

@@ -672,7 +672,7 @@ async fn copies(c: Arc<dyn ObjectClient>) {
     let data = pattern(7, 70_000);
     put(c, "src/a", &data).await;
     let copied = c
-        .copy_object("src/a", "dst/b", WriteCondition::None)
+        .copy_object("src/a", None, "dst/b", WriteCondition::None)
         .await
         .unwrap();
     // The source stays; the copy has the same bytes and reports the ETag a HEAD then shows.
@@ -683,7 +683,7 @@ async fn copies(c: Arc<dyn ObjectClient>) {
 
     // Unconditional: replaces an existing destination.
     put(c, "dst/c", b"old").await;
-    c.copy_object("src/a", "dst/c", WriteCondition::None)
+    c.copy_object("src/a", None, "dst/c", WriteCondition::None)
         .await
         .unwrap();
     assert_eq!(c.head_object("dst/c").await.unwrap().size, 70_000);
@@ -691,7 +691,7 @@ async fn copies(c: Arc<dyn ObjectClient>) {
     // If-None-Match refuses an existing destination and leaves it as it was; a free one is written.
     put(c, "dst/d", b"keep").await;
     assert_eq!(
-        c.copy_object("src/a", "dst/d", WriteCondition::IfNoneMatch)
+        c.copy_object("src/a", None, "dst/d", WriteCondition::IfNoneMatch)
             .await,
         Err(precondition("dst/d"))
     );
@@ -699,7 +699,7 @@ async fn copies(c: Arc<dyn ObjectClient>) {
         c.get_object("dst/d", 0..10, None).await.unwrap(),
         &b"keep"[..]
     );
-    c.copy_object("src/a", "dst/e", WriteCondition::IfNoneMatch)
+    c.copy_object("src/a", None, "dst/e", WriteCondition::IfNoneMatch)
         .await
         .unwrap();
     assert_eq!(c.head_object("dst/e").await.unwrap().size, 70_000);
@@ -707,22 +707,40 @@ async fn copies(c: Arc<dyn ObjectClient>) {
     // If-Match on the destination: refused unless it is the version named.
     let current = c.head_object("dst/d").await.unwrap().etag;
     assert_eq!(
-        c.copy_object("src/a", "dst/d", WriteCondition::IfMatch("\"nope\"".into()))
-            .await,
+        c.copy_object(
+            "src/a",
+            None,
+            "dst/d",
+            WriteCondition::IfMatch("\"nope\"".into())
+        )
+        .await,
         Err(precondition("dst/d"))
     );
-    c.copy_object("src/a", "dst/d", WriteCondition::IfMatch(current))
+    c.copy_object("src/a", None, "dst/d", WriteCondition::IfMatch(current))
         .await
         .unwrap();
     assert_eq!(c.head_object("dst/d").await.unwrap().size, 70_000);
 
     // A missing source names the source key and writes nothing.
     assert_eq!(
-        c.copy_object("src/none", "dst/f", WriteCondition::None)
+        c.copy_object("src/none", None, "dst/f", WriteCondition::None)
             .await,
         Err(not_found("src/none"))
     );
     assert_eq!(c.head_object("dst/f").await, Err(not_found("dst/f")));
+
+    // A pinned source: copied only while it is that version, else refused naming the source.
+    let source = c.head_object("src/a").await.unwrap().etag;
+    assert_eq!(
+        c.copy_object("src/a", Some("\"nope\""), "dst/g", WriteCondition::None)
+            .await,
+        Err(precondition("src/a"))
+    );
+    assert_eq!(c.head_object("dst/g").await, Err(not_found("dst/g")));
+    c.copy_object("src/a", Some(&source), "dst/g", WriteCondition::None)
+        .await
+        .unwrap();
+    assert_eq!(c.head_object("dst/g").await.unwrap().size, 70_000);
 }
 
 fn meta(pairs: &[(&str, &str)]) -> UserMetadata {

@@ -207,16 +207,27 @@ fn random_operations_on(directory: bool, cases: u32) {
         Ok(())
     });
     if let Err(e) = result {
-        panic!("{e}\n{}", mount.log());
+        // The daemon's log first: CI keeps the tail of the output, and the failing sequence belongs there.
+        eprintln!("--- expressfs log ---\n{}", mount.log());
+        drop(mount);
+        panic!("{e}");
     }
+}
+
+/// Cases per run: the default, or `EXPRESSFS_MODEL_CASES` (to hunt a rare failure with many more).
+fn cases(default: u32) -> u32 {
+    std::env::var("EXPRESSFS_MODEL_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
 
 #[test]
 fn random_operations_through_a_mount_match_the_model() {
-    random_operations_on(true, 32);
+    random_operations_on(true, cases(32));
 }
 
 #[test]
 fn random_operations_through_a_general_purpose_mount_match_the_model() {
-    random_operations_on(false, 16);
+    random_operations_on(false, cases(16));
 }

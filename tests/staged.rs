@@ -471,3 +471,36 @@ fn fsync_uploads_a_staged_edit() {
     assert_eq!(op_count(&bucket, "PutObject"), puts, "nothing left to send");
     assert_eq!(get(emulator(), &bucket, "f").unwrap(), b"0123AB6789");
 }
+
+/// A descriptor follows its file when the file, or the directory above it, is renamed, as on a local disk:
+/// what it writes afterwards lands under the new name, never under the old one. On a general-purpose bucket
+/// the move is a copy of the descriptor's own version, which its later upload then replaces.
+#[test]
+fn an_open_descriptor_follows_a_rename() {
+    for directory in [true, false] {
+        let bucket = fresh_bucket(directory, "stagedfollow");
+        put(emulator(), &bucket, "d/f", b"0123456789".to_vec());
+        let mount = Mount::new(&bucket, &["--allow-overwrite", "--allow-delete"]);
+        let f = open_rw(&mount.path().join("d/f"));
+        f.write_all_at(b"AB", 2).unwrap();
+        f.sync_all().unwrap();
+        std::fs::rename(mount.path().join("d/f"), mount.path().join("d/g")).unwrap();
+        f.write_all_at(b"CD", 4).unwrap();
+        f.sync_all().unwrap();
+        std::fs::rename(mount.path().join("d"), mount.path().join("e")).unwrap();
+        f.write_all_at(b"EF", 6).unwrap();
+        close(f).unwrap();
+        assert_eq!(
+            get(emulator(), &bucket, "e/g").as_deref(),
+            Some(&b"01ABCDEF89"[..]),
+            "directory bucket: {directory}"
+        );
+        for old in ["d/f", "d/g", "e/f"] {
+            assert_eq!(get(emulator(), &bucket, old), None, "{old}");
+        }
+        assert_eq!(
+            std::fs::read(mount.path().join("e/g")).unwrap(),
+            b"01ABCDEF89"
+        );
+    }
+}

@@ -33,6 +33,9 @@ use crate::s3::WriteCondition;
 use staging::SharedStaged;
 pub use staging::StagedFiles;
 
+mod follow;
+#[cfg(test)]
+mod follow_tests;
 #[cfg(test)]
 mod staged_tests;
 mod staging;
@@ -210,6 +213,17 @@ impl HandleTable {
             .collect()
     }
 
+    /// Every write handle, with its inode.
+    fn write_handles(&self) -> Vec<(u64, Arc<Handle>)> {
+        self.open()
+            .values()
+            .filter_map(|h| match h.as_ref() {
+                Handle::Write { ino, .. } => Some((*ino, Arc::clone(h))),
+                _ => None,
+            })
+            .collect()
+    }
+
     /// A write handle open on `ino`, if any.
     fn writer_for(&self, ino: u64) -> Option<Arc<Handle>> {
         self.writers_of(ino).into_iter().next()
@@ -297,6 +311,13 @@ impl S3Filesystem {
                     }
                 }
             }
+            // truncate(2) by name, of a file with handles open (or closed, their release not in yet): the
+            // bucket gets the new size now, not at a handle's next close, which may never come.
+            if fh.is_none()
+                && let Some(shared) = self.handles.staged.peek(ino)
+            {
+                self.upload_staged(ino, &shared).await?;
+            }
         }
         self.sb.getattr(ino).await
     }
@@ -323,13 +344,13 @@ impl S3Filesystem {
     /// unlink(2). The name of a file open for writing goes at once, as on a local disk (lock files are
     /// deleted while held): its handles keep reading and writing, and upload nothing from then on.
     pub async fn unlink(&self, parent: u64, name: &str) -> FsResult<()> {
-        let open = self
+        let file = self
             .sb
             .table()
             .child(parent, name)
-            .filter(|n| n.kind() == Kind::File && n.is_pending())
-            .map(|n| n.ino());
-        let Some(ino) = open else {
+            .filter(|n| n.kind() == Kind::File)
+            .map(|n| (n.ino(), n.is_pending()));
+        let Some((ino, pending)) = file else {
             return self.sb.unlink(parent, name).await;
         };
         if self.config.read_only {
@@ -340,6 +361,7 @@ impl S3Filesystem {
                 "deleting objects needs --allow-delete",
             ));
         }
+        // Handles still open (or closed, their release not in yet) must not bring the name back.
         if let Some(shared) = self.handles.staged.peek(ino) {
             shared.file.lock().await.discard();
         }
@@ -350,7 +372,11 @@ impl S3Filesystem {
                 w.discard().await;
             }
         }
-        self.sb.unlink_open(parent, name).await
+        if pending {
+            self.sb.unlink_open(parent, name).await
+        } else {
+            self.sb.unlink(parent, name).await
+        }
     }
 
     pub fn opendir(&self, ino: u64) -> FsResult<u64> {

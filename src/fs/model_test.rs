@@ -176,7 +176,7 @@ async fn run(ops: Vec<Op>) {
             Op::Rename { from, to } => {
                 let (p1, n1) = parent_of(&fs, &model.path(FILES[from])).await;
                 let (p2, n2) = parent_of(&fs, &model.path(FILES[to])).await;
-                let result = fs.sb.rename(p1, &n1, p2, &n2, false).await;
+                let result = fs.rename(p1, &n1, p2, &n2, false).await;
                 match model.files.get(FILES[from]).cloned() {
                     Some(data) => {
                         result.unwrap();
@@ -188,8 +188,7 @@ async fn run(ops: Vec<Op>) {
             }
             Op::RenameDir => {
                 let (from, to) = (model.dir_name(), DIR_NAMES[1 - model.dir]);
-                fs.sb
-                    .rename(ROOT_INO, from, ROOT_INO, to, false)
+                fs.rename(ROOT_INO, from, ROOT_INO, to, false)
                     .await
                     .unwrap();
                 model.dir = 1 - model.dir;

@@ -187,9 +187,25 @@ impl StagedFile {
         self.changed
     }
 
-    /// The name of the file once renamed: later uploads go to the new key.
-    pub fn rename(&mut self, key: &str) {
+    /// The object version this file was last in sync with, when it holds no changes: a rename copies only
+    /// that version, so the file can carry on from the copy ([`Self::moved`]).
+    pub fn pinned_version(&self) -> Option<&str> {
+        match (&self.expect, self.changed || self.discarded) {
+            (WriteCondition::IfMatch(etag), false) => Some(etag),
+            _ => None,
+        }
+    }
+
+    /// The file was renamed to `key` (an object copy of our version now has ETag `etag`, where the move
+    /// changed it): later uploads go there, and base bytes come from there.
+    pub fn moved(&mut self, key: &str, etag: Option<&str>) {
         self.key = key.to_string();
+        if let Some(etag) = etag {
+            if let Some(base) = &mut self.base {
+                base.etag = etag.to_string();
+            }
+            self.expect = WriteCondition::IfMatch(etag.to_string());
+        }
     }
 
     /// Bytes this file holds that its base does not give: what `--max-staged-file-size` bounds.

@@ -30,6 +30,7 @@ mod attributes;
 mod link_tests;
 mod links;
 mod rename;
+pub use rename::{Pins, Repinned};
 #[cfg(test)]
 mod tests;
 

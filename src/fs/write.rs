@@ -549,6 +549,29 @@ impl Writer {
         self.dirty
     }
 
+    /// The object version this writer last uploaded, when everything written is in it: a rename copies
+    /// only that version, so the writer can carry on from the copy ([`Self::moved`]).
+    pub fn pinned_version(&self) -> Option<&str> {
+        match (&self.uploaded, self.dirty || self.discarded) {
+            (Some(put), false) => Some(&put.etag),
+            _ => None,
+        }
+    }
+
+    /// The file was renamed to `key` (an object copy of our version now has ETag `etag`, where the move
+    /// changed it): later uploads go there, conditional on that version as they were on ours.
+    pub fn moved(&mut self, key: String, etag: Option<&str>) {
+        self.key = key;
+        if let Some(etag) = etag {
+            if let Some(put) = &mut self.uploaded {
+                put.etag = etag.to_string();
+            }
+            if matches!(self.condition, WriteCondition::IfMatch(_)) {
+                self.condition = WriteCondition::IfMatch(etag.to_string());
+            }
+        }
+    }
+
     pub fn is_failed(&self) -> bool {
         self.failed.is_some()
     }

@@ -237,11 +237,14 @@ pub trait ObjectClient: Send + Sync + 'static {
     async fn delete_object(&self, key: &str) -> Result<(), ClientError>;
 
     /// Server-side CopyObject of `source_key` to `destination_key` in this bucket (no bytes pass through
-    /// us). `destination_condition` applies to the destination (`IfNoneMatch` refuses to replace an object).
-    /// The service copies at most [`MAX_COPY_OBJECT_SIZE`] bytes this way.
+    /// us). `destination_condition` applies to the destination (`IfNoneMatch` refuses to replace an object);
+    /// `source_if_match` copies only that version of the source. Either refusing gives
+    /// [`ClientError::PreconditionFailed`], naming the source when only the source had a condition. The
+    /// service copies at most [`MAX_COPY_OBJECT_SIZE`] bytes this way.
     async fn copy_object(
         &self,
         source_key: &str,
+        source_if_match: Option<&str>,
         destination_key: &str,
         destination_condition: WriteCondition,
     ) -> Result<PutResult, ClientError>;

@@ -55,6 +55,14 @@ impl StagedFiles {
         self.map().get(&ino).cloned()
     }
 
+    /// Every staged file, with its inode.
+    pub(super) fn all(&self) -> Vec<(u64, Arc<SharedStaged>)> {
+        self.map()
+            .iter()
+            .map(|(ino, shared)| (*ino, Arc::clone(shared)))
+            .collect()
+    }
+
     /// Registers `file` for `ino`, attached for one handle; None (and `file` dropped) if `ino` has one.
     fn insert(&self, ino: u64, file: StagedFile, counted: WriterMark) -> Option<Arc<SharedStaged>> {
         let mut map = self.map();

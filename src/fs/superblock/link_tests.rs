@@ -208,8 +208,7 @@ async fn rename_moves_the_link_object_on_both_bucket_kinds() {
     let files: [(&str, &[u8]); 2] = [("a.rclonelink", b"t"), ("f", b"data")];
     let (fake, fs) = fs_with(&files, c.clone(), true).await;
     fs.sb.lookup(ROOT_INO, "a").await.unwrap();
-    fs.sb
-        .rename(ROOT_INO, "a", ROOT_INO, "b", false)
+    fs.rename(ROOT_INO, "a", ROOT_INO, "b", false)
         .await
         .unwrap();
     assert!(fake.object("a.rclonelink").is_none());
@@ -219,19 +218,18 @@ async fn rename_moves_the_link_object_on_both_bucket_kinds() {
     assert_eq!(&fs.sb.readlink(b.ino).await.unwrap()[..], b"t");
     // A link does not replace a file (two different keys), nor a file a link.
     assert!(matches!(
-        fs.sb.rename(ROOT_INO, "b", ROOT_INO, "f", false).await,
+        fs.rename(ROOT_INO, "b", ROOT_INO, "f", false).await,
         Err(FsError::CrossDevice(_))
     ));
     assert!(matches!(
-        fs.sb.rename(ROOT_INO, "f", ROOT_INO, "b", false).await,
+        fs.rename(ROOT_INO, "f", ROOT_INO, "b", false).await,
         Err(FsError::CrossDevice(_))
     ));
     assert_eq!(fake.object("f").as_deref(), Some(&b"data"[..]));
 
     // General-purpose buckets: copy, then delete.
     let (fake, fs) = fs_with(&files, c, false).await;
-    fs.sb
-        .rename(ROOT_INO, "a", ROOT_INO, "b", false)
+    fs.rename(ROOT_INO, "a", ROOT_INO, "b", false)
         .await
         .unwrap();
     assert!(fake.object("a.rclonelink").is_none());

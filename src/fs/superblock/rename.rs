@@ -5,7 +5,12 @@
 //! object, each the same way, after a listing has counted them against `--max-rename-objects`. Each object
 //! is deleted under its old name only once it exists under the new one, so a crash leaves every object
 //! under one name or both, never neither (docs/SEMANTICS.md says how to finish by hand).
+//!
+//! Open handles that go on writing a moved file hold the version they last uploaded ([`Pins`]). On a
+//! general-purpose bucket such an object is copied only from that version, and the copy's ETag is handed
+//! back ([`Repinned`]) so the handles can go on from it; a directory bucket's RenameObject keeps the ETag.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use tokio::task::JoinSet;
@@ -22,6 +27,12 @@ mod tests;
 /// Objects of one directory rename moved at once.
 const MOVES_AT_ONCE: usize = 16;
 
+/// ETags that open handles of moving files hold, by the key before the move.
+pub type Pins = HashMap<String, String>;
+
+/// The ETags of the copies of pinned objects (general-purpose buckets), by the key after the move.
+pub type Repinned = HashMap<String, String>;
+
 impl Superblock {
     /// rename(2) of a file or a directory, on either bucket kind (see the module comment).
     pub async fn rename(
@@ -31,7 +42,8 @@ impl Superblock {
         new_parent: u64,
         new_name: &str,
         no_replace: bool,
-    ) -> FsResult<()> {
+        pins: &Pins,
+    ) -> FsResult<Repinned> {
         let _changing_from = self.changing(parent);
         let _changing_to = self.changing(new_parent);
         if self.config.read_only {
@@ -54,21 +66,23 @@ impl Superblock {
             },
         };
         if parent == new_parent && name == new_name {
-            return Ok(());
+            return Ok(Repinned::new());
         }
-        match kind {
+        let repinned = match kind {
             Kind::File | Kind::Symlink => {
                 let renamed = (node, kind, asked_size);
-                self.rename_object(&from_dir, name, &to_dir, new_name, renamed, no_replace)
+                let to = (to_dir, new_name);
+                self.rename_object(&from_dir, name, to, renamed, no_replace, pins)
                     .await?
             }
             Kind::Directory => {
-                self.rename_dir(&from_dir, name, &to_dir, new_name, node, no_replace)
+                let to = (to_dir, new_name);
+                self.rename_dir(&from_dir, name, to, node, no_replace, pins)
                     .await?
             }
-        }
+        };
         self.negative.forget(new_parent, new_name);
-        Ok(())
+        Ok(repinned)
     }
 
     /// A file or a link: one object (a link is its object `name.rclonelink`, see `links.rs`).
@@ -76,11 +90,12 @@ impl Superblock {
         &self,
         from_dir: &Node,
         name: &str,
-        to_dir: &Node,
-        new_name: &str,
+        (to_dir, new_name): (Node, &str),
         (node, kind, asked_size): (Option<Node>, Kind, Option<u64>),
         no_replace: bool,
-    ) -> FsResult<()> {
+        pins: &Pins,
+    ) -> FsResult<Repinned> {
+        let to_dir = &to_dir;
         if node.as_ref().is_some_and(|n| n.is_pending()) {
             return Err(FsError::Busy("the file is being written"));
         }
@@ -119,13 +134,15 @@ impl Superblock {
             };
             refuse_past_copy_limit(&key, size)?;
         }
-        move_object(self.client.as_ref(), &key, &destination, condition)
+        let pin = pins.get(&key).map(String::as_str);
+        let copied = move_object(self.client.as_ref(), &key, pin, &destination, condition)
             .await
             .map_err(|e| match e {
-                FsError::ObjectChanged { .. } => FsError::Exists,
+                FsError::ObjectChanged { key: k } if k == destination => FsError::Exists,
                 other => other,
             })?;
         debug!(key, destination, "renamed");
+        let repinned: Repinned = copied.map(|etag| (destination, etag)).into_iter().collect();
         let mut table = self.table();
         match node {
             Some(n) => {
@@ -138,18 +155,19 @@ impl Superblock {
                 table.detach(to_dir.ino(), new_name);
             }
         }
-        Ok(())
+        Ok(repinned)
     }
 
     async fn rename_dir(
         &self,
         from_dir: &Node,
         name: &str,
-        to_dir: &Node,
-        new_name: &str,
+        (to_dir, new_name): (Node, &str),
         node: Option<Node>,
         no_replace: bool,
-    ) -> FsResult<()> {
+        pins: &Pins,
+    ) -> FsResult<Repinned> {
+        let to_dir = &to_dir;
         let prefix = names::dir_prefix(from_dir.key(), name);
         let new_prefix = names::dir_prefix(to_dir.key(), new_name);
         if to_dir.key().starts_with(&prefix) {
@@ -194,7 +212,7 @@ impl Superblock {
                 refuse_past_copy_limit(&o.key, o.size)?;
             }
         }
-        self.move_all(&objects, &prefix, &new_prefix).await?;
+        let repinned = self.move_all(&objects, &prefix, &new_prefix, pins).await?;
         debug!(
             prefix,
             new_prefix,
@@ -208,7 +226,7 @@ impl Superblock {
         } else {
             table.detach(to_dir.ino(), new_name);
         }
-        Ok(())
+        Ok(repinned)
     }
 
     /// The objects under `prefix` (no delimiter), listing no further than `limit + 1` of them.
@@ -236,68 +254,83 @@ impl Superblock {
         objects: &[ObjectInfo],
         prefix: &str,
         new_prefix: &str,
-    ) -> FsResult<()> {
+        pins: &Pins,
+    ) -> FsResult<Repinned> {
         let mut pending = objects.iter().map(|o| {
             let destination = format!("{new_prefix}{}", &o.key[prefix.len()..]);
-            (o.key.clone(), destination)
+            (o.key.clone(), pins.get(&o.key).cloned(), destination)
         });
+        let mut repinned = Repinned::new();
         let mut moving = JoinSet::new();
         let mut failure = None;
         loop {
             while failure.is_none() && moving.len() < MOVES_AT_ONCE {
-                let Some((key, destination)) = pending.next() else {
+                let Some((key, pin, destination)) = pending.next() else {
                     break;
                 };
                 let client = Arc::clone(&self.client);
                 moving.spawn(async move {
                     // The destination was checked empty: never replace what someone put there since.
-                    move_object(
+                    let copied = move_object(
                         client.as_ref(),
                         &key,
+                        pin.as_deref(),
                         &destination,
                         WriteCondition::IfNoneMatch,
                     )
-                    .await
+                    .await?;
+                    Ok(copied.map(|etag| (destination, etag)))
                 });
             }
             let Some(done) = moving.join_next().await else {
                 break;
             };
             let result = done.unwrap_or_else(|_| Err(FsError::Busy("a move task ended early")));
-            if let Err(e) = result
-                && failure.is_none()
-            {
-                warn!(prefix, new_prefix, error = %e, "directory rename stopped midway: objects are under both prefixes");
-                failure = Some(e);
+            match result {
+                Ok(copied) => repinned.extend(copied),
+                Err(e) if failure.is_none() => {
+                    warn!(prefix, new_prefix, error = %e, "directory rename stopped midway: objects are under both prefixes");
+                    failure = Some(e);
+                }
+                Err(_) => {}
             }
         }
-        failure.map_or(Ok(()), Err)
+        failure.map_or(Ok(repinned), Err)
     }
 }
 
 /// Moves one object: RenameObject on directory buckets, else CopyObject then DeleteObject (the source is
-/// deleted only once the copy exists).
+/// deleted only once the copy exists). With a `pin`, a copy is made only of that version of the source, and
+/// its ETag is returned; a refused pin is [`FsError::ObjectChanged`] of the source.
 async fn move_object(
     client: &dyn ObjectClient,
     key: &str,
+    pin: Option<&str>,
     destination: &str,
     condition: WriteCondition,
-) -> FsResult<()> {
-    let to_fs = |e: ClientError| FsError::client(destination, e);
+) -> FsResult<Option<String>> {
+    let to_fs = |e: ClientError| match &e {
+        ClientError::PreconditionFailed { key: refused } if refused == key => {
+            FsError::client(key, e)
+        }
+        _ => FsError::client(destination, e),
+    };
     if client.is_directory_bucket() {
         return client
             .rename_object(key, destination, condition)
             .await
+            .map(|()| None)
             .map_err(to_fs);
     }
-    client
-        .copy_object(key, destination, condition)
+    let copy = client
+        .copy_object(key, pin, destination, condition)
         .await
         .map_err(to_fs)?;
     client.delete_object(key).await.map_err(|e| {
         warn!(key, destination, error = %e, "copied but not deleted: the object is under both names");
         FsError::client(key, e)
-    })
+    })?;
+    Ok(pin.map(|_| copy.etag))
 }
 
 /// A single CopyObject copies at most 5 GB; bigger files are refused so `mv` copies them itself.

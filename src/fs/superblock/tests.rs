@@ -163,10 +163,7 @@ async fn a_directory_that_keeps_changing_lists_only_names_already_known() {
 async fn file_rename_is_one_rename_object_on_directory_buckets() {
     let (fake, fs) = fs_with(&[("a", b"1"), ("d/x", b"2")], config(), true).await;
     let d = fs.sb.lookup(ROOT_INO, "d").await.unwrap();
-    fs.sb
-        .rename(ROOT_INO, "a", d.ino, "b", false)
-        .await
-        .unwrap();
+    fs.rename(ROOT_INO, "a", d.ino, "b", false).await.unwrap();
     assert_eq!(&fake.object("d/b").unwrap()[..], b"1");
     assert!(fake.object("a").is_none());
     assert_eq!(
@@ -178,7 +175,7 @@ async fn file_rename_is_one_rename_object_on_directory_buckets() {
         (1, 0, 0)
     );
     assert!(matches!(
-        fs.sb.rename(d.ino, "b", d.ino, "x", false).await,
+        fs.rename(d.ino, "b", d.ino, "x", false).await,
         Err(FsError::NotPermitted(_))
     ));
 }

@@ -402,6 +402,7 @@ impl FakeClient {
     fn copy(
         &self,
         source_key: &str,
+        source_if_match: Option<&str>,
         destination_key: &str,
         condition: &WriteCondition,
     ) -> Result<PutResult, ClientError> {
@@ -416,6 +417,15 @@ impl FakeClient {
             return Err(invalid_argument(
                 "The specified copy source is larger than the maximum allowable size for a copy source",
             ));
+        }
+        if source_if_match.is_some_and(|etag| etag != source.etag) {
+            let refused = match condition {
+                WriteCondition::None => source_key,
+                _ => destination_key,
+            };
+            return Err(ClientError::PreconditionFailed {
+                key: refused.into(),
+            });
         }
         let (data, metadata) = (source.data.clone(), source.metadata.clone());
         self.check(&state, destination_key, condition)?;
@@ -668,11 +678,17 @@ impl ObjectClient for FakeClient {
     async fn copy_object(
         &self,
         source_key: &str,
+        source_if_match: Option<&str>,
         destination_key: &str,
         destination_condition: WriteCondition,
     ) -> Result<PutResult, ClientError> {
         self.send(Op::Copy)?;
-        let result = self.copy(source_key, destination_key, &destination_condition);
+        let result = self.copy(
+            source_key,
+            source_if_match,
+            destination_key,
+            &destination_condition,
+        );
         self.answer(Op::Copy, result).await
     }
 

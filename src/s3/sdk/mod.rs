@@ -621,13 +621,19 @@ impl ObjectClient for SdkClient {
     async fn copy_object(
         &self,
         source_key: &str,
+        source_if_match: Option<&str>,
         destination_key: &str,
         destination_condition: WriteCondition,
     ) -> Result<PutResult, ClientError> {
         self.traced(
             "CopyObject",
             source_key,
-            self.copy(source_key, destination_key, destination_condition),
+            self.copy(
+                source_key,
+                source_if_match,
+                destination_key,
+                destination_condition,
+            ),
         )
         .await
     }

@@ -365,6 +365,7 @@ impl SdkClient {
     pub(super) async fn copy(
         &self,
         source_key: &str,
+        source_if_match: Option<&str>,
         destination_key: &str,
         condition: WriteCondition,
     ) -> Result<PutResult, ClientError> {
@@ -375,7 +376,8 @@ impl SdkClient {
                     .copy_object()
                     .bucket(&self.config.bucket)
                     .key(destination_key)
-                    .copy_source(source.clone());
+                    .copy_source(source.clone())
+                    .set_copy_source_if_match(source_if_match.map(str::to_string));
                 let request = with_object_settings!(request, &self.config);
                 let request = with_condition!(request, &condition);
                 let request = request.customize().config_override(self.upload_timeouts());
@@ -389,10 +391,14 @@ impl SdkClient {
                 }
             })
             .await;
-        // Our only preconditions are on the destination.
+        // A 412 does not say which side refused: name the source only when it alone had a condition.
+        let refused = match (source_if_match, &condition) {
+            (Some(_), WriteCondition::None) => source_key,
+            _ => destination_key,
+        };
         result.map_err(|e| match e {
             ClientError::PreconditionFailed { .. } => ClientError::PreconditionFailed {
-                key: destination_key.to_string(),
+                key: refused.to_string(),
             },
             other => other,
         })

@@ -22,10 +22,7 @@ async fn file_rename_on_general_purpose_buckets_copies_then_deletes() {
     let (fake, fs) = fs_with(&[("a", b"one"), ("d/x", b"2")], config(), false).await;
     let a = fs.sb.lookup(ROOT_INO, "a").await.unwrap();
     let d = fs.sb.lookup(ROOT_INO, "d").await.unwrap();
-    fs.sb
-        .rename(ROOT_INO, "a", d.ino, "b", false)
-        .await
-        .unwrap();
+    fs.rename(ROOT_INO, "a", d.ino, "b", false).await.unwrap();
     assert_eq!(moves(&fake), (0, 1, 1));
     assert_eq!(&fake.object("d/b").unwrap()[..], b"one");
     assert!(fake.object("a").is_none());
@@ -43,7 +40,7 @@ async fn replacing_a_file_by_rename_needs_allow_overwrite_on_both_kinds() {
     for directory in [true, false] {
         let (fake, fs) = fs_with(&[("a", b"new"), ("b", b"old")], config(), directory).await;
         assert!(matches!(
-            fs.sb.rename(ROOT_INO, "a", ROOT_INO, "b", false).await,
+            fs.rename(ROOT_INO, "a", ROOT_INO, "b", false).await,
             Err(FsError::NotPermitted(_))
         ));
         assert_eq!(moves(&fake), (0, 0, 0), "refused before any request");
@@ -51,11 +48,10 @@ async fn replacing_a_file_by_rename_needs_allow_overwrite_on_both_kinds() {
 
         let (fake, fs) = fs_with(&[("a", b"new"), ("b", b"old")], overwriting(), directory).await;
         assert!(matches!(
-            fs.sb.rename(ROOT_INO, "a", ROOT_INO, "b", true).await,
+            fs.rename(ROOT_INO, "a", ROOT_INO, "b", true).await,
             Err(FsError::Exists)
         ));
-        fs.sb
-            .rename(ROOT_INO, "a", ROOT_INO, "b", false)
+        fs.rename(ROOT_INO, "a", ROOT_INO, "b", false)
             .await
             .unwrap();
         assert_eq!(&fake.object("b").unwrap()[..], b"new");
@@ -70,8 +66,7 @@ async fn directory_rename_moves_every_object_and_the_inodes_follow() {
         let (fake, fs) = fs_with(keys, config(), directory).await;
         let d = fs.sb.lookup(ROOT_INO, "d").await.unwrap();
         let s = fs.sb.lookup(d.ino, "s").await.unwrap();
-        fs.sb
-            .rename(ROOT_INO, "d", ROOT_INO, "e", false)
+        fs.rename(ROOT_INO, "d", ROOT_INO, "e", false)
             .await
             .unwrap();
         let expected = if directory { (3, 0, 0) } else { (0, 3, 3) };
@@ -101,15 +96,14 @@ async fn directories_past_the_limit_are_refused_before_anything_moves() {
         let keys: &[(&str, &[u8])] = &[("d/a", b"1"), ("d/b", b"2"), ("d/c", b"3")];
         let (fake, fs) = fs_with(keys, c, directory).await;
         assert!(matches!(
-            fs.sb.rename(ROOT_INO, "d", ROOT_INO, "e", false).await,
+            fs.rename(ROOT_INO, "d", ROOT_INO, "e", false).await,
             Err(FsError::CrossDevice(_))
         ));
         assert_eq!(moves(&fake), (0, 0, 0));
         assert!(fake.object("d/a").is_some() && fake.object("d/c").is_some());
         // At the limit it goes through.
         fake.delete_object("d/c").await.unwrap();
-        fs.sb
-            .rename(ROOT_INO, "d", ROOT_INO, "e", false)
+        fs.rename(ROOT_INO, "d", ROOT_INO, "e", false)
             .await
             .unwrap();
         assert!(fake.object("e/a").is_some() && fake.object("e/b").is_some());
@@ -123,26 +117,25 @@ async fn directory_rename_refuses_its_own_subtree_non_empty_targets_and_files() 
     let d = fs.sb.lookup(ROOT_INO, "d").await.unwrap();
     let s = fs.sb.lookup(d.ino, "s").await.unwrap();
     assert!(matches!(
-        fs.sb.rename(ROOT_INO, "d", s.ino, "in", false).await,
+        fs.rename(ROOT_INO, "d", s.ino, "in", false).await,
         Err(FsError::InvalidArgument(_))
     ));
     assert!(matches!(
-        fs.sb.rename(ROOT_INO, "d", d.ino, "in", false).await,
+        fs.rename(ROOT_INO, "d", d.ino, "in", false).await,
         Err(FsError::InvalidArgument(_))
     ));
     assert!(matches!(
-        fs.sb.rename(ROOT_INO, "d", ROOT_INO, "t", false).await,
+        fs.rename(ROOT_INO, "d", ROOT_INO, "t", false).await,
         Err(FsError::NotEmpty)
     ));
     assert!(matches!(
-        fs.sb.rename(ROOT_INO, "d", ROOT_INO, "f", false).await,
+        fs.rename(ROOT_INO, "d", ROOT_INO, "f", false).await,
         Err(FsError::NotADirectory)
     ));
     assert_eq!(moves(&fake), (0, 0, 0));
     // An empty directory (made here) may be replaced.
     fs.sb.mkdir(ROOT_INO, "empty").await.unwrap();
-    fs.sb
-        .rename(ROOT_INO, "d", ROOT_INO, "empty", false)
+    fs.rename(ROOT_INO, "d", ROOT_INO, "empty", false)
         .await
         .unwrap();
     assert_eq!(&fake.object("empty/s/a").unwrap()[..], b"1");
@@ -162,8 +155,7 @@ async fn a_failure_midway_leaves_every_object_under_one_name_or_both() {
         // Let some moves through, then fail one.
         fake.faults().fail_after(op, 20, 1, transient());
         assert!(
-            fs.sb
-                .rename(ROOT_INO, "d", ROOT_INO, "e", false)
+            fs.rename(ROOT_INO, "d", ROOT_INO, "e", false)
                 .await
                 .is_err()
         );

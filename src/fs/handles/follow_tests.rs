@@ -1,0 +1,196 @@
+//! Handles follow a rename: of their file, of a directory above it, and not at all when replaced; an
+//! unlinked file stays gone whatever its handles still write.
+
+use crate::fs::test_support::{config, fs_with};
+use crate::fs::{FsConfig, OpenMode, ROOT_INO};
+
+const RW: OpenMode = OpenMode {
+    direct: false,
+    write: true,
+    read: true,
+    truncate: false,
+    append: false,
+};
+
+fn overwriting(dir: &tempfile::TempDir) -> FsConfig {
+    let mut c = config();
+    c.allow_overwrite = true;
+    c.allow_delete = true;
+    c.staging_dir = Some(dir.path().to_path_buf());
+    c
+}
+
+#[tokio::test]
+async fn a_staged_file_uploads_under_its_new_name_after_a_rename() {
+    for directory in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        let (fake, fs) = fs_with(&[("f", b"0123456789")], overwriting(&dir), directory).await;
+        let ino = fs.sb.lookup(ROOT_INO, "f").await.unwrap().ino;
+        let h = fs.open(ino, RW, 1).await.unwrap();
+        fs.write(h.fh, 2, b"ab").await.unwrap();
+        // close(2) uploaded; the release has not come yet when the file moves.
+        fs.flush(h.fh, 1).await.unwrap();
+        fs.rename(ROOT_INO, "f", ROOT_INO, "g", false)
+            .await
+            .unwrap();
+        // A descriptor opened again meanwhile shares the staged file, and writes on.
+        let again = fs.open(ino, RW, 1).await.unwrap();
+        fs.write(again.fh, 4, b"cd").await.unwrap();
+        fs.flush(again.fh, 1).await.unwrap();
+        fs.release(again.fh).await.unwrap();
+        fs.release(h.fh).await.unwrap();
+        assert_eq!(
+            fake.object("g").unwrap(),
+            &b"01abcd6789"[..],
+            "directory bucket: {directory}"
+        );
+        assert!(
+            fake.object("f").is_none(),
+            "nothing under the old name (directory bucket: {directory})"
+        );
+    }
+}
+
+#[tokio::test]
+async fn handles_below_a_renamed_directory_follow_it() {
+    for directory in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        let objects: [(&str, &[u8]); 2] = [("d/staged", b"0123"), ("d/streamed", b"")];
+        let (fake, fs) = fs_with(&objects, overwriting(&dir), directory).await;
+        let d = fs.sb.lookup(ROOT_INO, "d").await.unwrap().ino;
+        let staged = fs.sb.lookup(d, "staged").await.unwrap().ino;
+        let h = fs.open(staged, RW, 1).await.unwrap();
+        fs.write(h.fh, 1, b"x").await.unwrap();
+        fs.fsync(h.fh).await.unwrap();
+        // A new file, streamed and uploaded by fsync, its descriptor still open.
+        let (_, w) = fs.create(d, "new", 1).await.unwrap();
+        fs.write(w, 0, b"first").await.unwrap();
+        fs.fsync(w).await.unwrap();
+        fs.rename(ROOT_INO, "d", ROOT_INO, "e", false)
+            .await
+            .unwrap();
+        fs.write(h.fh, 3, b"y").await.unwrap();
+        fs.write(w, 5, b" second").await.unwrap();
+        fs.release(h.fh).await.unwrap();
+        fs.release(w).await.unwrap();
+        assert_eq!(
+            fake.object("e/staged").unwrap(),
+            &b"0x2y"[..],
+            "directory bucket: {directory}"
+        );
+        assert_eq!(
+            fake.object("e/new").unwrap(),
+            &b"first second"[..],
+            "directory bucket: {directory}"
+        );
+        for old in ["d/staged", "d/new"] {
+            assert!(
+                fake.object(old).is_none(),
+                "{old} (directory bucket: {directory})"
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_file_replaced_by_a_rename_uploads_nothing_more() {
+    for directory in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        let objects: [(&str, &[u8]); 2] = [("src", b"moved in"), ("dst", b"old bytes")];
+        let (fake, fs) = fs_with(&objects, overwriting(&dir), directory).await;
+        let dst = fs.sb.lookup(ROOT_INO, "dst").await.unwrap().ino;
+        fs.sb.lookup(ROOT_INO, "src").await.unwrap();
+        let h = fs.open(dst, RW, 1).await.unwrap();
+        fs.write(h.fh, 0, b"OLD").await.unwrap();
+        fs.fsync(h.fh).await.unwrap();
+        fs.rename(ROOT_INO, "src", ROOT_INO, "dst", false)
+            .await
+            .unwrap();
+        // As on a local disk, the descriptor writes to a file without a name now.
+        fs.write(h.fh, 0, b"late").await.unwrap();
+        fs.flush(h.fh, 1).await.unwrap();
+        fs.release(h.fh).await.unwrap();
+        assert_eq!(
+            fake.object("dst").unwrap(),
+            &b"moved in"[..],
+            "directory bucket: {directory}"
+        );
+        assert!(fake.object("src").is_none());
+    }
+}
+
+#[tokio::test]
+async fn truncate_by_name_reaches_the_bucket_while_a_handle_is_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let (fake, fs) = fs_with(&[("f", b"0123456789")], overwriting(&dir), true).await;
+    let ino = fs.sb.lookup(ROOT_INO, "f").await.unwrap().ino;
+    let h = fs.open(ino, RW, 1).await.unwrap();
+    fs.write(h.fh, 0, b"A").await.unwrap();
+    fs.flush(h.fh, 1).await.unwrap();
+    fs.setattr(ino, Some(4), None, Default::default())
+        .await
+        .unwrap();
+    assert_eq!(
+        fake.object("f").unwrap(),
+        &b"A123"[..],
+        "uploaded before any release"
+    );
+    // Nothing left to upload: a directory rename is not held up by the open handle.
+    fs.rename(ROOT_INO, "f", ROOT_INO, "g", false)
+        .await
+        .unwrap();
+    fs.release(h.fh).await.unwrap();
+    assert_eq!(fake.object("g").unwrap(), &b"A123"[..]);
+}
+
+#[tokio::test]
+async fn a_rename_copies_only_the_version_the_handles_hold() {
+    use crate::fs::FsError;
+    use crate::s3::{ObjectClient, WriteCondition};
+    let dir = tempfile::tempdir().unwrap();
+    let (fake, fs) = fs_with(&[("f", b"ours")], overwriting(&dir), false).await;
+    let ino = fs.sb.lookup(ROOT_INO, "f").await.unwrap().ino;
+    let h = fs.open(ino, RW, 1).await.unwrap();
+    fs.write(h.fh, 0, b"OURS").await.unwrap();
+    fs.fsync(h.fh).await.unwrap();
+    // Another client replaces the object behind the open handle.
+    fake.put_object(
+        "f",
+        bytes::Bytes::from_static(b"theirs"),
+        WriteCondition::None,
+    )
+    .await
+    .unwrap();
+    let refused = fs.rename(ROOT_INO, "f", ROOT_INO, "g", false).await;
+    assert!(
+        matches!(refused, Err(FsError::ObjectChanged { ref key }) if key == "f"),
+        "{refused:?}"
+    );
+    assert_eq!(
+        fake.object("f").unwrap(),
+        &b"theirs"[..],
+        "their object stays where it was"
+    );
+    assert!(fake.object("g").is_none());
+    fs.release(h.fh).await.unwrap();
+}
+
+#[tokio::test]
+async fn an_unlinked_file_is_not_brought_back_by_a_handle_still_open() {
+    for directory in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        let (fake, fs) = fs_with(&[], overwriting(&dir), directory).await;
+        let (attr, w) = fs.create(ROOT_INO, "f", 1).await.unwrap();
+        fs.write(w, 0, b"first").await.unwrap();
+        // Uploaded and settled: the file is no longer busy, but the descriptor is still open.
+        fs.fsync(w).await.unwrap();
+        let staged = fs.open(attr.ino, RW, 1).await.unwrap();
+        fs.unlink(ROOT_INO, "f").await.unwrap();
+        assert!(fake.object("f").is_none());
+        fs.write(staged.fh, 0, b"again").await.unwrap();
+        fs.flush(staged.fh, 1).await.unwrap();
+        fs.release(staged.fh).await.unwrap();
+        fs.release(w).await.unwrap();
+        assert!(fake.object("f").is_none(), "directory bucket: {directory}");
+    }
+}
