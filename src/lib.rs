@@ -14,6 +14,7 @@
 //! - [`s3`]: the object client trait, its aws-sdk-s3 implementation and an in-memory fake for tests
 //!   (the fake and `fs::model_ops` exist only under `cfg(test)` or the `testing` feature).
 
+pub mod alloc;
 pub mod bucket;
 pub mod buffers;
 pub mod cache;

@@ -1,5 +1,8 @@
 //! `expressfs`: mount an S3 Express One Zone directory bucket (or a general purpose bucket) with FUSE.
 
+#[global_allocator]
+static ALLOCATOR: expressfs::alloc::SplitAllocator = expressfs::alloc::SplitAllocator;
+
 fn main() {
     limit_malloc_arenas();
     std::process::exit(expressfs::daemon::main());
