@@ -156,9 +156,12 @@ pub fn systemd_run_args(
         "--property=TimeoutStartSec=120".into(),
         format!("--property=EnvironmentFile={}", env_file.display()),
         "--".into(),
-        binary.to_string_lossy().into_owned(),
     ];
-    argv.extend(args.iter().cloned());
+    // The service manager expands `$NAME` and `${NAME}` in a unit's command line, and an S3 prefix, a bucket
+    // option or a path may hold a `$`: each is written `$$`, which it turns back into one `$`.
+    let command =
+        std::iter::once(binary.to_string_lossy().into_owned()).chain(args.iter().cloned());
+    argv.extend(command.map(|a| a.replace('$', "$$")));
     argv
 }
 
@@ -625,6 +628,22 @@ mod tests {
                 "b",
                 target.to_str().unwrap()
             ]
+        );
+    }
+
+    #[test]
+    fn dollars_reach_expressfs_unexpanded() {
+        let argv = systemd_run_args(
+            "expressfs-0",
+            Path::new("/mnt/$HOME"),
+            Path::new("/run/u.env"),
+            Path::new("/bin/expressfs"),
+            &["--prefix=data${x}/$y/".into(), "/mnt/$HOME".into()],
+        );
+        let dashes = argv.iter().position(|a| a == "--").unwrap();
+        assert_eq!(
+            argv[dashes + 1..],
+            ["/bin/expressfs", "--prefix=data$${x}/$$y/", "/mnt/$$HOME"]
         );
     }
 
