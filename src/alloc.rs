@@ -101,6 +101,8 @@ mod tests {
                 assert!((0..1000).all(|i| *big.add(i) == (i % 251) as u8));
                 let big_layout = Layout::from_size_align(BIG_BLOCK + 10, align).unwrap();
                 let back = a.realloc(big, big_layout, 500);
+                assert!(!back.is_null());
+                assert_eq!(back as usize % align, 0);
                 assert!((0..500).all(|i| *back.add(i) == (i % 251) as u8));
                 a.dealloc(back, Layout::from_size_align(500, align).unwrap());
             }

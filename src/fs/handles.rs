@@ -311,8 +311,9 @@ impl S3Filesystem {
                     }
                 }
             }
-            // truncate(2) by name, of a file with handles open (or closed, their release not in yet): the
-            // bucket gets the new size now, not at a handle's next close, which may never come.
+            // truncate(2) by name of a staged file (handles open, or closed with their release not in yet):
+            // uploaded now with whatever its handles wrote so far, as an fsync would, not at a later close
+            // that may never come. A streaming writer cut in place uploads at its own close.
             if fh.is_none()
                 && let Some(shared) = self.handles.staged.peek(ino)
             {
@@ -361,22 +362,37 @@ impl S3Filesystem {
                 "deleting objects needs --allow-delete",
             ));
         }
-        // Handles still open (or closed, their release not in yet) must not bring the name back.
-        if let Some(shared) = self.handles.staged.peek(ino) {
-            shared.file.lock().await.discard();
+        // Handles still open (or closed, their release not in yet) must not bring the name back: held while
+        // the object goes (writers, then the staged file, as everywhere), and told so once it is gone. A
+        // failed delete leaves them as they were.
+        let mut writers = self.handles.writers_of(ino);
+        // The order a rename takes them in (`follow.rs`), so neither waits for the other crosswise.
+        writers.sort_by_key(|h| Arc::as_ptr(h) as usize);
+        let mut states = Vec::with_capacity(writers.len());
+        for handle in &writers {
+            if let Some((_, state, _)) = handle.as_writer() {
+                states.push(state.lock().await);
+            }
         }
-        for handle in self.handles.writers_of(ino) {
-            if let Handle::Write { state, .. } = handle.as_ref()
-                && let WriteState::Stream(w) = &mut *state.lock().await
-            {
+        let staged = self.handles.staged.peek(ino);
+        let mut staged_file = match &staged {
+            Some(shared) => Some(shared.file.lock().await),
+            None => None,
+        };
+        if pending {
+            self.sb.unlink_open(parent, name).await?;
+        } else {
+            self.sb.unlink(parent, name).await?;
+        }
+        if let Some(file) = &mut staged_file {
+            file.discard();
+        }
+        for state in &mut states {
+            if let WriteState::Stream(w) = &mut **state {
                 w.discard().await;
             }
         }
-        if pending {
-            self.sb.unlink_open(parent, name).await
-        } else {
-            self.sb.unlink(parent, name).await
-        }
+        Ok(())
     }
 
     pub fn opendir(&self, ino: u64) -> FsResult<u64> {

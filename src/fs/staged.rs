@@ -187,10 +187,18 @@ impl StagedFile {
         self.changed
     }
 
+    /// Unlinked (or replaced) while open: nothing is uploaded any more.
+    pub fn is_discarded(&self) -> bool {
+        self.discarded
+    }
+
     /// The object version this file was last in sync with, when it holds no changes: a rename copies only
     /// that version, so the file can carry on from the copy ([`Self::moved`]).
     pub fn pinned_version(&self) -> Option<&str> {
-        match (&self.expect, self.changed || self.discarded) {
+        match (
+            &self.expect,
+            self.changed || self.discarded || self.conflict.is_some(),
+        ) {
             (WriteCondition::IfMatch(etag), false) => Some(etag),
             _ => None,
         }

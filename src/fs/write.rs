@@ -549,6 +549,11 @@ impl Writer {
         self.dirty
     }
 
+    /// Unlinked (or replaced) while open: nothing is uploaded any more.
+    pub fn is_discarded(&self) -> bool {
+        self.discarded
+    }
+
     /// The object version this writer last uploaded, when everything written is in it: a rename copies
     /// only that version, so the writer can carry on from the copy ([`Self::moved`]).
     pub fn pinned_version(&self) -> Option<&str> {

@@ -1,10 +1,11 @@
 //! rename(2) with handles open on what moves. A staged file and a streaming writer each hold the key they
 //! upload to; when their file, or a directory above it, is renamed, the key moves with it, as a descriptor
-//! follows its file on a local disk. While the objects move, none of those handles uploads (each is held
-//! locked), so no upload lands under the old name after the copy. A file the rename replaces is treated as
-//! unlinked: its handles go on locally and upload nothing, so they never overwrite what moved in. On a
-//! general-purpose bucket the move is a copy, made only of the version the handles hold, whose new ETag they
-//! then expect.
+//! follows its file on a local disk. The handles open when the rename starts are held locked while the objects
+//! move (reads and writes through them wait, for a directory rename as long as its copies take), so none of
+//! them uploads under the old name after the move. A handle opened during the move is re-keyed right after it.
+//! A file the rename replaces is treated as unlinked: its handles go on locally and upload nothing, so they
+//! never overwrite what moved in. On a general-purpose bucket the move is a copy, made of the version the
+//! handles hold when they all hold the same one, whose new ETag they then expect (see `rename.rs`).
 //!
 //! Without this, the handles of a file that was closed but whose release had not arrived yet (FUSE sends
 //! release after close(2) returns) could be reopened after a rename and upload to the old key.
@@ -21,6 +22,7 @@ use crate::fs::superblock::{Pins, Repinned};
 use crate::fs::{FsResult, S3Filesystem};
 
 /// What one rename holds: the handles open on what moves and on what it replaces.
+#[derive(Default)]
 struct Held<'a> {
     staged: Vec<(u64, AsyncGuard<'a, StagedFile>)>,
     writers: Vec<(u64, AsyncGuard<'a, WriteState>)>,
@@ -64,18 +66,61 @@ impl S3Filesystem {
                         .get(candidate)
                         .is_some_and(|n| n.key().starts_with(&key)))
         };
-        let mut staged: Vec<(u64, Arc<SharedStaged>)> = self.handles.staged.all();
-        staged.retain(|(i, _)| concerned(*i));
         let mut writers: Vec<(u64, Arc<Handle>)> = self.handles.write_handles();
         writers.retain(|(i, _)| concerned(*i));
-        let mut held = hold(&staged, &writers).await;
+        let staged: Vec<(u64, Arc<SharedStaged>)>;
+        let mut held = Held::default();
+        held.lock_writers(&writers).await;
+        // The staged files only now: none of the held writers can stage its bytes any more meanwhile.
+        staged = {
+            let mut all = self.handles.staged.all();
+            all.retain(|(i, _)| concerned(*i));
+            all
+        };
+        held.lock_staged(&staged).await;
         let pins = held.pins(replaced);
         let repinned = self
             .sb
             .rename(parent, name, new_parent, new_name, no_replace, &pins)
             .await?;
         self.follow(&mut held, replaced, &repinned).await;
+        drop(held);
+        self.rekey_late(&writers, &staged).await;
         Ok(())
+    }
+
+    /// Handles opened or staged while the objects moved (not held) may carry a key from before the move:
+    /// each takes its node's key now.
+    async fn rekey_late(
+        &self,
+        writers: &[(u64, Arc<Handle>)],
+        staged: &[(u64, Arc<SharedStaged>)],
+    ) {
+        let key_of = |ino: u64| self.sb.table().get(ino).map(|n| n.key().to_string());
+        for (ino, handle) in self.handles.write_handles() {
+            if writers.iter().any(|(_, h)| Arc::ptr_eq(h, &handle)) {
+                continue;
+            }
+            let (Some((_, state, _)), Some(key)) = (handle.as_writer(), key_of(ino)) else {
+                continue;
+            };
+            if let WriteState::Stream(w) = &mut *state.lock().await
+                && w.key != key
+                && !w.is_discarded()
+            {
+                w.moved(key, None);
+            }
+        }
+        for (ino, shared) in self.handles.staged.all() {
+            if staged.iter().any(|(_, s)| Arc::ptr_eq(s, &shared)) {
+                continue;
+            }
+            let Some(key) = key_of(ino) else { continue };
+            let mut file = shared.file.lock().await;
+            if file.key() != key && !file.is_discarded() {
+                file.moved(&key, None);
+            }
+        }
     }
 
     /// After the move: handles of what moved take its new keys (and the ETags of the copies, where the move
@@ -137,27 +182,25 @@ impl Held<'_> {
     }
 }
 
-/// Locks every writer, then every staged file, each in inode order: two renames never wait on each other
-/// crosswise, and the order is the one of the other paths that hold both (a writer, then its staged file).
-async fn hold<'a>(
-    staged: &'a [(u64, Arc<SharedStaged>)],
-    writers: &'a [(u64, Arc<Handle>)],
-) -> Held<'a> {
-    let mut held = Held {
-        staged: Vec::with_capacity(staged.len()),
-        writers: Vec::with_capacity(writers.len()),
-    };
-    let mut writers: Vec<&(u64, Arc<Handle>)> = writers.iter().collect();
-    writers.sort_by_key(|(ino, handle)| (*ino, Arc::as_ptr(handle) as usize));
-    for (ino, handle) in writers {
-        if let Some((_, state, _)) = handle.as_writer() {
-            held.writers.push((*ino, state.lock().await));
+impl<'a> Held<'a> {
+    /// Locks `writers` in inode order (two renames never wait on each other crosswise). Writers come before
+    /// staged files, the order of the other paths that hold both (a writer, then its staged file).
+    async fn lock_writers(&mut self, writers: &'a [(u64, Arc<Handle>)]) {
+        let mut writers: Vec<&(u64, Arc<Handle>)> = writers.iter().collect();
+        writers.sort_by_key(|(ino, handle)| (*ino, Arc::as_ptr(handle) as usize));
+        for (ino, handle) in writers {
+            if let Some((_, state, _)) = handle.as_writer() {
+                self.writers.push((*ino, state.lock().await));
+            }
         }
     }
-    let mut staged: Vec<&(u64, Arc<SharedStaged>)> = staged.iter().collect();
-    staged.sort_by_key(|(ino, _)| *ino);
-    for (ino, shared) in staged {
-        held.staged.push((*ino, shared.file.lock().await));
+
+    /// Locks `staged` in inode order, after the writers.
+    async fn lock_staged(&mut self, staged: &'a [(u64, Arc<SharedStaged>)]) {
+        let mut staged: Vec<&(u64, Arc<SharedStaged>)> = staged.iter().collect();
+        staged.sort_by_key(|(ino, _)| *ino);
+        for (ino, shared) in staged {
+            self.staged.push((*ino, shared.file.lock().await));
+        }
     }
-    held
 }

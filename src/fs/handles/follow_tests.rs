@@ -144,35 +144,44 @@ async fn truncate_by_name_reaches_the_bucket_while_a_handle_is_open() {
 }
 
 #[tokio::test]
-async fn a_rename_copies_only_the_version_the_handles_hold() {
+async fn a_file_another_client_replaced_moves_but_its_handles_do_not_overwrite_it() {
     use crate::fs::FsError;
     use crate::s3::{ObjectClient, WriteCondition};
-    let dir = tempfile::tempdir().unwrap();
-    let (fake, fs) = fs_with(&[("f", b"ours")], overwriting(&dir), false).await;
-    let ino = fs.sb.lookup(ROOT_INO, "f").await.unwrap().ino;
-    let h = fs.open(ino, RW, 1).await.unwrap();
-    fs.write(h.fh, 0, b"OURS").await.unwrap();
-    fs.fsync(h.fh).await.unwrap();
-    // Another client replaces the object behind the open handle.
-    fake.put_object(
-        "f",
-        bytes::Bytes::from_static(b"theirs"),
-        WriteCondition::None,
-    )
-    .await
-    .unwrap();
-    let refused = fs.rename(ROOT_INO, "f", ROOT_INO, "g", false).await;
-    assert!(
-        matches!(refused, Err(FsError::ObjectChanged { ref key }) if key == "f"),
-        "{refused:?}"
-    );
-    assert_eq!(
-        fake.object("f").unwrap(),
-        &b"theirs"[..],
-        "their object stays where it was"
-    );
-    assert!(fake.object("g").is_none());
-    fs.release(h.fh).await.unwrap();
+    // RENAME_NOREPLACE puts a condition on the destination too: a refused source pin must not read as EEXIST.
+    for no_replace in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let (fake, fs) = fs_with(&[("f", b"ours")], overwriting(&dir), false).await;
+        let ino = fs.sb.lookup(ROOT_INO, "f").await.unwrap().ino;
+        let h = fs.open(ino, RW, 1).await.unwrap();
+        fs.write(h.fh, 0, b"OURS").await.unwrap();
+        fs.fsync(h.fh).await.unwrap();
+        // Another client replaces the object behind the open handle.
+        fake.put_object(
+            "f",
+            bytes::Bytes::from_static(b"theirs"),
+            WriteCondition::None,
+        )
+        .await
+        .unwrap();
+        fs.rename(ROOT_INO, "f", ROOT_INO, "g", no_replace)
+            .await
+            .unwrap();
+        assert_eq!(fake.object("g").unwrap(), &b"theirs"[..]);
+        assert!(fake.object("f").is_none());
+        // The handle still holds its own version: its next upload is refused, not a silent overwrite.
+        fs.write(h.fh, 0, b"late").await.unwrap();
+        let refused = fs.flush(h.fh, 1).await;
+        assert!(
+            matches!(refused, Err(FsError::ObjectChanged { .. })),
+            "{refused:?}"
+        );
+        let _ = fs.release(h.fh).await;
+        assert_eq!(
+            fake.object("g").unwrap(),
+            &b"theirs"[..],
+            "no_replace: {no_replace}"
+        );
+    }
 }
 
 #[tokio::test]

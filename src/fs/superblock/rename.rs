@@ -7,8 +7,10 @@
 //! under one name or both, never neither (docs/SEMANTICS.md says how to finish by hand).
 //!
 //! Open handles that go on writing a moved file hold the version they last uploaded ([`Pins`]). On a
-//! general-purpose bucket such an object is copied only from that version, and the copy's ETag is handed
-//! back ([`Repinned`]) so the handles can go on from it; a directory bucket's RenameObject keeps the ETag.
+//! general-purpose bucket the copy of such an object names that version as its source condition; when the
+//! source is that version, the copy's ETag is handed back ([`Repinned`]) so the handles go on from it, and
+//! when another client replaced it, the object moves all the same and the handles' next upload fails on
+//! their own version. A directory bucket's RenameObject keeps the ETag.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -138,7 +140,7 @@ impl Superblock {
         let copied = move_object(self.client.as_ref(), &key, pin, &destination, condition)
             .await
             .map_err(|e| match e {
-                FsError::ObjectChanged { key: k } if k == destination => FsError::Exists,
+                FsError::ObjectChanged { .. } => FsError::Exists,
                 other => other,
             })?;
         debug!(key, destination, "renamed");
@@ -300,8 +302,9 @@ impl Superblock {
 }
 
 /// Moves one object: RenameObject on directory buckets, else CopyObject then DeleteObject (the source is
-/// deleted only once the copy exists). With a `pin`, a copy is made only of that version of the source, and
-/// its ETag is returned; a refused pin is [`FsError::ObjectChanged`] of the source.
+/// deleted only once the copy exists). With a `pin`, the copy's ETag is returned when the source was that
+/// version; when it was not (another client replaced it), it moves all the same and None is returned, so the
+/// handles that pinned it keep expecting their own version and their next upload fails instead of following.
 async fn move_object(
     client: &dyn ObjectClient,
     key: &str,
@@ -309,12 +312,7 @@ async fn move_object(
     destination: &str,
     condition: WriteCondition,
 ) -> FsResult<Option<String>> {
-    let to_fs = |e: ClientError| match &e {
-        ClientError::PreconditionFailed { key: refused } if refused == key => {
-            FsError::client(key, e)
-        }
-        _ => FsError::client(destination, e),
-    };
+    let to_fs = |e: ClientError| FsError::client(destination, e);
     if client.is_directory_bucket() {
         return client
             .rename_object(key, destination, condition)
@@ -322,15 +320,25 @@ async fn move_object(
             .map(|()| None)
             .map_err(to_fs);
     }
-    let copy = client
-        .copy_object(key, pin, destination, condition)
-        .await
-        .map_err(to_fs)?;
+    let pinned = client
+        .copy_object(key, pin, destination, condition.clone())
+        .await;
+    let copied = match pinned {
+        // Either side refused: without the pin, a refusal is the destination's.
+        Err(ClientError::PreconditionFailed { .. }) if pin.is_some() => {
+            client
+                .copy_object(key, None, destination, condition)
+                .await
+                .map_err(to_fs)?;
+            None
+        }
+        other => pin.and(Some(other.map_err(to_fs)?.etag)),
+    };
     client.delete_object(key).await.map_err(|e| {
         warn!(key, destination, error = %e, "copied but not deleted: the object is under both names");
         FsError::client(key, e)
     })?;
-    Ok(pin.map(|_| copy.etag))
+    Ok(copied)
 }
 
 /// A single CopyObject copies at most 5 GB; bigger files are refused so `mv` copies them itself.
