@@ -8,6 +8,7 @@ use proptest::prelude::*;
 
 use super::attrs::StoredAttrs;
 use super::model_ops::{DIR_NAMES, FILES, LINKS, Model, Op, op};
+use super::test_support::RW;
 use super::{FsConfig, FsError, OpenMode, ROOT_INO, S3Filesystem};
 use crate::s3::ObjectClient;
 use crate::s3::fake::FakeClient;
@@ -25,14 +26,6 @@ async fn parent_of(fs: &S3Filesystem, path: &str) -> (u64, String) {
         None => (ROOT_INO, path.to_string()),
     }
 }
-
-const RW: OpenMode = OpenMode {
-    direct: false,
-    write: true,
-    read: true,
-    truncate: false,
-    append: false,
-};
 
 /// A handle of `path` open for reading and writing, without O_TRUNC; created if missing.
 async fn open_rw(fs: &S3Filesystem, path: &str) -> u64 {

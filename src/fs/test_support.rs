@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use super::{FsConfig, S3Filesystem};
+use super::{FsConfig, OpenMode, S3Filesystem};
 use crate::s3::fake::FakeClient;
 use crate::s3::{ObjectClient, WriteCondition};
 
@@ -25,4 +25,24 @@ pub async fn fs_with(
 
 pub fn config() -> FsConfig {
     FsConfig::new(1000, 1000)
+}
+
+/// open(2) with O_RDWR, without O_TRUNC.
+pub const RW: OpenMode = OpenMode {
+    direct: false,
+    write: true,
+    read: true,
+    truncate: false,
+    append: false,
+};
+
+/// open(2) with O_RDONLY.
+pub const RO: OpenMode = OpenMode { write: false, ..RW };
+
+/// [`config`] with `--allow-overwrite` and staged files in `dir`.
+pub fn overwriting(dir: &tempfile::TempDir) -> FsConfig {
+    let mut c = config();
+    c.allow_overwrite = true;
+    c.staging_dir = Some(dir.path().to_path_buf());
+    c
 }

@@ -1,22 +1,13 @@
 //! Handles follow a rename: of their file, of a directory above it, and not at all when replaced; an
 //! unlinked file stays gone whatever its handles still write.
 
-use crate::fs::test_support::{config, fs_with};
-use crate::fs::{FsConfig, OpenMode, ROOT_INO};
+use crate::fs::test_support::{self, RW, fs_with};
+use crate::fs::{FsConfig, ROOT_INO};
 
-const RW: OpenMode = OpenMode {
-    direct: false,
-    write: true,
-    read: true,
-    truncate: false,
-    append: false,
-};
-
+/// Overwriting, and deleting (a rename may replace, an unlink delete).
 fn overwriting(dir: &tempfile::TempDir) -> FsConfig {
-    let mut c = config();
-    c.allow_overwrite = true;
+    let mut c = test_support::overwriting(dir);
     c.allow_delete = true;
-    c.staging_dir = Some(dir.path().to_path_buf());
     c
 }
 

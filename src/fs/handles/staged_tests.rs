@@ -1,31 +1,9 @@
 //! Staged files through the core's handle operations, with the fake client.
 
 use crate::fs::attrs::StoredAttrs;
-use crate::fs::test_support::{config, fs_with};
-use crate::fs::{FsConfig, FsError, OpenMode, ROOT_INO};
+use crate::fs::test_support::{RO, RW, config, fs_with, overwriting};
+use crate::fs::{FsError, OpenMode, ROOT_INO};
 use crate::s3::fake::Op;
-
-const RW: OpenMode = OpenMode {
-    direct: false,
-    write: true,
-    read: true,
-    truncate: false,
-    append: false,
-};
-const RO: OpenMode = OpenMode {
-    direct: false,
-    write: false,
-    read: true,
-    truncate: false,
-    append: false,
-};
-
-fn overwriting(dir: &tempfile::TempDir) -> FsConfig {
-    let mut c = config();
-    c.allow_overwrite = true;
-    c.staging_dir = Some(dir.path().to_path_buf());
-    c
-}
 
 #[tokio::test]
 async fn a_second_open_of_a_streamed_file_shares_its_bytes() {
