@@ -85,20 +85,32 @@ impl S3Filesystem {
             .await?;
         self.follow(&mut held, replaced, &repinned).await;
         drop(held);
-        self.rekey_late(&writers, &staged).await;
+        let moved_here = |candidate: u64| {
+            let table = self.sb.table();
+            let new_key = table.get(ino).map(|n| n.key().to_string());
+            candidate == ino
+                || (kind == Kind::Directory
+                    && new_key.is_some_and(|k| {
+                        table
+                            .get(candidate)
+                            .is_some_and(|n| n.key().starts_with(&k))
+                    }))
+        };
+        self.rekey_late(&writers, &staged, moved_here).await;
         Ok(())
     }
 
-    /// Handles opened or staged while the objects moved (not held) may carry a key from before the move:
-    /// each takes its node's key now.
+    /// Handles of what moved (`moved_here`) opened or staged while the objects moved, so not held, may carry
+    /// a key from before the move: each takes its node's key now. Others are not touched (nor waited for).
     async fn rekey_late(
         &self,
         writers: &[(u64, Arc<Handle>)],
         staged: &[(u64, Arc<SharedStaged>)],
+        moved_here: impl Fn(u64) -> bool,
     ) {
         let key_of = |ino: u64| self.sb.table().get(ino).map(|n| n.key().to_string());
         for (ino, handle) in self.handles.write_handles() {
-            if writers.iter().any(|(_, h)| Arc::ptr_eq(h, &handle)) {
+            if !moved_here(ino) || writers.iter().any(|(_, h)| Arc::ptr_eq(h, &handle)) {
                 continue;
             }
             let (Some((_, state, _)), Some(key)) = (handle.as_writer(), key_of(ino)) else {
@@ -112,7 +124,7 @@ impl S3Filesystem {
             }
         }
         for (ino, shared) in self.handles.staged.all() {
-            if staged.iter().any(|(_, s)| Arc::ptr_eq(s, &shared)) {
+            if !moved_here(ino) || staged.iter().any(|(_, s)| Arc::ptr_eq(s, &shared)) {
                 continue;
             }
             let Some(key) = key_of(ino) else { continue };
