@@ -504,3 +504,31 @@ fn an_open_descriptor_follows_a_rename() {
         );
     }
 }
+
+/// unlink(2) of a file whose descriptor is still open but has nothing left to upload: later writes through
+/// the descriptor work, as on a local disk, and never bring the name back.
+#[test]
+fn an_unlinked_file_stays_gone_whatever_its_descriptor_writes() {
+    for directory in [true, false] {
+        let bucket = fresh_bucket(directory, "stagedunlink");
+        put(emulator(), &bucket, "f", b"0123456789".to_vec());
+        let mount = Mount::new(&bucket, &["--allow-overwrite", "--allow-delete"]);
+        let f = open_rw(&mount.path().join("f"));
+        f.write_all_at(b"AB", 2).unwrap();
+        f.sync_all().unwrap();
+        std::fs::remove_file(mount.path().join("f")).unwrap();
+        assert_eq!(get(emulator(), &bucket, "f"), None);
+        f.write_all_at(b"CD", 4).unwrap();
+        let mut back = vec![0u8; 10];
+        f.read_exact_at(&mut back, 0).unwrap();
+        assert_eq!(back, b"01ABCD6789", "the descriptor reads what it wrote");
+        f.sync_all().unwrap();
+        close(f).unwrap();
+        assert_eq!(
+            get(emulator(), &bucket, "f"),
+            None,
+            "directory bucket: {directory}"
+        );
+        assert!(!mount.path().join("f").exists());
+    }
+}
