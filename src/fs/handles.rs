@@ -363,35 +363,31 @@ impl S3Filesystem {
             ));
         }
         // Handles still open (or closed, their release not in yet) must not bring the name back: held while
-        // the object goes (writers, then the staged file, as everywhere), and told so once it is gone. A
-        // failed delete leaves them as they were.
-        let mut writers = self.handles.writers_of(ino);
-        // The order a rename takes them in (`follow.rs`), so neither waits for the other crosswise.
-        writers.sort_by_key(|h| Arc::as_ptr(h) as usize);
-        let mut states = Vec::with_capacity(writers.len());
-        for handle in &writers {
-            if let Some((_, state, _)) = handle.as_writer() {
-                states.push(state.lock().await);
-            }
-        }
-        let staged = self.handles.staged.peek(ino);
-        let mut staged_file = match &staged {
-            Some(shared) => Some(shared.file.lock().await),
-            None => None,
-        };
+        // the object goes, as a rename holds them (`follow.rs`), and discarded once it is gone. A failed
+        // delete leaves them as they were.
+        let writers: Vec<(u64, Arc<Handle>)> = self
+            .handles
+            .writers_of(ino)
+            .into_iter()
+            .map(|h| (ino, h))
+            .collect();
+        let staged: Vec<(u64, Arc<SharedStaged>)>;
+        let mut held = follow::Held::default();
+        held.lock_writers(&writers).await;
+        staged = self
+            .handles
+            .staged
+            .peek(ino)
+            .map(|s| (ino, s))
+            .into_iter()
+            .collect();
+        held.lock_staged(&staged).await;
         if pending {
             self.sb.unlink_open(parent, name).await?;
         } else {
             self.sb.unlink(parent, name).await?;
         }
-        if let Some(file) = &mut staged_file {
-            file.discard();
-        }
-        for state in &mut states {
-            if let WriteState::Stream(w) = &mut **state {
-                w.discard().await;
-            }
-        }
+        held.discard(ino).await;
         Ok(())
     }
 

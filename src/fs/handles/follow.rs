@@ -21,9 +21,9 @@ use crate::fs::staged::StagedFile;
 use crate::fs::superblock::{Pins, Repinned};
 use crate::fs::{FsResult, S3Filesystem};
 
-/// What one rename holds: the handles open on what moves and on what it replaces.
+/// What one rename (or unlink) holds: the handles open on what moves and on what it replaces (or removes).
 #[derive(Default)]
-struct Held<'a> {
+pub(super) struct Held<'a> {
     staged: Vec<(u64, AsyncGuard<'a, StagedFile>)>,
     writers: Vec<(u64, AsyncGuard<'a, WriteState>)>,
 }
@@ -138,21 +138,22 @@ impl S3Filesystem {
     /// After the move: handles of what moved take its new keys (and the ETags of the copies, where the move
     /// copied); those of the replaced file upload nothing.
     async fn follow(&self, held: &mut Held<'_>, replaced: Option<u64>, repinned: &Repinned) {
+        if let Some(replaced) = replaced {
+            held.discard(replaced).await;
+        }
         let key_of = |ino: u64| self.sb.table().get(ino).map(|n| n.key().to_string());
         for (ino, file) in &mut held.staged {
-            if Some(*ino) == replaced {
-                file.discard();
-            } else if let Some(key) = key_of(*ino) {
+            if Some(*ino) != replaced
+                && let Some(key) = key_of(*ino)
+            {
                 file.moved(&key, repinned.get(&key).map(String::as_str));
             }
         }
         for (ino, state) in &mut held.writers {
-            let WriteState::Stream(writer) = &mut **state else {
-                continue;
-            };
-            if Some(*ino) == replaced {
-                writer.discard().await;
-            } else if let Some(key) = key_of(*ino) {
+            if let WriteState::Stream(writer) = &mut **state
+                && Some(*ino) != replaced
+                && let Some(key) = key_of(*ino)
+            {
                 let etag = repinned.get(&key).cloned();
                 writer.moved(key, etag.as_deref());
             }
@@ -195,9 +196,22 @@ impl Held<'_> {
 }
 
 impl<'a> Held<'a> {
+    /// The file `ino` has no name any more (unlinked, or replaced by a rename): its held handles go on
+    /// locally and upload nothing.
+    pub(super) async fn discard(&mut self, ino: u64) {
+        for (_, file) in self.staged.iter_mut().filter(|(i, _)| *i == ino) {
+            file.discard();
+        }
+        for (_, state) in self.writers.iter_mut().filter(|(i, _)| *i == ino) {
+            if let WriteState::Stream(writer) = &mut **state {
+                writer.discard().await;
+            }
+        }
+    }
+
     /// Locks `writers` in inode order (two renames never wait on each other crosswise). Writers come before
     /// staged files, the order of the other paths that hold both (a writer, then its staged file).
-    async fn lock_writers(&mut self, writers: &'a [(u64, Arc<Handle>)]) {
+    pub(super) async fn lock_writers(&mut self, writers: &'a [(u64, Arc<Handle>)]) {
         let mut writers: Vec<&(u64, Arc<Handle>)> = writers.iter().collect();
         writers.sort_by_key(|(ino, handle)| (*ino, Arc::as_ptr(handle) as usize));
         for (ino, handle) in writers {
@@ -208,7 +222,7 @@ impl<'a> Held<'a> {
     }
 
     /// Locks `staged` in inode order, after the writers.
-    async fn lock_staged(&mut self, staged: &'a [(u64, Arc<SharedStaged>)]) {
+    pub(super) async fn lock_staged(&mut self, staged: &'a [(u64, Arc<SharedStaged>)]) {
         let mut staged: Vec<&(u64, Arc<SharedStaged>)> = staged.iter().collect();
         staged.sort_by_key(|(ino, _)| *ino);
         for (ino, shared) in staged {
