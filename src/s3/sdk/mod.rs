@@ -15,6 +15,7 @@
 //! `Debug` output, which includes raw response bodies). The SDK's own TRACE events (`aws_sigv4`,
 //! `aws_smithy_runtime`) do print the `x-amz-s3session-token` header: log filters must cap them at DEBUG.
 
+mod endpoint;
 mod errors;
 mod get;
 mod options;
@@ -235,6 +236,7 @@ impl SdkClient {
             // Explicit, so AWS_S3_DISABLE_EXPRESS_SESSION_AUTH cannot turn off CreateSession for directory buckets.
             .disable_s3_express_session_auth(false)
             .force_path_style(config.force_path_style)
+            .endpoint_resolver(endpoint::PerBucketEndpoints::default())
             .interceptor(AttemptLog);
         if let Some(url) = &config.endpoint_url {
             builder = builder.endpoint_url(url);
