@@ -311,6 +311,10 @@ impl S3Filesystem {
                     }
                 }
             }
+            // ftruncate(2) is a change of the descriptor's own: its close uploads it, as a write's would.
+            if let Some(handle) = handle.as_deref() {
+                handle_wrote(handle);
+            }
             // truncate(2) by name of a staged file (handles open, or closed with their release not in yet):
             // uploaded now with whatever its handles wrote so far, as an fsync would, not at a later close
             // that may never come. A streaming writer cut in place uploads at its own close.
@@ -811,6 +815,7 @@ impl S3Filesystem {
             state,
             wrote,
             ino,
+            writable,
             ..
         } = handle.as_ref()
         else {
@@ -829,9 +834,11 @@ impl S3Filesystem {
             WriteState::Staged(shared) => Some(Arc::clone(shared)),
             WriteState::Stream(_) => None,
         };
+        // A file made here and never uploaded exists once a descriptor that may write it is closed.
+        let never_uploaded = *writable && self.sb.table().get(*ino).is_some_and(|n| n.is_local());
         match staged {
-            // Only a handle that wrote uploads at its close; the others leave that to the writers.
-            Some(shared) if wrote.swap(false, Ordering::SeqCst) => {
+            // Only a handle that changed the file uploads at its close; the others leave that to the writers.
+            Some(shared) if wrote.swap(false, Ordering::SeqCst) || never_uploaded => {
                 self.upload_staged(*ino, &shared).await
             }
             Some(_) => Ok(()),

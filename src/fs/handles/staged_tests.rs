@@ -197,3 +197,22 @@ async fn a_conflicting_release_fails_and_keeps_the_copy() {
     assert_eq!(&fs.read(b.fh, 0, 100).await.unwrap()[..], b"theirs");
     fs.release(b.fh).await.unwrap();
 }
+
+#[tokio::test]
+async fn an_ftruncate_is_uploaded_by_the_close_of_its_descriptor() {
+    let dir = tempfile::tempdir().unwrap();
+    let (fake, fs) = fs_with(&[("f", b"0123456789")], overwriting(&dir), true).await;
+    let ino = fs.sb.lookup(ROOT_INO, "f").await.unwrap().ino;
+    let a = fs.open(ino, RW, 1).await.unwrap();
+    fs.setattr(ino, Some(4), Some(a.fh), StoredAttrs::default())
+        .await
+        .unwrap();
+    fs.flush(a.fh, 1).await.unwrap();
+    assert_eq!(
+        fake.object("f").unwrap(),
+        &b"0123"[..],
+        "closed, so uploaded"
+    );
+    fs.release(a.fh).await.unwrap();
+    assert_eq!(fake.object("f").unwrap(), &b"0123"[..]);
+}

@@ -211,7 +211,8 @@ impl S3Filesystem {
             opener: tgid_of(pid),
             counted: WriterMark::idle(),
             writable: mode.write,
-            wrote: AtomicBool::new(false),
+            // O_TRUNC emptied the file (open_staged): that change is this handle's, uploaded at its close.
+            wrote: AtomicBool::new(mode.write && mode.truncate),
         });
         // Every handle of a staged file reads around the page cache: what one writes, the others see.
         Ok(Opened {
