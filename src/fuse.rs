@@ -68,6 +68,20 @@ struct Adapter {
     runtime: tokio::runtime::Handle,
     ttl: Duration,
     block_size: u32,
+    /// Test builds only ([`late_releases`]): how long every release waits before it is acted on.
+    release_delay: Option<Duration>,
+}
+
+/// The kernel sends RELEASE after close(2) has returned, and on a loaded machine it may arrive long after:
+/// meanwhile the file can be opened, renamed or unlinked again. Debug builds read
+/// `EXPRESSFS_TEST_RELEASE_DELAY_MS` and hold every release that long, so tests (`tests/model_mount.rs`) can
+/// open that window wide; release builds never do.
+fn late_releases() -> Option<Duration> {
+    if !cfg!(debug_assertions) {
+        return None;
+    }
+    let ms = std::env::var("EXPRESSFS_TEST_RELEASE_DELAY_MS").ok()?;
+    ms.parse().ok().map(Duration::from_millis)
 }
 
 fn file_attr(a: &Attr, block_size: u32) -> FileAttr {
@@ -573,7 +587,13 @@ impl Filesystem for Adapter {
         reply: ReplyEmpty,
     ) {
         let fs = Arc::clone(&self.fs);
-        let work = async move { fs.release(fh.0).await };
+        let delay = self.release_delay;
+        let work = async move {
+            if let Some(delay) = delay {
+                tokio::time::sleep(delay).await;
+            }
+            fs.release(fh.0).await
+        };
         let span = debug_span!("release", ino = ino.0);
         self.serve("release", span, reply, work, ok);
     }
@@ -749,11 +769,19 @@ pub fn mount(
     options: &FuseOptions,
 ) -> std::io::Result<MountedFs> {
     let ttl = fs.config().metadata_ttl;
+    let release_delay = late_releases();
+    if let Some(delay) = release_delay {
+        warn!(
+            ?delay,
+            "test build: every release is held back (EXPRESSFS_TEST_RELEASE_DELAY_MS)"
+        );
+    }
     let adapter = Adapter {
         fs,
         runtime,
         ttl,
         block_size: 128 * 1024,
+        release_delay,
     };
     let mut mount_options = vec![
         MountOption::FSName(options.fs_name.clone()),

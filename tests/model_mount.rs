@@ -192,10 +192,18 @@ fn run(root: &Path, ops: Vec<Op>) {
     }
 }
 
-fn random_operations_on(directory: bool, cases: u32) {
+/// `release_delay_ms`: how long the daemon holds every release (a test build's
+/// `EXPRESSFS_TEST_RELEASE_DELAY_MS`), to open the window a loaded kernel leaves between close(2) and the
+/// release, in which the file may be opened, renamed or unlinked again.
+fn random_operations_on(directory: bool, cases: u32, release_delay_ms: Option<u32>) {
     // The mount lives in this test (not in a static) so it is unmounted when the test ends.
     let bucket = fresh_bucket(directory, "model");
-    let mount = Mount::new(&bucket, &["--allow-overwrite", "--allow-delete"]);
+    let delay = release_delay_ms.map(|ms| ms.to_string());
+    let env: Vec<(&str, &str)> = delay
+        .iter()
+        .map(|ms| ("EXPRESSFS_TEST_RELEASE_DELAY_MS", ms.as_str()))
+        .collect();
+    let mount = Mount::with_env(&bucket, &["--allow-overwrite", "--allow-delete"], &env);
     let case = AtomicUsize::new(0);
     let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
         cases,
@@ -224,10 +232,20 @@ fn cases(default: u32) -> u32 {
 
 #[test]
 fn random_operations_through_a_mount_match_the_model() {
-    random_operations_on(true, cases(32));
+    random_operations_on(true, cases(32), None);
 }
 
 #[test]
 fn random_operations_through_a_general_purpose_mount_match_the_model() {
-    random_operations_on(false, cases(16));
+    random_operations_on(false, cases(16), None);
+}
+
+#[test]
+fn random_operations_with_late_releases_match_the_model() {
+    random_operations_on(true, cases(200), Some(30));
+}
+
+#[test]
+fn random_operations_on_a_general_purpose_mount_with_late_releases_match_the_model() {
+    random_operations_on(false, cases(100), Some(30));
 }

@@ -437,27 +437,39 @@ impl S3Filesystem {
                 "overwriting an object needs --allow-overwrite",
             ));
         }
-        // Open already, staged: every handle shares the one staged file.
-        if let Some(shared) = self.handles.staged.attach(ino) {
-            return self.open_staged(ino, shared, mode, pid).await;
-        }
-        // Being written by a streaming writer: its bytes move to a staged file both handles share. A reader
-        // of a file whose writer has uploaded everything reads the bucket, as any other reader.
-        if (mode.write || node.is_being_written())
-            && let Some(writer) = self.handles.writer_for(ino)
-        {
+        let mut node = node;
+        for attempt in 1..=3 {
+            // Open already, staged: every handle shares the one staged file.
+            if let Some(shared) = self.handles.staged.attach(ino) {
+                return self.open_staged(ino, shared, mode, pid).await;
+            }
+            // Being written by a streaming writer: its bytes move to a staged file both handles share. A
+            // reader of a file whose writer has uploaded everything reads the bucket, as any other reader.
+            let Some(writer) = (mode.write || node.is_being_written())
+                .then(|| self.handles.writer_for(ino))
+                .flatten()
+            else {
+                break;
+            };
             let (_, state, counted) = writer.as_writer().expect("a write handle");
             let shared = {
                 let mut state = state.lock().await;
                 self.stage_writer(ino, &mut state, counted, false).await?
             };
-            let shared = self
+            if let Some(shared) = self
                 .handles
                 .staged
                 .attach(ino)
                 .filter(|s| Arc::ptr_eq(s, &shared))
-                .ok_or(FsError::Busy("the file is being written"))?;
-            return self.open_staged(ino, shared, mode, pid).await;
+            {
+                return self.open_staged(ino, shared, mode, pid).await;
+            }
+            // The writer's last handle was released meanwhile (FUSE sends release after close(2) has
+            // returned), and its staged file with it: what is there now is another question.
+            if attempt == 3 {
+                return Err(FsError::Busy("the file is being written"));
+            }
+            node = self.sb.node(ino)?;
         }
         if mode.write {
             let fh = self.open_existing_for_write(&node, mode, pid).await?;

@@ -249,7 +249,16 @@ impl Mount {
         Mount::on(emulator(), bucket, args)
     }
 
+    /// [`Mount::new`] with extra environment variables for the daemon.
+    pub fn with_env(bucket: &str, args: &[&str], env: &[(&str, &str)]) -> Mount {
+        Mount::start(emulator(), bucket, args, env)
+    }
+
     pub fn on(emu: &Emulator, bucket: &str, args: &[&str]) -> Mount {
+        Mount::start(emu, bucket, args, &[])
+    }
+
+    fn start(emu: &Emulator, bucket: &str, args: &[&str], env: &[(&str, &str)]) -> Mount {
         let dir = tempfile::Builder::new()
             .prefix("expressfs-mnt-")
             .tempdir()
@@ -260,7 +269,8 @@ impl Mount {
         cmd.arg("--foreground")
             .args(args)
             .arg(bucket)
-            .arg(dir.path());
+            .arg(dir.path())
+            .envs(env.iter().copied());
         cmd.stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
             .stderr(log);
