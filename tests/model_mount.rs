@@ -204,6 +204,13 @@ fn random_operations_on(directory: bool, cases: u32, release_delay_ms: Option<u3
         .map(|ms| ("EXPRESSFS_TEST_RELEASE_DELAY_MS", ms.as_str()))
         .collect();
     let mount = Mount::with_env(&bucket, &["--allow-overwrite", "--allow-delete"], &env);
+    if release_delay_ms.is_some() {
+        assert!(
+            mount.log().contains("every release is held back"),
+            "the daemon did not take the delay (a release build?):\n{}",
+            mount.log()
+        );
+    }
     let case = AtomicUsize::new(0);
     let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
         cases,

@@ -204,6 +204,11 @@ impl HandleTable {
         self.open().remove(&fh)
     }
 
+    /// Still in the table (not released).
+    fn is_open(&self, handle: &Arc<Handle>) -> bool {
+        self.open().values().any(|h| Arc::ptr_eq(h, handle))
+    }
+
     /// Every write handle open on `ino`.
     fn writers_of(&self, ino: u64) -> Vec<Arc<Handle>> {
         self.open()
@@ -288,7 +293,7 @@ impl S3Filesystem {
                 .await;
             match (staged, handle.as_deref()) {
                 (Some(result), _) => result?,
-                (None, Some(Handle::Write { state, counted, .. })) => {
+                (None, Some(owner @ Handle::Write { state, counted, .. })) => {
                     let mut state = state.lock().await;
                     if let WriteState::Stream(w) = &mut *state
                         && w.truncate(size)
@@ -298,7 +303,9 @@ impl S3Filesystem {
                             n.set_size(new_size);
                         }
                     } else {
-                        let shared = self.stage_writer(ino, &mut state, counted, false).await?;
+                        let shared = self
+                            .stage_writer(ino, owner, &mut state, counted, false)
+                            .await?;
                         let mut file = shared.file.lock().await;
                         file.truncate(size)?;
                         self.note_staged(ino, &shared, file.size());
@@ -312,7 +319,9 @@ impl S3Filesystem {
                 }
             }
             // ftruncate(2) is a change of the descriptor's own: its close uploads it, as a write's would.
-            if let Some(handle) = handle.as_deref() {
+            if fh.is_some()
+                && let Some(handle) = handle.as_deref()
+            {
                 handle_wrote(handle);
             }
             // truncate(2) by name of a staged file (handles open, or closed with their release not in yet):
@@ -338,7 +347,9 @@ impl S3Filesystem {
             return Ok(());
         }
         let mut state = state.lock().await;
-        let shared = self.stage_writer(ino, &mut state, counted, false).await?;
+        let shared = self
+            .stage_writer(ino, &handle, &mut state, counted, false)
+            .await?;
         let mut file = shared.file.lock().await;
         file.fallocate(offset, len, mode)?;
         self.note_staged(ino, &shared, file.size());
@@ -422,7 +433,7 @@ impl S3Filesystem {
     }
 
     pub async fn open(&self, ino: u64, mode: OpenMode, pid: u32) -> FsResult<Opened> {
-        let node = self.sb.node(ino)?;
+        let mut node = self.sb.node(ino)?;
         match node.kind() {
             Kind::Directory => return Err(FsError::IsADirectory),
             // The kernel follows links itself; it opens one only when asked not to follow it.
@@ -432,13 +443,15 @@ impl S3Filesystem {
         if mode.write && self.config.read_only {
             return Err(FsError::ReadOnly);
         }
-        if mode.write && mode.truncate && !self.config.allow_overwrite && !node.is_local() {
-            return Err(FsError::NotPermitted(
-                "overwriting an object needs --allow-overwrite",
-            ));
-        }
-        let mut node = node;
-        for attempt in 1..=3 {
+        for attempt in 1.. {
+            if attempt > 3 {
+                return Err(FsError::Busy("the file is being written"));
+            }
+            if mode.write && mode.truncate && !self.config.allow_overwrite && !node.is_local() {
+                return Err(FsError::NotPermitted(
+                    "overwriting an object needs --allow-overwrite",
+                ));
+            }
             // Open already, staged: every handle shares the one staged file.
             if let Some(shared) = self.handles.staged.attach(ino) {
                 return self.open_staged(ino, shared, mode, pid).await;
@@ -452,23 +465,17 @@ impl S3Filesystem {
                 break;
             };
             let (_, state, counted) = writer.as_writer().expect("a write handle");
-            let shared = {
-                let mut state = state.lock().await;
-                self.stage_writer(ino, &mut state, counted, false).await?
-            };
-            if let Some(shared) = self
-                .handles
-                .staged
-                .attach(ino)
-                .filter(|s| Arc::ptr_eq(s, &shared))
             {
-                return self.open_staged(ino, shared, mode, pid).await;
+                let mut state = state.lock().await;
+                // Released while we waited for its lock: its state is final, nothing to stage from it.
+                if self.handles.is_open(&writer) {
+                    self.stage_writer(ino, &writer, &mut state, counted, false)
+                        .await?;
+                }
             }
-            // The writer's last handle was released meanwhile (FUSE sends release after close(2) has
-            // returned), and its staged file with it: what is there now is another question.
-            if attempt == 3 {
-                return Err(FsError::Busy("the file is being written"));
-            }
+            // Joined at the top of the next round. FUSE sends release after close(2) has returned: the
+            // writer, or the staged file made from it, may go with its last release meanwhile, and then what
+            // is there now is another question.
             node = self.sb.node(ino)?;
         }
         if mode.write {
@@ -728,7 +735,8 @@ impl S3Filesystem {
             } => {
                 let shared = {
                     let mut state = state.lock().await;
-                    self.stage_writer(*ino, &mut state, counted, false).await?
+                    self.stage_writer(*ino, &handle, &mut state, counted, false)
+                        .await?
                 };
                 shared.file.lock().await.read(offset, size as u64).await
             }
@@ -755,7 +763,10 @@ impl S3Filesystem {
                 self.note_written(ino, counted, w.size());
                 return Ok(n);
             }
-            _ => self.stage_writer(ino, &mut state, counted, true).await?,
+            _ => {
+                self.stage_writer(ino, &handle, &mut state, counted, true)
+                    .await?
+            }
         };
         drop(state);
         let mut file = shared.file.lock().await;

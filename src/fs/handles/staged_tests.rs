@@ -216,3 +216,27 @@ async fn an_ftruncate_is_uploaded_by_the_close_of_its_descriptor() {
     fs.release(a.fh).await.unwrap();
     assert_eq!(fake.object("f").unwrap(), &b"0123"[..]);
 }
+
+/// `fopen(path, "w+")`: streamed, then read back, which stages the file. What the descriptor streamed is its
+/// own change: its close uploads it.
+#[tokio::test]
+async fn bytes_streamed_before_staging_are_uploaded_by_the_close() {
+    let dir = tempfile::tempdir().unwrap();
+    let (fake, fs) = fs_with(&[("f", b"old bytes")], overwriting(&dir), true).await;
+    let ino = fs.sb.lookup(ROOT_INO, "f").await.unwrap().ino;
+    let w_plus = crate::fs::OpenMode {
+        truncate: true,
+        ..RW
+    };
+    let h = fs.open(ino, w_plus, 1).await.unwrap();
+    fs.write(h.fh, 0, b"abc").await.unwrap();
+    assert_eq!(&fs.read(h.fh, 0, 10).await.unwrap()[..], b"abc");
+    fs.flush(h.fh, 1).await.unwrap();
+    assert_eq!(
+        fake.object("f").unwrap(),
+        &b"abc"[..],
+        "closed, so uploaded"
+    );
+    fs.release(h.fh).await.unwrap();
+    assert_eq!(fake.object("f").unwrap(), &b"abc"[..]);
+}

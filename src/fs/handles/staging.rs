@@ -150,9 +150,12 @@ impl S3Filesystem {
     /// the handle then writes to and is attached to. The node's writer count moves with the bytes. When this
     /// fails for a write (`for_write`), that write's bytes are lost: the writer fails as a whole, so the file
     /// is never uploaded without them.
+    /// `owner` is the handle whose state this is: bytes it streamed and has not uploaded become a change of
+    /// its own in the staged file, which its close uploads.
     pub(super) async fn stage_writer(
         &self,
         ino: u64,
+        owner: &Handle,
         state: &mut WriteState,
         counted: &WriterMark,
         for_write: bool,
@@ -176,6 +179,9 @@ impl S3Filesystem {
         let attrs = writer.attrs();
         let file = StagedFile::adopt(ctx, &writer.key, adopted, attrs);
         let mark = WriterMark::idle();
+        if file.is_changed() {
+            super::handle_wrote(owner);
+        }
         if let Some(n) = self.sb.table().get_mut(ino) {
             if file.is_changed() {
                 mark.wrote(n);
