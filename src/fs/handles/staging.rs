@@ -179,11 +179,12 @@ impl S3Filesystem {
         let attrs = writer.attrs();
         let file = StagedFile::adopt(ctx, &writer.key, adopted, attrs);
         let mark = WriterMark::idle();
-        if file.is_changed() {
+        let changed = file.is_changed();
+        if changed {
             super::handle_wrote(owner);
         }
         if let Some(n) = self.sb.table().get_mut(ino) {
-            if file.is_changed() {
+            if changed {
                 mark.wrote(n);
             }
             counted.settled(n);
