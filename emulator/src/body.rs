@@ -29,6 +29,8 @@ pub enum BodyFault {
     ResetMidBody,
     /// Stop after half the bytes without an error: hyper closes the connection short of Content-Length.
     Truncate,
+    /// Send half the bytes, then nothing for 20 s, then reset: a server that stalls mid-body.
+    StallMidBody,
 }
 
 pub enum ResponseBody {
@@ -85,7 +87,16 @@ impl ResponseBody {
                     sent += n as u64;
                 }
             }
-            if fault == BodyFault::ResetMidBody {
+            if fault == BodyFault::StallMidBody {
+                // Waits for the client to give up (its receiver goes), at most 20 s.
+                for _ in 0..200 {
+                    if tx.is_closed() {
+                        return;
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(100));
+                }
+            }
+            if matches!(fault, BodyFault::ResetMidBody | BodyFault::StallMidBody) {
                 let _ = tx.blocking_send(Err(std::io::Error::other("injected connection reset")));
             }
         });

@@ -24,6 +24,8 @@ pub enum Fault {
     UnexpectedStatus,
     /// The request is held for 20 s before it is answered: a stalled server, for client timeouts.
     Stall,
+    /// GetObject sends half its body, then nothing for 20 s (other operations: the connection is dropped).
+    StallMidBody,
     /// 409 ConditionalRequestConflict for a conditional write (PutObject, CompleteMultipartUpload, CopyObject
     /// with If-Match / If-None-Match; a Complete also loses its upload), as if another writer had raced it.
     /// Requests without a write condition pass untouched.
@@ -31,7 +33,7 @@ pub enum Fault {
 }
 
 impl Fault {
-    pub const ALL: [(&'static str, Fault); 11] = [
+    pub const ALL: [(&'static str, Fault); 12] = [
         ("internal-error", Fault::InternalError),
         ("slow-down", Fault::SlowDown),
         ("reset-before-body", Fault::ResetBeforeBody),
@@ -42,6 +44,7 @@ impl Fault {
         ("malformed-xml", Fault::MalformedXml),
         ("unexpected-status", Fault::UnexpectedStatus),
         ("stall", Fault::Stall),
+        ("stall-mid-body", Fault::StallMidBody),
         ("conditional-conflict", Fault::ConditionalConflict),
     ];
 

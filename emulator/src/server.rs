@@ -523,7 +523,10 @@ async fn run(
         Some(Fault::LatencySpike) => tokio::time::sleep(Duration::from_millis(1500)).await,
         Some(Fault::ResetMidBody) if op == "GetObject" => body_fault = BodyFault::ResetMidBody,
         Some(Fault::TruncatedBody) if op == "GetObject" => body_fault = BodyFault::Truncate,
-        Some(Fault::ResetMidBody | Fault::TruncatedBody) => return Err(Outcome::Drop),
+        Some(Fault::StallMidBody) if op == "GetObject" => body_fault = BodyFault::StallMidBody,
+        Some(Fault::ResetMidBody | Fault::TruncatedBody | Fault::StallMidBody) => {
+            return Err(Outcome::Drop);
+        }
         Some(Fault::MalformedXml) => return Err(Outcome::Answer(malformed_xml(op))),
         Some(Fault::UnexpectedStatus) => {
             let mut r = respond(418, ResponseBody::full("I'm a teapot\n".to_string()));

@@ -133,20 +133,25 @@ fn classify_source_chain(err: &(dyn StdError + 'static), bucket: &str) -> Option
         }
         if let Some(session) = current.downcast_ref::<SdkError<CreateSessionError, HttpResponse>>()
         {
-            // A bucket-level call: a 404 from CreateSession means the bucket is missing, never the object.
-            return Some(match map_sdk_error(session, bucket, "") {
-                ClientError::AccessDenied { code, message } => ClientError::AccessDenied {
-                    code,
-                    message: format!(
-                        "CreateSession refused (needs s3express:CreateSession): {message}"
-                    ),
-                },
-                other => other,
-            });
+            return Some(create_session_failure(session, bucket));
         }
         cause = current.source();
     }
     None
+}
+
+/// A failed CreateSession. A bucket-level call: a 404 means the bucket is missing, never the object.
+pub(crate) fn create_session_failure(
+    err: &SdkError<CreateSessionError, HttpResponse>,
+    bucket: &str,
+) -> ClientError {
+    match map_sdk_error(err, bucket, "") {
+        ClientError::AccessDenied { code, message } => ClientError::AccessDenied {
+            code,
+            message: format!("CreateSession refused (needs s3express:CreateSession): {message}"),
+        },
+        other => other,
+    }
 }
 
 /// The error and its causes, `Display` only. (The SDK's `DisplayErrorContext` also prints the `Debug` form,

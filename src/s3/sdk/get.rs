@@ -10,11 +10,11 @@ use std::error::Error as StdError;
 use std::ops::Range;
 use std::sync::atomic::Ordering;
 
-use aws_sdk_s3::operation::get_object::GetObjectOutput;
 use aws_sdk_s3::primitives::ByteStream;
 use bytes::{Bytes, BytesMut};
 use tracing::{debug, warn};
 
+use super::direct::GetAnswer;
 use super::errors::map_sdk_error;
 use super::{SdkClient, backoff_delay};
 use crate::s3::{ClientError, ObjectInfo};
@@ -59,7 +59,7 @@ impl SdkClient {
                     window.start
                 )));
             }
-            if let Some(etag) = response.e_tag() {
+            if let Some(etag) = response.e_tag.as_deref() {
                 match &pinned {
                     // The server ignored If-Match (or the object changed between our requests).
                     Some(expected) if !etag_eq(expected, etag) => {
@@ -92,7 +92,15 @@ impl SdkClient {
             // unknown: `Content-Range: bytes a-b/*`).
             let out = buf.get_or_insert_with(|| crate::buffers::take(want as usize));
             let before = out.len();
-            let outcome = read_body(response.body, out, skip, want, drain).await;
+            let outcome = read_body(
+                response.body,
+                out,
+                skip,
+                want,
+                drain,
+                self.config.stall_timeout,
+            )
+            .await;
             let problem = match outcome {
                 Ok(()) if (out.len() - before) as u64 == want => None,
                 Ok(()) => Some(format!(
@@ -167,21 +175,19 @@ impl SdkClient {
         if window.start != 0 {
             return Err(malformed("answer does not start at byte 0"));
         }
-        let etag = response
-            .e_tag()
-            .ok_or_else(|| malformed("no ETag"))?
-            .to_string();
+        let etag = response.e_tag.clone().ok_or_else(|| malformed("no ETag"))?;
         let info = ObjectInfo {
             key: key.to_string(),
             size,
             etag,
-            last_modified: super::to_system_time(response.last_modified()),
-            metadata: super::user_metadata(response.metadata()),
+            last_modified: super::to_system_time(response.last_modified.as_ref()),
+            metadata: super::user_metadata(Some(&response.metadata)),
         };
         let want = window.len.min(len);
         let mut buf = BytesMut::with_capacity(want as usize);
         let drain = want >= window.len;
-        let bytes = match read_body(response.body, &mut buf, 0, want, drain).await {
+        let stall = self.config.stall_timeout;
+        let bytes = match read_body(response.body, &mut buf, 0, want, drain, stall).await {
             Ok(()) if buf.len() as u64 == want => buf.freeze(),
             // The body broke or failed its checksum: the resuming GET, pinned to this version, finishes it.
             _ => self.get_range(key, 0..want, Some(&info.etag)).await?,
@@ -194,8 +200,11 @@ impl SdkClient {
         key: &str,
         range: Range<u64>,
         if_match: Option<&str>,
-    ) -> Result<GetObjectOutput, ClientError> {
+    ) -> Result<GetAnswer, ClientError> {
         let header = format!("bytes={}-{}", range.start, range.end - 1);
+        if let Some(direct) = &self.direct {
+            return direct.get(self, key, &header, if_match).await;
+        }
         self.run(|client| {
             let request = client
                 .get_object()
@@ -207,6 +216,7 @@ impl SdkClient {
                 request
                     .send()
                     .await
+                    .map(GetAnswer::from)
                     .map_err(|e| map_sdk_error(&e, &self.config.bucket, key))
             }
         })
@@ -222,9 +232,9 @@ struct Window {
     object_size: Option<u64>,
 }
 
-fn answer_window(key: &str, response: &GetObjectOutput) -> Result<Window, ClientError> {
-    let content_length = response.content_length().map(|n| n.max(0) as u64);
-    let window = match response.content_range() {
+fn answer_window(key: &str, response: &GetAnswer) -> Result<Window, ClientError> {
+    let content_length = response.content_length;
+    let window = match response.content_range.as_deref() {
         Some(value) => {
             let (start, last, object_size) = parse_content_range(value).ok_or_else(|| {
                 ClientError::Malformed(format!("GET {key}: unparsable Content-Range {value:?}"))
@@ -295,13 +305,15 @@ enum BodyError {
 }
 
 /// Appends bytes `skip..skip + want` of the body to `out`. Stops once they are in unless `drain` asks to read
-/// to the end of the stream.
+/// to the end of the stream. A body that sends nothing for `stall` is broken (the SDK's stalled-stream
+/// protection does the same for its own GETs; GETs sent without the orchestrator have only this).
 async fn read_body(
     mut body: ByteStream,
     out: &mut BytesMut,
     skip: u64,
     want: u64,
     drain: bool,
+    stall: std::time::Duration,
 ) -> Result<(), BodyError> {
     let mut to_skip = skip;
     let mut to_take = want;
@@ -309,7 +321,10 @@ async fn read_body(
         if to_take == 0 && !drain {
             return Ok(());
         }
-        match body.next().await {
+        let Ok(next) = tokio::time::timeout(stall, body.next()).await else {
+            return Err(BodyError::Broken(format!("no body bytes for {stall:?}")));
+        };
+        match next {
             None => return Ok(()),
             Some(Ok(mut chunk)) => {
                 if to_skip > 0 {
@@ -369,11 +384,15 @@ mod tests {
         assert_eq!(parse_content_range("items 0-1/2"), None);
     }
 
-    fn output(range: Option<&str>, length: Option<i64>) -> GetObjectOutput {
-        GetObjectOutput::builder()
-            .set_content_range(range.map(str::to_string))
-            .set_content_length(length)
-            .build()
+    fn output(range: Option<&str>, length: Option<u64>) -> GetAnswer {
+        GetAnswer {
+            content_length: length,
+            content_range: range.map(str::to_string),
+            e_tag: None,
+            last_modified: None,
+            metadata: Default::default(),
+            body: ByteStream::new(aws_smithy_types::body::SdkBody::empty()),
+        }
     }
 
     #[test]
@@ -423,15 +442,22 @@ mod tests {
     async fn read_body_skips_and_takes() {
         let body = || ByteStream::from(Bytes::from_static(b"0123456789"));
         let mut out = BytesMut::new();
-        read_body(body(), &mut out, 2, 5, false).await.ok().unwrap();
+        let stall = std::time::Duration::from_secs(5);
+        read_body(body(), &mut out, 2, 5, false, stall)
+            .await
+            .ok()
+            .unwrap();
         assert_eq!(&out[..], b"23456");
         let mut out = BytesMut::new();
-        read_body(body(), &mut out, 3, 7, true).await.ok().unwrap();
+        read_body(body(), &mut out, 3, 7, true, stall)
+            .await
+            .ok()
+            .unwrap();
         assert_eq!(&out[..], b"3456789");
         // Draining a body that is longer than the window is an inconsistency.
         let mut out = BytesMut::new();
         assert!(matches!(
-            read_body(body(), &mut out, 0, 4, true).await,
+            read_body(body(), &mut out, 0, 4, true, stall).await,
             Err(BodyError::Broken(_))
         ));
     }

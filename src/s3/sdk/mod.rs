@@ -1,7 +1,9 @@
 //! aws-sdk-s3 implementation of [`ObjectClient`].
 //!
 //! The SDK does the S3 Express session work (CreateSession, caching, refreshing before expiry) on its own; we
-//! never disable it. On top of the SDK this module adds what a file system needs:
+//! never disable it. The read path's GETs are the exception: [`direct`] sends them without the SDK's
+//! orchestrator (a GET through it costs about twice the CPU), with credentials and sessions obtained
+//! through the SDK. On top of the SDK this module adds what a file system needs:
 //! - one error classification ([`errors`]);
 //! - GETs that are never short: a body that breaks is resumed from the byte where it stopped, pinned to the
 //!   same ETag ([`get`]);
@@ -15,6 +17,7 @@
 //! `Debug` output, which includes raw response bodies). The SDK's own TRACE events (`aws_sigv4`,
 //! `aws_smithy_runtime`) do print the `x-amz-s3session-token` header: log filters must cap them at DEBUG.
 
+mod direct;
 mod endpoint;
 mod errors;
 mod get;
@@ -156,6 +159,8 @@ pub struct SdkClient {
     config: SdkClientConfig,
     sdk_config: aws_sdk_s3::Config,
     session: RwLock<Session>,
+    /// The read path's GETs, sent without the orchestrator; None keeps them on the SDK.
+    direct: Option<direct::DirectGet>,
     body_resumes: AtomicU64,
     session_renewals: AtomicU64,
 }
@@ -256,9 +261,13 @@ impl SdkClient {
         }
         let sdk_config = builder.build();
         let client = aws_sdk_s3::Client::from_conf(sdk_config.clone());
+        let direct = direct::DirectGet::for_config(&config, shared.credentials_provider())
+            .await
+            .map_err(invalid)?;
         Ok(SdkClient {
             config,
             sdk_config,
+            direct,
             session: RwLock::new(Session {
                 generation: 0,
                 client,

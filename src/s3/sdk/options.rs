@@ -154,23 +154,8 @@ pub(super) fn http_client(config: &SdkClientConfig) -> Result<Option<SharedHttpC
     if config.ca_bundle.is_none() && config.bind.is_empty() {
         return Ok(None);
     }
-    let trust = match &config.ca_bundle {
-        // mount-s3 and the AWS CLI: the bundle replaces the system's roots.
-        Some(path) => TrustStore::empty()
-            .with_native_roots(false)
-            .with_pem_certificate(load_ca_bundle(path)?),
-        None => TrustStore::default(),
-    };
-    let tls = TlsContext::builder()
-        .with_trust_store(trust)
-        .build()
-        .map_err(|e| e.to_string())?;
-    let interfaces: Vec<Option<String>> = if config.bind.is_empty() {
-        vec![None]
-    } else {
-        config.bind.iter().cloned().map(Some).collect()
-    };
-    let clients = interfaces
+    let tls = tls_context(config)?;
+    let clients = interfaces(config)
         .into_iter()
         .map(|interface| {
             let tls = tls.clone();
@@ -196,6 +181,64 @@ pub(super) fn http_client(config: &SdkClientConfig) -> Result<Option<SharedHttpC
         Ok([one]) => one,
         Err(many) => SharedHttpClient::new(Spread { clients: many }),
     }))
+}
+
+fn tls_context(config: &SdkClientConfig) -> Result<TlsContext, String> {
+    let trust = match &config.ca_bundle {
+        // mount-s3 and the AWS CLI: the bundle replaces the system's roots.
+        Some(path) => TrustStore::empty()
+            .with_native_roots(false)
+            .with_pem_certificate(load_ca_bundle(path)?),
+        None => TrustStore::default(),
+    };
+    TlsContext::builder()
+        .with_trust_store(trust)
+        .build()
+        .map_err(|e| e.to_string())
+}
+
+/// The `--bind` interfaces, or one unbound socket.
+fn interfaces(config: &SdkClientConfig) -> Vec<Option<String>> {
+    if config.bind.is_empty() {
+        vec![None]
+    } else {
+        config.bind.iter().cloned().map(Some).collect()
+    }
+}
+
+/// The connector of the GETs sent without the orchestrator (`direct.rs`): the SDK's HTTP stack with the
+/// settings the SDK client gets (connect timeout, TLS trust, `--bind`), and a pool of its own.
+pub(super) fn direct_connector(config: &SdkClientConfig) -> Result<SharedHttpConnector, String> {
+    let tls = tls_context(config)?;
+    let settings = HttpConnectorSettings::builder()
+        .connect_timeout(config.connect_timeout)
+        .build();
+    let connectors: Vec<SharedHttpConnector> = interfaces(config)
+        .into_iter()
+        .map(|interface| {
+            let mut builder = Connector::builder()
+                .connector_settings(settings.clone())
+                .sleep_impl(aws_smithy_async::rt::sleep::TokioSleep::new());
+            if let Some(name) = interface {
+                builder.set_interface(name);
+            }
+            SharedHttpConnector::new(
+                builder
+                    .tls_provider(tls::Provider::Rustls(
+                        tls::rustls_provider::CryptoMode::AwsLc,
+                    ))
+                    .tls_context(tls.clone())
+                    .build(),
+            )
+        })
+        .collect();
+    Ok(match <[SharedHttpConnector; 1]>::try_from(connectors) {
+        Ok([one]) => one,
+        Err(many) => SharedHttpConnector::new(RoundRobin {
+            connectors: many,
+            next: AtomicUsize::new(0),
+        }),
+    })
 }
 
 /// Several interfaces: one client (and connection pool) per interface, requests dealt out in turn, so
