@@ -13,12 +13,15 @@
 //! - answers are classified by [`classify`], as SDK answers are, and transient failures are retried with the
 //!   SDK's backoff and a retry quota of the same shape.
 //!
+//! - no `x-amz-checksum-mode`: S3 returns full-object checksums only on 200 answers, and these GETs are
+//!   ranged (206); get.rs checks every answer's Content-Range and length instead.
+//!
 //! A configuration this path does not cover (unsigned requests, SSE flags, an auth scheme other than SigV4,
 //! headers a directory bucket's session would not carry) keeps every GET on the SDK.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
 use aws_credential_types::Credentials;
@@ -38,7 +41,10 @@ use aws_smithy_types::body::SdkBody;
 use tracing::debug;
 
 use super::errors::{classify, create_session_failure, describe};
-use super::{INITIAL_BACKOFF, MAX_BACKOFF, RETRY_QUOTA_REFILL_PER_SEC, SdkClient, SdkClientConfig};
+use super::{
+    INITIAL_BACKOFF, MAX_BACKOFF, RETRY_QUOTA_REFILL_PER_SEC, SdkClient, SdkClientConfig,
+    unit_random,
+};
 use crate::s3::ClientError;
 
 /// What a GET answered: the headers the read path uses, and the body still streaming.
@@ -77,8 +83,24 @@ struct Signing {
 #[derive(Clone)]
 struct Held {
     credentials: Credentials,
-    refresh_at: Option<Instant>,
+    refresh_at: Instant,
+    /// Which fetch this was: a rejection drops the credentials only if no newer fetch replaced them.
+    generation: u64,
 }
+
+/// How long a credentials fetch may take (the SDK's identity cache allows the same).
+const CREDENTIALS_TIMEOUT: Duration = Duration::from_secs(5);
+/// Credentials without an expiry are fetched again this often (the SDK's identity cache does the same).
+const CREDENTIALS_WITHOUT_EXPIRY: Duration = Duration::from_secs(15 * 60);
+/// Error codes S3 uses for throttling: a retry after one costs less quota, as in the SDK.
+const THROTTLING_CODES: &[&str] = &[
+    "SlowDown",
+    "Throttling",
+    "ThrottlingException",
+    "TooManyRequests",
+    "RequestLimitExceeded",
+    "HTTP429",
+];
 
 pub(super) struct DirectGet {
     connector: SharedHttpConnector,
@@ -91,8 +113,11 @@ pub(super) struct DirectGet {
     /// None for directory buckets: their credentials come from CreateSession.
     provider: Option<SharedCredentialsProvider>,
     held: Mutex<Option<Held>>,
+    generations: AtomicU64,
     /// One fetch of credentials at a time; the others wait for its result.
     fetching: tokio::sync::Mutex<()>,
+    /// Server clock minus ours, in ms, learned from a RequestTimeTooSkewed answer (the SDK corrects the same).
+    skew_ms: AtomicI64,
     attempt_timeout: Duration,
     max_attempts: u32,
     quota: RetryQuota,
@@ -102,9 +127,9 @@ impl DirectGet {
     /// None when this configuration keeps GETs on the SDK (see the module docs).
     pub(super) async fn for_config(
         config: &SdkClientConfig,
-        provider: Option<SharedCredentialsProvider>,
+        shared: &aws_types::SdkConfig,
     ) -> Result<Option<DirectGet>, String> {
-        let Some(provider) = provider else {
+        let Some(provider) = shared.credentials_provider() else {
             return Ok(None);
         };
         let session_headers = config.requester_pays || config.expected_bucket_owner.is_some();
@@ -115,7 +140,7 @@ impl DirectGet {
         {
             return Ok(None);
         }
-        let Some((base, signing)) = bucket_endpoint(config).await? else {
+        let Some((base, signing)) = bucket_endpoint(config, shared).await? else {
             return Ok(None);
         };
         if signing.express != config.is_directory_bucket {
@@ -140,7 +165,9 @@ impl DirectGet {
             },
             provider: (!config.is_directory_bucket).then_some(provider),
             held: Mutex::new(None),
+            generations: AtomicU64::new(0),
             fetching: tokio::sync::Mutex::new(()),
+            skew_ms: AtomicI64::new(0),
             attempt_timeout: config.first_byte_timeout,
             max_attempts: config.max_attempts.max(1),
             quota: RetryQuota::new(),
@@ -149,6 +176,8 @@ impl DirectGet {
 
     /// One GET of `range_header` (`bytes=a-b`), retried while the failure is transient, within the attempt
     /// budget and the retry quota. On a directory bucket, an answer rejecting the session gets a new one.
+    /// A failure to get credentials ends the GET at once: the SDK already retried the CreateSession or the
+    /// provider behind it.
     pub(super) async fn get(
         &self,
         sdk: &SdkClient,
@@ -159,25 +188,43 @@ impl DirectGet {
         let bucket = &sdk.config.bucket;
         let mut attempt = 0u32;
         let mut bare_400_retried = false;
+        let mut skew_retried = false;
+        // Quota held by the latest retry, given back if the GET then succeeds (as the SDK does).
+        let mut held_quota = None;
         loop {
             attempt += 1;
-            let result = self.attempt(sdk, key, range_header, if_match).await;
+            let (credentials, generation) = self.credentials(sdk).await?;
+            let result = self
+                .attempt(sdk, &credentials, key, range_header, if_match)
+                .await;
             let last = attempt >= self.max_attempts;
             match &result {
-                Ok(_) => self.quota.succeeded(),
+                Ok(_) => {
+                    if let Some(cost) = held_quota {
+                        self.quota.give_back(cost);
+                    }
+                }
                 Err(ClientError::Transient { code, .. }) if !last => {
-                    if self.quota.take(code == "Timeout") {
+                    if let Some(cost) = self.quota.take(retry_cost(code)) {
+                        held_quota = Some(cost);
                         debug!(bucket, key, attempt, code, "GET failed; retrying");
                         tokio::time::sleep(sdk_backoff(attempt)).await;
                         continue;
                     }
                 }
+                Err(ClientError::AccessDenied { code, .. })
+                    if code == "RequestTimeTooSkewed" && !skew_retried && !last =>
+                {
+                    // The answer taught us the server's clock: sign again with it.
+                    skew_retried = true;
+                    continue;
+                }
                 Err(e)
                     if self.signing.express
                         && !last
-                        && self.session_rejected(e, &mut bare_400_retried) =>
+                        && session_rejected(e, &mut bare_400_retried) =>
                 {
-                    self.forget(sdk);
+                    self.forget(sdk, generation);
                     tokio::time::sleep(super::backoff_delay(attempt)).await;
                     continue;
                 }
@@ -187,36 +234,26 @@ impl DirectGet {
         }
     }
 
-    /// An answer saying our S3 Express session is no longer valid (revoked, or expired early).
-    fn session_rejected(&self, e: &ClientError, bare_400_retried: &mut bool) -> bool {
-        match e {
-            ClientError::AccessDenied { code, .. } => code == "ExpiredToken",
-            ClientError::Service {
-                status: 400, code, ..
-            } if code.is_empty() && !*bare_400_retried => {
-                *bare_400_retried = true;
-                true
-            }
-            _ => false,
+    /// Drops the session of `generation` unless a newer one replaced it already (GETs rejected together
+    /// renew it once); the next GET creates another.
+    fn forget(&self, sdk: &SdkClient, generation: u64) {
+        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        if held.as_ref().is_some_and(|h| h.generation == generation) {
+            *held = None;
+            sdk.session_renewals.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(bucket = %sdk.config.bucket, "session rejected; creating a new one");
         }
-    }
-
-    /// Drops the held session; the next GET creates another.
-    fn forget(&self, sdk: &SdkClient) {
-        *self.held.lock().unwrap_or_else(|e| e.into_inner()) = None;
-        sdk.session_renewals.fetch_add(1, Ordering::Relaxed);
-        tracing::warn!(bucket = %sdk.config.bucket, "session rejected; creating a new one");
     }
 
     async fn attempt(
         &self,
         sdk: &SdkClient,
+        credentials: &Credentials,
         key: &str,
         range_header: &str,
         if_match: Option<&str>,
     ) -> Result<GetAnswer, ClientError> {
-        let credentials = self.credentials(sdk).await?;
-        let request = self.signed_request(&credentials, key, range_header, if_match)?;
+        let request = self.signed_request(credentials, key, range_header, if_match)?;
         let call = self.connector.call(request);
         let response = match tokio::time::timeout(self.attempt_timeout, call).await {
             Err(_) => {
@@ -235,8 +272,14 @@ impl DirectGet {
             .unwrap_or_default();
         debug!(status, request_id, "GET attempt answered");
         if !(200..300).contains(&status) {
+            let server_date = response.headers().get("date").and_then(http_date);
             let body = error_body(response.into_body()).await;
             let (code, message) = error_code_and_message(&body);
+            if code.as_deref() == Some("RequestTimeTooSkewed")
+                && let Some(date) = server_date
+            {
+                self.learn_skew(date);
+            }
             return Err(classify(
                 status,
                 code.as_deref(),
@@ -245,34 +288,33 @@ impl DirectGet {
                 key,
             ));
         }
-        let headers = response.headers();
-        let header = |name: &str| headers.get(name).map(str::to_string);
-        let content_length = match headers.get("content-length") {
-            Some(v) => Some(v.trim().parse::<u64>().map_err(|_| {
-                ClientError::Malformed(format!("GET {key}: unparsable Content-Length {v:?}"))
-            })?),
-            None => None,
+        parse_answer(key, response)
+    }
+
+    fn learn_skew(&self, server: aws_smithy_types::DateTime) {
+        let Ok(server) = SystemTime::try_from(server) else {
+            return;
         };
-        let last_modified = headers.get("last-modified").and_then(|v| {
-            aws_smithy_types::DateTime::from_str(v, aws_smithy_types::date_time::Format::HttpDate)
-                .ok()
-        });
-        let metadata = headers
-            .iter()
-            .filter_map(|(name, value)| {
-                let name = name.to_ascii_lowercase();
-                name.strip_prefix("x-amz-meta-")
-                    .map(|k| (k.to_string(), value.to_string()))
-            })
-            .collect();
-        Ok(GetAnswer {
-            content_length,
-            content_range: header("content-range"),
-            e_tag: header("etag"),
-            last_modified,
-            metadata,
-            body: ByteStream::new(response.into_body()),
-        })
+        let ms = match server.duration_since(SystemTime::now()) {
+            Ok(ahead) => ahead.as_millis() as i64,
+            Err(behind) => -(behind.duration().as_millis() as i64),
+        };
+        self.skew_ms.store(ms, Ordering::Relaxed);
+        debug!(
+            skew_ms = ms,
+            "server clock differs from ours; signing with the server's"
+        );
+    }
+
+    /// Now, by the server's clock as far as we know it.
+    fn signing_time(&self) -> SystemTime {
+        let skew = self.skew_ms.load(Ordering::Relaxed);
+        let now = SystemTime::now();
+        if skew >= 0 {
+            now + Duration::from_millis(skew as u64)
+        } else {
+            now - Duration::from_millis(skew.unsigned_abs())
+        }
     }
 
     fn signed_request(
@@ -313,7 +355,7 @@ impl DirectGet {
             .identity(&identity)
             .region(&self.signing.region)
             .name(&self.signing.name)
-            .time(SystemTime::now())
+            .time(self.signing_time())
             .settings(settings)
             .build()
             .map_err(|e| invalid(e.to_string()))?
@@ -343,8 +385,8 @@ impl DirectGet {
         HttpRequest::try_from(request).map_err(|e| invalid(e.to_string()))
     }
 
-    /// The credentials to sign with, fetched again shortly before they expire.
-    async fn credentials(&self, sdk: &SdkClient) -> Result<Credentials, ClientError> {
+    /// The credentials to sign with and their generation, fetched again shortly before they expire.
+    async fn credentials(&self, sdk: &SdkClient) -> Result<(Credentials, u64), ClientError> {
         if let Some(held) = self.fresh() {
             return Ok(held);
         }
@@ -352,26 +394,39 @@ impl DirectGet {
         if let Some(held) = self.fresh() {
             return Ok(held);
         }
-        let credentials = match &self.provider {
-            Some(provider) => provider
-                .provide_credentials()
-                .await
-                .map_err(|e| credentials_failure(&e))?,
-            None => self.create_session(sdk).await?,
+        let fetch = async {
+            match &self.provider {
+                Some(provider) => provider
+                    .provide_credentials()
+                    .await
+                    .map_err(|e| credentials_failure(&e)),
+                None => self.create_session(sdk).await,
+            }
         };
-        let refresh_at = credentials.expiry().map(refresh_time);
+        let credentials = tokio::time::timeout(CREDENTIALS_TIMEOUT, fetch)
+            .await
+            .map_err(|_| ClientError::Transient {
+                code: "CredentialsTimeout".into(),
+                message: format!("no credentials within {CREDENTIALS_TIMEOUT:?}"),
+            })??;
+        let refresh_at = match credentials.expiry() {
+            Some(expiry) => refresh_time(expiry),
+            None => Instant::now() + CREDENTIALS_WITHOUT_EXPIRY,
+        };
+        let generation = self.generations.fetch_add(1, Ordering::Relaxed) + 1;
         *self.held.lock().unwrap_or_else(|e| e.into_inner()) = Some(Held {
             credentials: credentials.clone(),
             refresh_at,
+            generation,
         });
-        Ok(credentials)
+        Ok((credentials, generation))
     }
 
-    fn fresh(&self) -> Option<Credentials> {
+    fn fresh(&self) -> Option<(Credentials, u64)> {
         let held = self.held.lock().unwrap_or_else(|e| e.into_inner());
         held.as_ref()
-            .filter(|h| h.refresh_at.is_none_or(|at| Instant::now() < at))
-            .map(|h| h.credentials.clone())
+            .filter(|h| Instant::now() < h.refresh_at)
+            .map(|h| (h.credentials.clone(), h.generation))
     }
 
     async fn create_session(&self, sdk: &SdkClient) -> Result<Credentials, ClientError> {
@@ -399,6 +454,90 @@ impl DirectGet {
     }
 }
 
+/// The headers of a 2xx answer, checked, and its body still streaming.
+fn parse_answer(
+    key: &str,
+    response: aws_smithy_runtime_api::client::orchestrator::HttpResponse,
+) -> Result<GetAnswer, ClientError> {
+    // What the SDK refuses, we refuse: a header the read path relies on given twice, or unparsable.
+    let headers = response.headers();
+    let malformed = |what: String| ClientError::Malformed(format!("GET {key}: {what}"));
+    let single = |name: &str| -> Result<Option<String>, ClientError> {
+        let mut values = headers.get_all(name);
+        let first = values.next().map(|v| v.trim().to_string());
+        if values.next().is_some() {
+            return Err(malformed(format!("{name} given twice")));
+        }
+        Ok(first)
+    };
+    let content_length = match single("content-length")? {
+        Some(v) => Some(
+            v.parse::<u64>()
+                .map_err(|_| malformed(format!("unparsable Content-Length {v:?}")))?,
+        ),
+        None => None,
+    };
+    let last_modified = match single("last-modified")? {
+        Some(v) => Some(
+            http_date(&v).ok_or_else(|| malformed(format!("unparsable Last-Modified {v:?}")))?,
+        ),
+        None => None,
+    };
+    let mut metadata = HashMap::new();
+    for (name, value) in headers.iter() {
+        if let Some(k) = name.to_ascii_lowercase().strip_prefix("x-amz-meta-")
+            && metadata
+                .insert(k.to_string(), value.trim().to_string())
+                .is_some()
+        {
+            return Err(malformed(format!("{name} given twice")));
+        }
+    }
+    let content_range = single("content-range")?;
+    let e_tag = single("etag")?;
+    Ok(GetAnswer {
+        content_length,
+        content_range,
+        e_tag,
+        last_modified,
+        metadata,
+        body: ByteStream::new(response.into_body()),
+    })
+}
+
+/// An answer saying our S3 Express session is no longer valid (revoked, or expired early). Bare 400s (no
+/// error document) count once.
+fn session_rejected(e: &ClientError, bare_400_retried: &mut bool) -> bool {
+    match e {
+        ClientError::AccessDenied { code, .. } => code == "ExpiredToken",
+        ClientError::Service {
+            status: 400, code, ..
+        } if code.is_empty() && !*bare_400_retried => {
+            *bare_400_retried = true;
+            true
+        }
+        _ => false,
+    }
+}
+
+fn http_date(value: &str) -> Option<aws_smithy_types::DateTime> {
+    aws_smithy_types::DateTime::from_str(
+        value.trim(),
+        aws_smithy_types::date_time::Format::HttpDate,
+    )
+    .ok()
+}
+
+/// Quota a retry costs, as the SDK's token bucket is configured (`SdkClient::new`): 5 after throttling, 10
+/// after any other transient failure (timeouts, connection errors, 5xx).
+fn retry_cost(code: &str) -> u32 {
+    if THROTTLING_CODES.contains(&code) {
+        5
+    } else {
+        10
+    }
+}
+
 /// When credentials expiring at `expiry` are fetched again: a fifth of their remaining life early, at most a
 /// minute early (an S3 Express session lives five minutes).
 fn refresh_time(expiry: SystemTime) -> Instant {
@@ -411,15 +550,25 @@ fn refresh_time(expiry: SystemTime) -> Instant {
 
 /// The endpoint the rules give a request on this bucket, and how to sign for it. None when the rules ask for
 /// a scheme this module does not speak (SigV4a, S3 on Outposts, Object Lambda).
-async fn bucket_endpoint(config: &SdkClientConfig) -> Result<Option<(String, Signing)>, String> {
+async fn bucket_endpoint(
+    config: &SdkClientConfig,
+    shared: &aws_types::SdkConfig,
+) -> Result<Option<(String, Signing)>, String> {
+    // The settings the SDK client ends up with: our flags where we set them (`SdkClient::new`), otherwise
+    // what aws-config loaded (AWS_ENDPOINT_URL[_S3], AWS_USE_FIPS_ENDPOINT, AWS_USE_DUALSTACK_ENDPOINT, the
+    // profile), taken the way `aws_sdk_s3::config::Builder::from(&SdkConfig)` takes them.
+    let endpoint = config
+        .endpoint_url
+        .clone()
+        .or_else(|| shared_endpoint_url(shared));
     let params = Params::builder()
         .bucket(config.bucket.clone())
         .region(config.region.clone())
-        .use_fips(false)
-        .use_dual_stack(config.dual_stack)
+        .use_fips(shared.use_fips().unwrap_or(false))
+        .use_dual_stack(config.dual_stack || shared.use_dual_stack().unwrap_or(false))
         .accelerate(config.transfer_acceleration)
         .force_path_style(config.force_path_style)
-        .set_endpoint(config.endpoint_url.clone())
+        .set_endpoint(endpoint)
         .build()
         .map_err(|e| e.to_string())?;
     let endpoint = DefaultResolver::new()
@@ -437,6 +586,23 @@ async fn bucket_endpoint(config: &SdkClientConfig) -> Result<Option<(String, Sig
     };
     let signing = first.and_then(|scheme| signing_of(&scheme, &config.region));
     Ok(signing.map(|s| (base, s)))
+}
+
+/// The S3 endpoint URL aws-config loaded, if any: the service-specific one first unless one was set in code.
+fn shared_endpoint_url(shared: &aws_types::SdkConfig) -> Option<String> {
+    if shared.get_origin("endpoint_url").is_client_config() {
+        return shared.endpoint_url().map(str::to_string);
+    }
+    let key = aws_types::service_config::ServiceConfigKey::builder()
+        .service_id("S3")
+        .env("AWS_ENDPOINT_URL")
+        .profile("endpoint_url")
+        .build()
+        .ok()?;
+    shared
+        .service_config()
+        .and_then(|c| c.load_config(key))
+        .or_else(|| shared.endpoint_url().map(str::to_string))
 }
 
 /// How to sign for the endpoint's first auth scheme, when it is SigV4 (plain or S3 Express) on S3.
@@ -554,15 +720,12 @@ fn sdk_backoff(attempt: u32) -> Duration {
     let cap = INITIAL_BACKOFF
         .saturating_mul(1 << attempt.saturating_sub(1).min(10))
         .min(MAX_BACKOFF);
-    let nanos = SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .unwrap_or_default()
-        .subsec_nanos();
-    cap.mul_f64(f64::from(nanos % 1000) / 1000.0)
+    cap.mul_f64(unit_random())
 }
 
-/// The SDK's retry quota, same shape: 500 tokens, a retry costs 5 (10 after a timeout), a success gives one
-/// back, and the quota refills over time. When it is empty, failures are returned without retrying.
+/// The SDK's retry quota as `SdkClient::new` configures it: 500 tokens, refilled over time; a retry takes its
+/// cost ([`retry_cost`]) and a GET that then succeeds gives the last retry's cost back. When the quota is
+/// empty, failures are returned without retrying. (A pool of its own: the SDK's is not reachable from here.)
 struct RetryQuota {
     state: Mutex<(f64, Instant)>,
 }
@@ -584,22 +747,20 @@ impl RetryQuota {
         state.1 = now;
     }
 
-    fn take(&self, after_timeout: bool) -> bool {
-        let cost = if after_timeout { 10.0 } else { 5.0 };
+    /// Takes `cost` if the quota has it.
+    fn take(&self, cost: u32) -> Option<u32> {
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         Self::refill(&mut state);
-        if state.0 < cost {
-            return false;
+        if state.0 < f64::from(cost) {
+            return None;
         }
-        state.0 -= cost;
-        true
+        state.0 -= f64::from(cost);
+        Some(cost)
     }
 
-    fn succeeded(&self) {
+    fn give_back(&self, cost: u32) {
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        if state.0 < Self::CAPACITY {
-            state.0 = (state.0 + 1.0).min(Self::CAPACITY);
-        }
+        state.0 = (state.0 + f64::from(cost)).min(Self::CAPACITY);
     }
 }
 
@@ -708,19 +869,193 @@ mod tests {
     }
 
     #[test]
-    fn the_retry_quota_runs_dry_and_successes_give_back() {
+    fn the_retry_quota_runs_dry_and_a_successful_retry_gives_back() {
         let quota = RetryQuota::new();
         let mut granted = 0;
-        while quota.take(true) {
+        while quota.take(retry_cost("Timeout")).is_some() {
             granted += 1;
             assert!(granted <= 60, "the quota never ran dry");
         }
         // 500 tokens at 10 a retry after a timeout (plus what refills meanwhile).
         assert!((50..=51).contains(&granted), "{granted}");
-        for _ in 0..5 {
-            quota.succeeded();
+        assert_eq!(retry_cost("SlowDown"), 5);
+        quota.give_back(10);
+        assert_eq!(quota.take(retry_cost("SlowDown")), Some(5));
+        assert_eq!(quota.take(retry_cost("InternalError")), None);
+    }
+
+    #[test]
+    fn sessions_are_rejected_by_expired_tokens_and_one_bare_400() {
+        let mut bare = false;
+        let expired = ClientError::AccessDenied {
+            code: "ExpiredToken".into(),
+            message: String::new(),
+        };
+        assert!(session_rejected(&expired, &mut bare));
+        let denied = ClientError::AccessDenied {
+            code: "AccessDenied".into(),
+            message: String::new(),
+        };
+        assert!(!session_rejected(&denied, &mut bare));
+        let bare_400 = ClientError::Service {
+            status: 400,
+            code: String::new(),
+            message: String::new(),
+        };
+        assert!(session_rejected(&bare_400, &mut bare));
+        assert!(!session_rejected(&bare_400, &mut bare));
+    }
+
+    fn answer(
+        headers: &[(&str, &str)],
+    ) -> aws_smithy_runtime_api::client::orchestrator::HttpResponse {
+        let mut response = aws_smithy_runtime_api::client::orchestrator::HttpResponse::new(
+            206.try_into().unwrap(),
+            SdkBody::from("abc"),
+        );
+        for (name, value) in headers {
+            response
+                .headers_mut()
+                .append(name.to_string(), value.to_string());
         }
-        assert!(quota.take(false));
+        response
+    }
+
+    #[test]
+    fn answers_are_read_and_doubtful_headers_refused() {
+        let good = parse_answer(
+            "k",
+            answer(&[
+                ("content-length", "3"),
+                ("content-range", "bytes 0-2/10"),
+                ("etag", "\"e1\""),
+                ("last-modified", "Wed, 25 Nov 2026 10:00:00 GMT"),
+                ("x-amz-meta-Mode", " 644 "),
+            ]),
+        )
+        .ok()
+        .unwrap();
+        assert_eq!(good.content_length, Some(3));
+        assert_eq!(good.content_range.as_deref(), Some("bytes 0-2/10"));
+        assert_eq!(good.e_tag.as_deref(), Some("\"e1\""));
+        assert_eq!(good.last_modified.map(|d| d.secs()), Some(1_795_600_800));
+        assert_eq!(good.metadata.get("mode").map(String::as_str), Some("644"));
+        for bad in [
+            answer(&[("etag", "\"a\""), ("etag", "\"b\"")]),
+            answer(&[("content-length", "3"), ("content-length", "4")]),
+            answer(&[("content-length", "three")]),
+            answer(&[("last-modified", "yesterday")]),
+            answer(&[("x-amz-meta-a", "1"), ("X-Amz-Meta-A", "2")]),
+        ] {
+            assert!(matches!(
+                parse_answer("k", bad),
+                Err(ClientError::Malformed(_))
+            ));
+        }
+    }
+
+    fn shared(
+        build: impl FnOnce(aws_types::sdk_config::Builder) -> aws_types::sdk_config::Builder,
+    ) -> aws_types::SdkConfig {
+        let credentials = Credentials::new("AKID", "secret", None, None, "test");
+        build(
+            aws_types::SdkConfig::builder()
+                .credentials_provider(SharedCredentialsProvider::new(credentials))
+                .region(aws_types::region::Region::new("eu-west-1")),
+        )
+        .build()
+    }
+
+    #[tokio::test]
+    async fn gets_go_where_the_sdk_client_sends_everything_else() {
+        let config = SdkClientConfig::new("data", "eu-west-1");
+        let plain = DirectGet::for_config(&config, &shared(|b| b))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(plain.base, "https://data.s3.eu-west-1.amazonaws.com");
+        // Settings aws-config loaded (environment, profile) count as they do for the SDK client.
+        let dual = shared(|b| b.use_dual_stack(true));
+        let dual = DirectGet::for_config(&config, &dual)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            dual.base,
+            "https://data.s3.dualstack.eu-west-1.amazonaws.com"
+        );
+        let fips = shared(|b| b.use_fips(true));
+        let fips = DirectGet::for_config(&config, &fips)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(fips.base, "https://data.s3-fips.eu-west-1.amazonaws.com");
+        let elsewhere = shared(|b| b.endpoint_url("http://10.1.2.3:9000"));
+        let mut path_style = config.clone();
+        path_style.force_path_style = true;
+        let elsewhere = DirectGet::for_config(&path_style, &elsewhere)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(elsewhere.base, "http://10.1.2.3:9000/data");
+        // Our own flag wins over the loaded one, as in SdkClient::new.
+        path_style.endpoint_url = Some("http://127.0.0.1:9000".into());
+        let ours = shared(|b| b.endpoint_url("http://10.1.2.3:9000"));
+        let ours = DirectGet::for_config(&path_style, &ours)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(ours.base, "http://127.0.0.1:9000/data");
+        // No credentials (--no-sign-request) or SSE flags: GETs stay on the SDK.
+        let anonymous = aws_types::SdkConfig::builder().build();
+        assert!(
+            DirectGet::for_config(&config, &anonymous)
+                .await
+                .unwrap()
+                .is_none()
+        );
+        let mut sse = config.clone();
+        sse.sse = Some("aws:kms".into());
+        assert!(
+            DirectGet::for_config(&sse, &shared(|b| b))
+                .await
+                .unwrap()
+                .is_none()
+        );
+    }
+
+    #[tokio::test]
+    async fn a_skewed_clock_is_corrected_from_the_servers_date() {
+        let config = SdkClientConfig::new("data", "eu-west-1");
+        let direct = DirectGet::for_config(&config, &shared(|b| b))
+            .await
+            .unwrap()
+            .unwrap();
+        let off = |t: SystemTime| {
+            let now = SystemTime::now();
+            t.duration_since(now).unwrap_or_else(|e| e.duration())
+        };
+        assert!(off(direct.signing_time()) < Duration::from_secs(1));
+        let server = SystemTime::now() + Duration::from_secs(3600);
+        direct.learn_skew(aws_smithy_types::DateTime::from(server));
+        let ahead = direct
+            .signing_time()
+            .duration_since(SystemTime::now())
+            .unwrap();
+        assert!(
+            ahead > Duration::from_secs(3598) && ahead < Duration::from_secs(3602),
+            "{ahead:?}"
+        );
+        direct.learn_skew(aws_smithy_types::DateTime::from(
+            SystemTime::now() - Duration::from_secs(60),
+        ));
+        let behind = SystemTime::now()
+            .duration_since(direct.signing_time())
+            .unwrap();
+        assert!(
+            behind > Duration::from_secs(58) && behind < Duration::from_secs(62),
+            "{behind:?}"
+        );
     }
 
     #[test]

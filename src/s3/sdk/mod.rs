@@ -261,7 +261,7 @@ impl SdkClient {
         }
         let sdk_config = builder.build();
         let client = aws_sdk_s3::Client::from_conf(sdk_config.clone());
-        let direct = direct::DirectGet::for_config(&config, shared.credentials_provider())
+        let direct = direct::DirectGet::for_config(&config, &shared)
             .await
             .map_err(invalid)?;
         Ok(SdkClient {
@@ -399,11 +399,17 @@ fn backoff_delay(failures: u32) -> Duration {
     let base = Duration::from_millis(25)
         .saturating_mul(1 << failures.min(10))
         .min(MAX_OWN_BACKOFF);
-    let nanos = SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .unwrap_or_default()
-        .subsec_nanos();
-    base.mul_f64(0.5 + f64::from(nanos % 1000) / 2000.0)
+    base.mul_f64(0.5 + unit_random() / 2.0)
+}
+
+/// A random number in 0..1 for backoff jitter. `RandomState` is seeded per thread and bumped per call, so
+/// concurrent retries do not wait in step.
+fn unit_random() -> f64 {
+    use std::hash::{BuildHasher, Hasher};
+    let bits = std::collections::hash_map::RandomState::new()
+        .build_hasher()
+        .finish();
+    (bits >> 11) as f64 / (1u64 << 53) as f64
 }
 
 fn non_negative(n: Option<i64>) -> Option<u64> {
@@ -748,6 +754,13 @@ mod tests {
     use super::*;
     use aws_sdk_s3::operation::list_objects_v2::ListObjectsV2Output;
     use aws_sdk_s3::types::{CommonPrefix, Object};
+
+    #[test]
+    fn jitter_is_spread_over_zero_to_one() {
+        let draws: Vec<f64> = (0..200).map(|_| unit_random()).collect();
+        assert!(draws.iter().all(|d| (0.0..1.0).contains(d)));
+        assert!(draws.iter().any(|d| *d < 0.25) && draws.iter().any(|d| *d > 0.75));
+    }
 
     #[test]
     fn list_pages_map_and_check_truncation() {

@@ -9,6 +9,7 @@ use aws_sdk_s3::config::endpoint::{DefaultResolver, Params, ResolveEndpoint};
 use aws_sdk_s3::config::interceptors::BeforeTransmitInterceptorContextMut;
 use aws_sdk_s3::config::{ConfigBag, Intercept, RuntimeComponents};
 use aws_sdk_s3::error::BoxError;
+use aws_smithy_http_client::proxy::ProxyConfig;
 use aws_smithy_http_client::tls::{self, TlsContext, TrustStore};
 use aws_smithy_http_client::{Builder as HttpClientBuilder, Connector};
 use aws_smithy_runtime_api::client::http::{
@@ -162,6 +163,8 @@ pub(super) fn http_client(config: &SdkClientConfig) -> Result<Option<SharedHttpC
             HttpClientBuilder::new().build_with_connector_fn(move |settings, components| {
                 let mut builder = Connector::builder();
                 builder.set_connector_settings(settings.cloned());
+                // As the SDK's default client: HTTP(S)_PROXY and NO_PROXY from the environment.
+                builder.set_proxy_config(Some(ProxyConfig::from_env()));
                 if let Some(components) = components {
                     builder.set_sleep_impl(components.sleep_impl());
                 }
@@ -218,7 +221,9 @@ pub(super) fn direct_connector(config: &SdkClientConfig) -> Result<SharedHttpCon
         .map(|interface| {
             let mut builder = Connector::builder()
                 .connector_settings(settings.clone())
-                .sleep_impl(aws_smithy_async::rt::sleep::TokioSleep::new());
+                .sleep_impl(aws_smithy_async::rt::sleep::TokioSleep::new())
+                // As the SDK's default client: HTTP(S)_PROXY and NO_PROXY from the environment.
+                .proxy_config(ProxyConfig::from_env());
             if let Some(name) = interface {
                 builder.set_interface(name);
             }
