@@ -12,6 +12,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+/// How long the daemon keeps finishing releases after the unmount (a release may be uploading a staged file).
+const FINISH_AFTER_UNMOUNT: Duration = Duration::from_secs(120);
+
 use clap::Parser;
 use tracing::info;
 
@@ -356,21 +359,30 @@ fn serve(
             stop.store(true, Ordering::SeqCst);
         });
     }
-    loop {
+    let outstanding = loop {
         if mounted.is_finished() {
             info!("unmounted");
+            let left = mounted.finish_outstanding(FINISH_AFTER_UNMOUNT);
             let _ = mounted.join();
-            break;
+            break left;
         }
         if stop.load(Ordering::SeqCst) {
             info!("signal received; unmounting");
-            if let Err(e) = mounted.unmount() {
-                tracing::error!("unmount failed: {e}");
-                return 1;
+            match mounted.unmount(FINISH_AFTER_UNMOUNT) {
+                Ok(left) => break left,
+                Err(e) => {
+                    tracing::error!("unmount failed: {e}");
+                    return 1;
+                }
             }
-            break;
         }
         std::thread::sleep(Duration::from_millis(50));
+    };
+    if outstanding > 0 {
+        tracing::error!(
+            outstanding,
+            "requests still unfinished {FINISH_AFTER_UNMOUNT:?} after unmount; abandoned (uploads among them are lost, staged copies kept)"
+        );
     }
     let last = probes.snapshot();
     info!(summary = %last.line(), "at unmount");

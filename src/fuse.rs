@@ -66,6 +66,7 @@ pub fn errno(e: &FsError) -> Errno {
 struct Adapter {
     fs: Arc<S3Filesystem>,
     runtime: tokio::runtime::Handle,
+    outstanding: Arc<Outstanding>,
     ttl: Duration,
     block_size: u32,
     /// Test builds only ([`late_releases`]): how long every release waits before it is acted on.
@@ -175,6 +176,8 @@ impl Adapter {
         R: ErrorReply,
     {
         crate::metrics::fuse_request(op);
+        // A release may upload (the last handle of a staged file): unmount waits for it ([`Outstanding`]).
+        let waited_for = op == "release";
         self.spawn(
             async move {
                 match work.await {
@@ -183,6 +186,7 @@ impl Adapter {
                 }
             }
             .instrument(span),
+            waited_for,
         );
     }
 
@@ -191,7 +195,7 @@ impl Adapter {
     /// flush or release) the reply goes out at once, without waking a runtime thread. That hand-off was the
     /// largest cost of small files (one context switch per request). Anything that has to wait (the network, a
     /// lock) goes to the runtime, which polls it again with a real waker, so this thread never blocks on it.
-    fn spawn<F>(&self, future: F)
+    fn spawn<F>(&self, future: F, waited_for: bool)
     where
         F: Future<Output = ()> + Send + 'static,
     {
@@ -199,7 +203,11 @@ impl Adapter {
         let _in_runtime = self.runtime.enter();
         let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
         if future.as_mut().poll(&mut cx).is_pending() {
-            self.runtime.spawn(future);
+            let counted = waited_for.then(|| self.outstanding.begin());
+            self.runtime.spawn(async move {
+                future.await;
+                drop(counted);
+            });
         }
     }
 
@@ -736,9 +744,69 @@ impl Filesystem for Adapter {
 /// A live mount. Dropping it unmounts.
 pub struct MountedFs {
     session: fuser::BackgroundSession,
+    outstanding: Arc<Outstanding>,
+}
+
+/// Releases handed to the runtime and not finished yet. The kernel does not wait for a RELEASE before an
+/// unmount completes, and a release may be uploading a file (the last handle of a staged file): the daemon
+/// waits for these before its runtime shuts down, which would cancel them. (Other requests are not waited
+/// for: after the unmount nobody reads their answers, and a lock request may wait forever.)
+#[derive(Default)]
+struct Outstanding {
+    count: std::sync::atomic::AtomicUsize,
+}
+
+/// One outstanding request; dropped when it is answered (or its task is cancelled).
+struct Counted(Arc<Outstanding>);
+
+impl Outstanding {
+    fn begin(self: &Arc<Self>) -> Counted {
+        self.count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Counted(Arc::clone(self))
+    }
+
+    fn now(&self) -> usize {
+        self.count.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.0
+            .count
+            .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+impl Outstanding {
+    /// Waits (at most `limit`) until none is left. Returns how many were left unfinished.
+    fn finish(&self, limit: Duration) -> usize {
+        let deadline = std::time::Instant::now() + limit;
+        let mut said = false;
+        loop {
+            let left = self.now();
+            if left == 0 || std::time::Instant::now() >= deadline {
+                return left;
+            }
+            if !said {
+                info!(
+                    left,
+                    "unmounted; finishing releases still in progress (uploads)"
+                );
+                said = true;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
 }
 
 impl MountedFs {
+    /// After the session ended: waits (at most `limit`) for releases still being worked on. Returns how many
+    /// were left unfinished.
+    pub fn finish_outstanding(&self, limit: Duration) -> usize {
+        self.outstanding.finish(limit)
+    }
+
     /// True once the kernel session has ended (e.g. after `umount`).
     pub fn is_finished(&self) -> bool {
         self.session.guard.is_finished()
@@ -756,9 +824,12 @@ impl MountedFs {
             .map_err(|_| std::io::Error::other("the file system's session thread panicked"))?
     }
 
-    /// Unmounts and waits for the session to end.
-    pub fn unmount(self) -> std::io::Result<()> {
-        self.session.umount_and_join()
+    /// Unmounts, waits for the session to end, then (at most `limit`) for releases still being worked on.
+    /// Returns how many were left unfinished.
+    pub fn unmount(self, limit: Duration) -> std::io::Result<usize> {
+        let outstanding = Arc::clone(&self.outstanding);
+        self.session.umount_and_join()?;
+        Ok(outstanding.finish(limit))
     }
 }
 
@@ -776,9 +847,11 @@ pub fn mount(
             "test build: every release is held back (EXPRESSFS_TEST_RELEASE_DELAY_MS)"
         );
     }
+    let outstanding = Arc::new(Outstanding::default());
     let adapter = Adapter {
         fs,
         runtime,
+        outstanding: Arc::clone(&outstanding),
         ttl,
         block_size: 128 * 1024,
         release_delay,
@@ -812,7 +885,10 @@ pub fn mount(
     config.n_threads = Some(options.threads.max(1));
     config.clone_fd = options.threads > 1;
     let session = fuser::spawn_mount(adapter, &options.mountpoint, &config)?;
-    Ok(MountedFs { session })
+    Ok(MountedFs {
+        session,
+        outstanding,
+    })
 }
 
 #[cfg(test)]

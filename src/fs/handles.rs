@@ -274,6 +274,18 @@ impl S3Filesystem {
                 (None, Some(Handle::Write { state, .. })) => {
                     if let WriteState::Stream(w) = &mut *state.lock().await {
                         w.set_attrs(change);
+                        // Everything written is uploaded already (closed, its release not in yet, or
+                        // fsynced): the metadata copy goes now, as for a closed file. Left to the release,
+                        // a stat or a rename meanwhile would see the object without the attributes.
+                        if !w.is_dirty() && !w.is_discarded() {
+                            let put = w.commit().await?;
+                            if let (Some(put), Some(n)) = (put, self.sb.table().get_mut(ino)) {
+                                n.record_upload(w.size(), put.etag);
+                                if let Some(attrs) = w.attrs() {
+                                    n.overlay_attrs(attrs);
+                                }
+                            }
+                        }
                     }
                     true
                 }
@@ -819,6 +831,11 @@ impl S3Filesystem {
         if let Some(node) = table.get_mut(ino) {
             if let Some(put) = result {
                 node.record_upload(w.size(), put.etag);
+                // What chmod/utimens set while open rode on this upload (or its metadata copy): stat keeps
+                // showing it, as after a staged file's upload.
+                if let Some(attrs) = w.attrs() {
+                    node.overlay_attrs(attrs);
+                }
                 node.trust_until(expires);
             }
             // Once everything written is uploaded, the file is no longer busy for readers, rename or unlink.
@@ -900,7 +917,7 @@ impl S3Filesystem {
             w.abort().await;
         }
         let uploaded = result.as_ref().ok().and_then(Option::as_ref);
-        self.writer_gone(ino, counted, uploaded, w.size(), None);
+        self.writer_gone(ino, counted, uploaded, w.size(), w.attrs());
         result.map(|_| ())
     }
 
