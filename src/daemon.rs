@@ -12,8 +12,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-/// How long the daemon keeps finishing releases after the unmount (a release may be uploading a staged file).
-const FINISH_AFTER_UNMOUNT: Duration = Duration::from_secs(120);
+/// How long the daemon keeps finishing releases after the unmount (a release may be uploading a staged file):
+/// under the stop timeout of our unit (60 s, `systemd/expressfs@.service`), so it is not killed while waiting.
+const FINISH_AFTER_UNMOUNT: Duration = Duration::from_secs(45);
 
 use clap::Parser;
 use tracing::info;
@@ -362,12 +363,14 @@ fn serve(
     let outstanding = loop {
         if mounted.is_finished() {
             info!("unmounted");
+            notify_systemd("STOPPING=1");
             let left = mounted.finish_outstanding(FINISH_AFTER_UNMOUNT);
             let _ = mounted.join();
             break left;
         }
         if stop.load(Ordering::SeqCst) {
             info!("signal received; unmounting");
+            notify_systemd("STOPPING=1");
             match mounted.unmount(FINISH_AFTER_UNMOUNT) {
                 Ok(left) => break left,
                 Err(e) => {
@@ -381,7 +384,7 @@ fn serve(
     if outstanding > 0 {
         tracing::error!(
             outstanding,
-            "requests still unfinished {FINISH_AFTER_UNMOUNT:?} after unmount; abandoned (uploads among them are lost, staged copies kept)"
+            "releases still unfinished {FINISH_AFTER_UNMOUNT:?} after unmount; abandoned: the uploads among them are lost"
         );
     }
     let last = probes.snapshot();
@@ -392,7 +395,6 @@ fn serve(
     if let Some(shared) = &last.shared_cache {
         info!(counters = %shared, "shared cache at unmount");
     }
-    notify_systemd("STOPPING=1");
     runtime.shutdown_timeout(Duration::from_secs(5));
     0
 }

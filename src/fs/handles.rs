@@ -277,13 +277,16 @@ impl S3Filesystem {
                         // Everything written is uploaded already (closed, its release not in yet, or
                         // fsynced): the metadata copy goes now, as for a closed file. Left to the release,
                         // a stat or a rename meanwhile would see the object without the attributes.
-                        if !w.is_dirty() && !w.is_discarded() {
+                        // (A failed writer keeps its error for its fsync and close.)
+                        if !w.is_dirty() && !w.is_discarded() && !w.is_failed() {
                             let put = w.commit().await?;
+                            let expires = self.sb.expiry();
                             if let (Some(put), Some(n)) = (put, self.sb.table().get_mut(ino)) {
                                 n.record_upload(w.size(), put.etag);
                                 if let Some(attrs) = w.attrs() {
                                     n.overlay_attrs(attrs);
                                 }
+                                n.trust_until(expires);
                             }
                         }
                     }

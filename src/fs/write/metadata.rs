@@ -9,6 +9,10 @@ use crate::s3::{PutResult, UserMetadata, WriteCondition};
 impl Writer {
     /// chmod/chown/utimens while open: kept for the upload (no-op without `--preserve-metadata`).
     pub fn set_attrs(&mut self, change: StoredAttrs) {
+        // Unlinked or replaced: nothing of this writer goes to the bucket any more.
+        if self.discarded {
+            return;
+        }
         if let Some(attrs) = &mut self.attrs {
             **attrs = attrs.overlay(change);
             // Only an upload still to start carries them; otherwise a metadata copy follows.
