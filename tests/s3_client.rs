@@ -627,6 +627,26 @@ async fn check_random_reads(
     assert_eq!(common::sha256_hex(&whole), common::sha256_hex(data));
 }
 
+/// Faults of `kinds` on a `rate` of the emulator's GetObject answers from now on.
+fn set_get_faults(emu: &Emulator, rate: f64, seed: u64, kinds: &[&str]) {
+    let faults = FaultConfig {
+        rate,
+        seed,
+        operations: vec!["GetObject".into()],
+        kinds: kinds.iter().map(|k| k.to_string()).collect(),
+    };
+    let (status, answer) = admin(
+        emu,
+        "POST",
+        "/_emulator/faults",
+        &serde_json_string(&faults),
+    );
+    assert!(
+        (200..300).contains(&status),
+        "setting faults: {status} {answer}"
+    );
+}
+
 #[test]
 fn get_resumes_after_broken_bodies() {
     let buckets = [
@@ -644,22 +664,7 @@ fn get_resumes_after_broken_bodies() {
             .unwrap()
             .etag;
         for seed in [1u64, 2, 3] {
-            let faults = FaultConfig {
-                rate: 0.3,
-                seed,
-                operations: vec!["GetObject".into()],
-                kinds: vec!["reset-mid-body".into(), "truncated-body".into()],
-            };
-            let (status, answer) = admin(
-                &emu,
-                "POST",
-                "/_emulator/faults",
-                &serde_json_string(&faults),
-            );
-            assert!(
-                (200..300).contains(&status),
-                "setting faults: {status} {answer}"
-            );
+            set_get_faults(&emu, 0.3, seed, &["reset-mid-body", "truncated-body"]);
             block(check_random_reads(&c, "big", &data, &etag, 30, seed));
         }
         admin(
@@ -805,22 +810,7 @@ fn a_body_that_stalls_midway_is_cut_and_resumed() {
             let etag = block(c.put_object("s", Bytes::from(data.clone()), WriteCondition::None))
                 .unwrap()
                 .etag;
-            let faults = FaultConfig {
-                rate: 0.5,
-                seed: 3,
-                operations: vec!["GetObject".into()],
-                kinds: vec!["stall-mid-body".into()],
-            };
-            let (status, answer) = admin(
-                &emu,
-                "POST",
-                "/_emulator/faults",
-                &serde_json_string(&faults),
-            );
-            assert!(
-                (200..300).contains(&status),
-                "setting faults: {status} {answer}"
-            );
+            set_get_faults(&emu, 0.5, 3, &["stall-mid-body"]);
             let started = Instant::now();
             // Half the GETs stall after half their bytes; each resume asks for the rest.
             let got = block(c.get_object("s", 0..data.len() as u64, Some(&etag))).unwrap();

@@ -40,7 +40,7 @@ use aws_smithy_types::Document;
 use aws_smithy_types::body::SdkBody;
 use tracing::debug;
 
-use super::errors::{classify, create_session_failure, describe};
+use super::errors::{classify, create_session_failure, describe, dispatch_failure};
 use super::{
     INITIAL_BACKOFF, MAX_BACKOFF, RETRY_QUOTA_REFILL_PER_SEC, SdkClient, SdkClientConfig,
     unit_random,
@@ -645,25 +645,8 @@ fn object_url(base: &str, key: &str) -> String {
 }
 
 fn connector_failure(e: &ConnectorError) -> ClientError {
-    let detail = describe(e);
-    if e.is_timeout() {
-        ClientError::Transient {
-            code: "Timeout".into(),
-            message: detail,
-        }
-    } else if e.is_io() || e.as_other() == Some(aws_smithy_types::retry::ErrorKind::TransientError)
-    {
-        ClientError::Transient {
-            code: "ConnectionError".into(),
-            message: detail,
-        }
-    } else {
-        ClientError::Service {
-            status: 0,
-            code: "ClientFailure".into(),
-            message: detail,
-        }
-    }
+    let transient = e.as_other() == Some(aws_smithy_types::retry::ErrorKind::TransientError);
+    dispatch_failure(e.is_timeout(), e.is_io() || transient, describe(e))
 }
 
 fn credentials_failure(e: &CredentialsError) -> ClientError {

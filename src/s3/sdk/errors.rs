@@ -84,26 +84,7 @@ where
             if let Some(found) = classify_source_chain(err, bucket) {
                 return found;
             }
-            let detail = describe(err);
-            if dispatch.is_timeout() {
-                ClientError::Transient {
-                    code: "Timeout".into(),
-                    message: detail,
-                }
-            } else if dispatch.is_io() {
-                ClientError::Transient {
-                    code: "ConnectionError".into(),
-                    message: detail,
-                }
-            } else {
-                // Endpoint resolution, an invalid request, an identity problem we do not recognise: retrying
-                // would not help.
-                ClientError::Service {
-                    status: 0,
-                    code: "ClientFailure".into(),
-                    message: detail,
-                }
-            }
+            dispatch_failure(dispatch.is_timeout(), dispatch.is_io(), describe(err))
         }
         SdkError::ConstructionFailure(_) => {
             classify_source_chain(err, bucket).unwrap_or_else(|| ClientError::Service {
@@ -113,6 +94,28 @@ where
             })
         }
         _ => ClientError::Malformed(describe(err)),
+    }
+}
+
+/// A request that got no answer: a timeout or a connection error is worth retrying; anything else (endpoint
+/// resolution, an invalid request, an identity problem we do not recognise) is not.
+pub(crate) fn dispatch_failure(timeout: bool, io: bool, detail: String) -> ClientError {
+    if timeout {
+        ClientError::Transient {
+            code: "Timeout".into(),
+            message: detail,
+        }
+    } else if io {
+        ClientError::Transient {
+            code: "ConnectionError".into(),
+            message: detail,
+        }
+    } else {
+        ClientError::Service {
+            status: 0,
+            code: "ClientFailure".into(),
+            message: detail,
+        }
     }
 }
 
