@@ -43,7 +43,7 @@ use tracing::debug;
 use super::errors::{classify, create_session_failure, describe, dispatch_failure};
 use super::{
     INITIAL_BACKOFF, MAX_BACKOFF, RETRY_QUOTA_REFILL_PER_SEC, SdkClient, SdkClientConfig,
-    unit_random,
+    session_rejected, unit_random,
 };
 use crate::s3::ClientError;
 
@@ -503,21 +503,6 @@ fn parse_answer(
         metadata,
         body: ByteStream::new(response.into_body()),
     })
-}
-
-/// An answer saying our S3 Express session is no longer valid (revoked, or expired early). Bare 400s (no
-/// error document) count once.
-fn session_rejected(e: &ClientError, bare_400_retried: &mut bool) -> bool {
-    match e {
-        ClientError::AccessDenied { code, .. } => code == "ExpiredToken",
-        ClientError::Service {
-            status: 400, code, ..
-        } if code.is_empty() && !*bare_400_retried => {
-            *bare_400_retried = true;
-            true
-        }
-        _ => false,
-    }
 }
 
 fn http_date(value: &str) -> Option<aws_smithy_types::DateTime> {

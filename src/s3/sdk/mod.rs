@@ -312,15 +312,8 @@ impl SdkClient {
             let renew = match &result {
                 _ if !self.config.is_directory_bucket => false,
                 _ if renewals + 1 >= self.config.max_attempts.max(1) => false,
-                Err(ClientError::AccessDenied { code, .. }) => code == "ExpiredToken",
-                // HEAD answers have no body, so an expired session on HEAD is a bare 400: renew once.
-                Err(ClientError::Service {
-                    status: 400, code, ..
-                }) if code.is_empty() && !bare_400_retried => {
-                    bare_400_retried = true;
-                    true
-                }
-                _ => false,
+                Err(e) => session_rejected(e, &mut bare_400_retried),
+                Ok(_) => false,
             };
             if !renew {
                 return result;
@@ -400,6 +393,21 @@ fn backoff_delay(failures: u32) -> Duration {
         .saturating_mul(1 << failures.min(10))
         .min(MAX_OWN_BACKOFF);
     base.mul_f64(0.5 + unit_random() / 2.0)
+}
+
+/// An answer saying our S3 Express session is no longer valid (revoked, or expired early). HEAD answers
+/// have no body, so an expired session on HEAD is a bare 400: that counts once.
+fn session_rejected(e: &ClientError, bare_400_retried: &mut bool) -> bool {
+    match e {
+        ClientError::AccessDenied { code, .. } => code == "ExpiredToken",
+        ClientError::Service {
+            status: 400, code, ..
+        } if code.is_empty() && !*bare_400_retried => {
+            *bare_400_retried = true;
+            true
+        }
+        _ => false,
+    }
 }
 
 /// A random number in 0..1 for backoff jitter. `RandomState` is seeded per thread and bumped per call, so
