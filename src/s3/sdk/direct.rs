@@ -27,7 +27,6 @@ use std::time::{Duration, Instant, SystemTime};
 use aws_credential_types::Credentials;
 use aws_credential_types::provider::error::CredentialsError;
 use aws_credential_types::provider::{ProvideCredentials, SharedCredentialsProvider};
-use aws_sdk_s3::config::endpoint::{DefaultResolver, Params, ResolveEndpoint};
 use aws_sdk_s3::primitives::ByteStream;
 use aws_sigv4::http_request::{
     PayloadChecksumKind, PercentEncodingMode, SignableBody, SignableRequest, SigningSettings,
@@ -546,20 +545,13 @@ async fn bucket_endpoint(
         .endpoint_url
         .clone()
         .or_else(|| shared_endpoint_url(shared));
-    let params = Params::builder()
-        .bucket(config.bucket.clone())
-        .region(config.region.clone())
-        .use_fips(shared.use_fips().unwrap_or(false))
-        .use_dual_stack(config.dual_stack || shared.use_dual_stack().unwrap_or(false))
-        .accelerate(config.transfer_acceleration)
-        .force_path_style(config.force_path_style)
-        .set_endpoint(endpoint)
-        .build()
-        .map_err(|e| e.to_string())?;
-    let endpoint = DefaultResolver::new()
-        .resolve_endpoint(&params)
-        .await
-        .map_err(|e| describe(&*e))?;
+    let endpoint = super::options::endpoint_of(
+        config,
+        endpoint,
+        shared.use_fips().unwrap_or(false),
+        config.dual_stack || shared.use_dual_stack().unwrap_or(false),
+    )
+    .await?;
     let base = endpoint.url().trim_end_matches('/').to_string();
     // Newer SDKs give the schemes apart from the properties; older ones kept them in `authSchemes`.
     let first = match endpoint.auth_schemes().first() {

@@ -91,17 +91,36 @@ impl Intercept for RequestHeaders {
 /// or an access point, dual-stack with a custom endpoint, path style with an ARN) fails with the rules' own
 /// reason before mounting.
 pub async fn resolve_endpoint(config: &SdkClientConfig) -> Result<String, String> {
+    let endpoint = endpoint_of(
+        config,
+        config.endpoint_url.clone(),
+        false,
+        config.dual_stack,
+    )
+    .await?;
+    Ok(endpoint.url().to_string())
+}
+
+/// The endpoint the SDK's rules give a request on the bucket, with the endpoint URL, FIPS and dual-stack
+/// settings given (the flags' at startup; what the SDK client ends up with for `direct.rs`). Errors carry the
+/// rules' reason.
+pub(super) async fn endpoint_of(
+    config: &SdkClientConfig,
+    endpoint_url: Option<String>,
+    use_fips: bool,
+    use_dual_stack: bool,
+) -> Result<aws_smithy_types::endpoint::Endpoint, String> {
     let params = Params::builder()
         .bucket(config.bucket.clone())
         .region(config.region.clone())
-        .use_fips(false)
-        .use_dual_stack(config.dual_stack)
+        .use_fips(use_fips)
+        .use_dual_stack(use_dual_stack)
         .accelerate(config.transfer_acceleration)
         .force_path_style(config.force_path_style)
-        .set_endpoint(config.endpoint_url.clone())
+        .set_endpoint(endpoint_url)
         .build()
         .map_err(|e| e.to_string())?;
-    let endpoint = DefaultResolver::new()
+    DefaultResolver::new()
         .resolve_endpoint(&params)
         .await
         .map_err(|e| {
@@ -112,8 +131,7 @@ pub async fn resolve_endpoint(config: &SdkClientConfig) -> Result<String, String
                 source = s.source();
             }
             message
-        })?;
-    Ok(endpoint.url().to_string())
+        })
 }
 
 /// Reads a PEM bundle and checks every certificate in it, so that a bad file fails at startup (the TLS
