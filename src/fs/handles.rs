@@ -544,6 +544,10 @@ impl S3Filesystem {
             .table()
             .get_mut(ino)
             .is_some_and(|n| n.open_read(&etag, bypass_page_cache));
+        let mut reader = reader;
+        if !keep_cache && !mode.direct {
+            reader.fetch_small_file_at_open();
+        }
         let fh = self.handles.add(Handle::Read {
             ino,
             etag,

@@ -127,6 +127,22 @@ impl Reader {
         self
     }
 
+    /// At open, for a small file whose bytes the kernel does not hold: starts the GET that the first read
+    /// at offset 0 would send (the whole file, one window at most), so it runs while the opener is still
+    /// between open(2) and read(2) (Python's open() alone sends an ioctl round trip in that gap). Nothing is
+    /// fetched for a file over one window, where a first read elsewhere (a footer, a random read) is
+    /// common, or when the memory budget is spent. Returns whether a GET started.
+    pub fn fetch_small_file_at_open(&mut self) -> bool {
+        if self.size == 0 || self.size > self.initial_window || !self.chunks.is_empty() {
+            return false;
+        }
+        let Some(memory) = self.memory.try_reserve(self.size) else {
+            return false;
+        };
+        self.spawn_fetch(0, self.size, memory);
+        true
+    }
+
     /// Starts a GET of `start..end`; `memory` is what it holds against the budget.
     fn spawn_fetch(&mut self, start: u64, end: u64, memory: Reservation) {
         let source = Arc::clone(&self.source);
@@ -500,6 +516,40 @@ mod tests {
             let got = r.read(off as u64, mib as u32).await.unwrap();
             assert_eq!(&got[..], &data[off..off + mib], "at {off}");
         }
+    }
+
+    #[tokio::test]
+    async fn a_small_file_fetched_at_open_costs_its_one_get_and_a_big_one_waits_for_a_read() {
+        let budget = MemoryBudget::new(64 << 20);
+        let small = pattern(100_000);
+        let (fake, mut r) = reader(small.clone(), 8 << 20, 64 << 20, Arc::clone(&budget)).await;
+        let before = fake.counts();
+        assert!(r.fetch_small_file_at_open());
+        assert_eq!(r.bytes_fetched, 100_000, "the GET starts before any read");
+        // The kernel asks in pieces (or for a page more than the file): the one GET answers them all.
+        assert_eq!(&r.read(0, 65_536).await.unwrap()[..], &small[..65_536]);
+        assert_eq!(&r.read(65_536, 65_536).await.unwrap()[..], &small[65_536..]);
+        let sent = fake.counts().since(&before);
+        assert_eq!((sent.get(Op::Get), sent.total()), (1, 1));
+        assert_eq!(r.bytes_fetched, 100_000);
+        assert!(!r.fetch_small_file_at_open(), "only before any other fetch");
+        drop(r);
+        assert_eq!(budget.used(), 0);
+
+        let big = pattern((1 << 20) + 1);
+        let (fake, mut r) = reader(big, 8 << 20, 64 << 20, Arc::clone(&budget)).await;
+        let before = fake.counts();
+        assert!(
+            !r.fetch_small_file_at_open(),
+            "over one window: a first read may be anywhere"
+        );
+        assert_eq!(fake.counts().since(&before).total(), 0);
+        drop(r);
+
+        let (fake, mut r) = reader(small, 8 << 20, 64 << 20, MemoryBudget::new(50_000)).await;
+        let before = fake.counts();
+        assert!(!r.fetch_small_file_at_open(), "the budget cannot hold it");
+        assert_eq!(fake.counts().since(&before).total(), 0);
     }
 
     #[tokio::test]
