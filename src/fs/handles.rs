@@ -526,7 +526,7 @@ impl S3Filesystem {
         let first = (!mode.direct)
             .then(|| self.sb.take_first_bytes(node.key(), &etag))
             .flatten();
-        let reader = Reader::new(
+        let mut reader = Reader::new(
             Arc::clone(self.sources.for_open(mode.direct)),
             node.key().to_string(),
             etag.clone(),
@@ -544,7 +544,6 @@ impl S3Filesystem {
             .table()
             .get_mut(ino)
             .is_some_and(|n| n.open_read(&etag, bypass_page_cache));
-        let mut reader = reader;
         if !keep_cache && !mode.direct {
             reader.fetch_small_file_at_open();
         }
