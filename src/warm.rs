@@ -354,8 +354,6 @@ impl Work {
                     }
                     if big {
                         self.queues().big_reading -= 1;
-                        // A thread waiting for work may now take a big file.
-                        self.wake.notify_one();
                     }
                     let n = self.files_read.fetch_add(1, Ordering::Relaxed) + 1;
                     self.bar

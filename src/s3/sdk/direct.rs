@@ -926,45 +926,38 @@ mod tests {
         .build()
     }
 
+    /// The direct path for a configuration that takes it (the test fails if it stays on the SDK).
+    async fn direct_for(config: &SdkClientConfig, shared: &aws_types::SdkConfig) -> DirectGet {
+        DirectGet::for_config(config, shared)
+            .await
+            .unwrap()
+            .expect("GETs go direct")
+    }
+
     #[tokio::test]
     async fn gets_go_where_the_sdk_client_sends_everything_else() {
         let config = SdkClientConfig::new("data", "eu-west-1");
-        let plain = DirectGet::for_config(&config, &shared(|b| b))
-            .await
-            .unwrap()
-            .unwrap();
+        let plain = direct_for(&config, &shared(|b| b)).await;
         assert_eq!(plain.base, "https://data.s3.eu-west-1.amazonaws.com");
         // Settings aws-config loaded (environment, profile) count as they do for the SDK client.
         let dual = shared(|b| b.use_dual_stack(true));
-        let dual = DirectGet::for_config(&config, &dual)
-            .await
-            .unwrap()
-            .unwrap();
+        let dual = direct_for(&config, &dual).await;
         assert_eq!(
             dual.base,
             "https://data.s3.dualstack.eu-west-1.amazonaws.com"
         );
         let fips = shared(|b| b.use_fips(true));
-        let fips = DirectGet::for_config(&config, &fips)
-            .await
-            .unwrap()
-            .unwrap();
+        let fips = direct_for(&config, &fips).await;
         assert_eq!(fips.base, "https://data.s3-fips.eu-west-1.amazonaws.com");
         let elsewhere = shared(|b| b.endpoint_url("http://10.1.2.3:9000"));
         let mut path_style = config.clone();
         path_style.force_path_style = true;
-        let elsewhere = DirectGet::for_config(&path_style, &elsewhere)
-            .await
-            .unwrap()
-            .unwrap();
+        let elsewhere = direct_for(&path_style, &elsewhere).await;
         assert_eq!(elsewhere.base, "http://10.1.2.3:9000/data");
         // Our own flag wins over the loaded one, as in SdkClient::new.
         path_style.endpoint_url = Some("http://127.0.0.1:9000".into());
         let ours = shared(|b| b.endpoint_url("http://10.1.2.3:9000"));
-        let ours = DirectGet::for_config(&path_style, &ours)
-            .await
-            .unwrap()
-            .unwrap();
+        let ours = direct_for(&path_style, &ours).await;
         assert_eq!(ours.base, "http://127.0.0.1:9000/data");
         // No credentials (--no-sign-request) or SSE flags: GETs stay on the SDK.
         let anonymous = aws_types::SdkConfig::builder().build();
@@ -987,10 +980,7 @@ mod tests {
     #[tokio::test]
     async fn a_skewed_clock_is_corrected_from_the_servers_date() {
         let config = SdkClientConfig::new("data", "eu-west-1");
-        let direct = DirectGet::for_config(&config, &shared(|b| b))
-            .await
-            .unwrap()
-            .unwrap();
+        let direct = direct_for(&config, &shared(|b| b)).await;
         let off = |t: SystemTime| {
             let now = SystemTime::now();
             t.duration_since(now).unwrap_or_else(|e| e.duration())
