@@ -32,6 +32,14 @@ pub struct FuseOptions {
     pub threads: usize,
 }
 
+/// `ioctl(fd, KEEP_IN_CACHE, &mut offset)` on a file of the mount (what `expressfs warm` sends): the
+/// daemon fetches the file from `offset` on into its caches, none of it through FUSE, up to a bound, and
+/// answers once that is kept: `offset` becomes where the kept bytes end, and the ioctl returns 1 if the
+/// file goes on past them (ask again from there), 0 if not. `_IOWR(0xE5, 1, u64)`: the kernel copies the
+/// 8 bytes in and back. Refused with EOPNOTSUPP when the mount has no cache and EBUSY for a file being
+/// written through the mount.
+pub const KEEP_IN_CACHE: u32 = (3 << 30) | ((size_of::<u64>() as u32) << 16) | (0xE5 << 8) | 1;
+
 /// The errno for each core error (the one place this choice is made).
 pub fn errno(e: &FsError) -> Errno {
     match e {
@@ -123,10 +131,14 @@ fn name_str(name: &OsStr) -> FsResult<String> {
 fn report(op: &'static str, e: &FsError) -> Errno {
     let errno = errno(e);
     crate::metrics::fuse_error(op, errno.code());
-    if !matches!(
-        e,
-        FsError::NotFound | FsError::Exists | FsError::NotEmpty | FsError::NameNotUtf8
-    ) {
+    // A warm-up asking a mount without a cache to fill it reads the file instead: routine too.
+    let refused_warm_up = op == "ioctl" && matches!(e, FsError::OperationNotSupported(_));
+    if !refused_warm_up
+        && !matches!(
+            e,
+            FsError::NotFound | FsError::Exists | FsError::NotEmpty | FsError::NameNotUtf8
+        )
+    {
         warn!(op, error = %e.chain(), errno = errno.code(), "operation failed");
     }
     errno
@@ -148,6 +160,7 @@ macro_rules! error_reply {
 }
 
 error_reply!(
+    ReplyIoctl,
     ReplyEntry,
     ReplyAttr,
     ReplyEmpty,
@@ -721,22 +734,36 @@ impl Filesystem for Adapter {
         reply.ok()
     }
 
-    // No ioctl means anything on a file of a bucket. Python's open() asks every file whether it is a terminal
-    // (TCGETS): ENOTTY is the ordinary answer to that, and routine, so it is counted, not logged.
+    // One ioctl is ours: [`KEEP_IN_CACHE`]. No other means anything on a file of a bucket. Python's open()
+    // asks every file whether it is a terminal (TCGETS): ENOTTY is the ordinary answer to that, and routine,
+    // so it is counted, not logged.
     fn ioctl(
         &self,
         _req: &Request,
         ino: INodeNo,
-        _fh: FileHandle,
+        fh: FileHandle,
         _flags: IoctlFlags,
         cmd: u32,
-        _in_data: &[u8],
-        _out_size: u32,
+        in_data: &[u8],
+        out_size: u32,
         reply: ReplyIoctl,
     ) {
+        if cmd == KEEP_IN_CACHE
+            && out_size as usize == size_of::<u64>()
+            && let Ok(start) = <[u8; 8]>::try_from(in_data)
+        {
+            let start = u64::from_ne_bytes(start);
+            let fs = Arc::clone(&self.fs);
+            let work = async move { fs.keep_in_cache(fh.0, start).await };
+            let span = debug_span!("keep_in_cache", ino = ino.0, start);
+            self.serve("ioctl", span, reply, work, |reply, (end, more)| {
+                reply.ioctl(i32::from(more), &end.to_ne_bytes())
+            });
+            return;
+        }
         crate::metrics::fuse_request("ioctl");
         crate::metrics::ioctl_refused();
-        tracing::trace!(ino = ino.0, cmd, "ioctl refused (ENOTTY)");
+        tracing::trace!(ino = ino.0, cmd, out_size, "ioctl refused (ENOTTY)");
         reply.error(Errno::ENOTTY)
     }
 }

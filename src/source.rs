@@ -32,6 +32,11 @@ pub trait ReadSource: Send + Sync + 'static {
     /// The lookup's question: the object's metadata and its first `len` bytes (fewer for a smaller object,
     /// none if they could not be had).
     async fn first_bytes(&self, key: &str, len: u64) -> Result<(ObjectInfo, Bytes), ClientError>;
+
+    /// For a warm-up: makes a cache hold the bytes of `range` of this version, fetching only what none holds
+    /// yet, and returns once they are kept. Nothing comes back and nothing already held is read. `false`
+    /// when there is no cache to keep them in (nothing is fetched then).
+    async fn keep(&self, key: &str, range: Range<u64>, etag: &str) -> Result<bool, ClientError>;
 }
 
 /// The bucket itself as a source.
@@ -64,6 +69,11 @@ impl ReadSource for BucketSource {
     async fn first_bytes(&self, key: &str, len: u64) -> Result<(ObjectInfo, Bytes), ClientError> {
         self.client.head_with_first_bytes(key, len).await
     }
+
+    /// The bucket keeps nothing for anyone.
+    async fn keep(&self, _key: &str, _range: Range<u64>, _etag: &str) -> Result<bool, ClientError> {
+        Ok(false)
+    }
 }
 
 /// What a cache does: serve a read from what it holds, asking `below` for what it lacks (and keeping it).
@@ -76,6 +86,15 @@ pub trait CacheLayer: Send + Sync + 'static {
         range: Range<u64>,
         etag: &str,
     ) -> Result<Bytes, ClientError>;
+
+    /// [`ReadSource::keep`] through this cache.
+    async fn keep(
+        &self,
+        below: &dyn ReadSource,
+        key: &str,
+        range: Range<u64>,
+        etag: &str,
+    ) -> Result<bool, ClientError>;
 }
 
 /// A cache stacked on the source below it. Everything but the data passes to `below`, here once for every
@@ -117,6 +136,10 @@ impl<L: CacheLayer> ReadSource for Cached<L> {
         let info = self.head(key).await?;
         let bytes = first_bytes_of(&info, len, |range| self.read(key, range, &info.etag)).await;
         Ok((info, bytes))
+    }
+
+    async fn keep(&self, key: &str, range: Range<u64>, etag: &str) -> Result<bool, ClientError> {
+        self.layer.keep(self.below.as_ref(), key, range, etag).await
     }
 }
 
@@ -174,6 +197,16 @@ mod tests {
             let asked = (key.to_string(), range.clone(), etag.to_string());
             self.reads.lock().unwrap().push(asked);
             below.read(key, range, etag).await
+        }
+
+        async fn keep(
+            &self,
+            below: &dyn ReadSource,
+            key: &str,
+            range: Range<u64>,
+            etag: &str,
+        ) -> Result<bool, ClientError> {
+            below.keep(key, range, etag).await
         }
     }
 

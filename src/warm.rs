@@ -1,8 +1,10 @@
 //! `expressfs warm PATH... [--jobs N] [--listing-only]`: fills a running mount's caches before a job needs
 //! them. It walks the given files and trees through the mount (every directory listed, every entry
-//! stat'ed: the metadata cache), then reads every file to the end with N parallel readers (the data cache,
-//! `--cache`, and the page cache for small files). It is an ordinary client of the mount: nothing passes
-//! between it and the daemon but file system calls.
+//! stat'ed: the metadata cache), then has every file fetched whole into the data cache (`--cache`) with N
+//! at once. An expressfs mount fetches a file when asked by an ioctl on it ([`crate::fuse::KEEP_IN_CACHE`]),
+//! so the bytes go from the bucket to the cache without crossing FUSE twice; any other file system, or a
+//! mount without a cache, has its files read to the end instead (the page cache is all there is to fill).
+//! Nothing passes between it and the daemon but file system calls.
 //!
 //! mount-s3 has no subcommands, so `expressfs warm DIR` could also mean "mount the bucket named warm at
 //! DIR". It means the mount when its one argument is a mount point in the making (an empty directory
@@ -12,7 +14,7 @@
 use std::collections::VecDeque;
 use std::io::{IsTerminal, Read};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -22,14 +24,14 @@ use clap::Parser;
 #[command(
     name = "expressfs warm",
     bin_name = "expressfs warm",
-    about = "Fill a running mount's caches: list and read the given files and trees through the mount",
-    after_help = "Exits 1 and lists the files that could not be read, if any."
+    about = "Fill a running mount's caches: list the given files and trees through the mount and fetch every file into its cache",
+    after_help = "Exits 1 and lists the files that could not be fetched, if any. On a mount without --cache (or another file system), files are read to the end instead."
 )]
 pub struct WarmArgs {
     /// Files or directories on an expressfs mount (directories are walked; symlinks inside them are not followed)
     #[arg(required = true)]
     pub paths: Vec<PathBuf>,
-    /// Files read at once (at most a quarter of them, and 8, big files while small ones wait)
+    /// Files fetched at once (at most a quarter of them, and 8, big files while small ones wait)
     #[arg(short, long, default_value_t = 64, value_parser = clap::value_parser!(u16).range(1..=1024))]
     pub jobs: u16,
     /// Only list directories and stat files (fills the metadata cache; reads no data)
@@ -202,6 +204,30 @@ pub fn run(args: &WarmArgs, progress: bool) -> Outcome {
     }
 }
 
+/// Asks the mount to fetch the file from `start` on into its cache ([`crate::fuse::KEEP_IN_CACHE`]): where
+/// the kept bytes end, and whether the file goes on past them.
+fn keep_in_cache(file: &std::fs::File, start: u64) -> std::io::Result<(u64, bool)> {
+    use std::os::fd::AsRawFd;
+    loop {
+        let mut offset = start;
+        // SAFETY: the command's encoding has the kernel copy 8 bytes from and back into `offset`, 8 bytes.
+        let rc = unsafe {
+            libc::ioctl(
+                file.as_raw_fd(),
+                crate::fuse::KEEP_IN_CACHE as _,
+                &mut offset as *mut u64,
+            )
+        };
+        if rc >= 0 {
+            return Ok((offset, rc > 0));
+        }
+        let e = std::io::Error::last_os_error();
+        if e.kind() != std::io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
 /// Size of each read(2): what the kernel passes to the daemon in one request at most (`max_read`, 1 MiB),
 /// so a file read around the page cache needs no more requests than that.
 const READ_BUFFER: usize = 1 << 20;
@@ -249,6 +275,9 @@ struct Work {
     directories: AtomicU64,
     bytes: AtomicU64,
     files_read: AtomicU64,
+    /// Whether files are still asked to be kept (an ioctl) rather than read: until a file system says it
+    /// cannot.
+    ask_to_keep: AtomicBool,
 }
 
 impl Work {
@@ -270,6 +299,7 @@ impl Work {
             directories: AtomicU64::new(0),
             bytes: AtomicU64::new(0),
             files_read: AtomicU64::new(0),
+            ask_to_keep: AtomicBool::new(true),
         }
     }
 
@@ -346,10 +376,7 @@ impl Work {
                     self.wake.notify_all();
                 }
                 Task::Read { path, big } => {
-                    if buf.is_empty() {
-                        buf = vec![0u8; READ_BUFFER];
-                    }
-                    if let Err(e) = self.read_to_end(&path, &mut buf) {
+                    if let Err(e) = self.warm_file(&path, &mut buf) {
                         self.failed(path, e);
                     }
                     if big {
@@ -364,8 +391,42 @@ impl Work {
         }
     }
 
-    fn read_to_end(&self, path: &Path, buf: &mut [u8]) -> std::io::Result<()> {
+    /// Has the mount keep the file in its cache; reads it to the end where that cannot be done.
+    fn warm_file(&self, path: &Path, buf: &mut Vec<u8>) -> std::io::Result<()> {
         let mut file = std::fs::File::open(path)?;
+        if self.ask_to_keep.load(Ordering::Relaxed) {
+            let mut start = 0;
+            let refused = loop {
+                match keep_in_cache(&file, start) {
+                    Ok((end, more)) => {
+                        let kept = end.saturating_sub(start);
+                        self.bytes.fetch_add(kept, Ordering::Relaxed);
+                        self.bar.inc(kept);
+                        if !more || end <= start {
+                            return Ok(());
+                        }
+                        start = end;
+                    }
+                    Err(e) => break e,
+                }
+            };
+            match refused.raw_os_error() {
+                // Not an expressfs mount (ENOTTY), or one with no cache to fill: read from now on.
+                Some(libc::ENOTTY | libc::EOPNOTSUPP) => {
+                    self.ask_to_keep.store(false, Ordering::Relaxed);
+                }
+                // This file is being written through the mount: read what there is.
+                Some(libc::EBUSY) => {}
+                _ => return Err(refused),
+            }
+        }
+        if buf.is_empty() {
+            *buf = vec![0u8; READ_BUFFER];
+        }
+        self.read_to_end(&mut file, buf)
+    }
+
+    fn read_to_end(&self, file: &mut std::fs::File, buf: &mut [u8]) -> std::io::Result<()> {
         loop {
             match file.read(buf) {
                 Ok(0) => return Ok(()),

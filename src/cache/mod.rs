@@ -3,6 +3,7 @@
 //! [`shared::SharedCache`] keeps small objects whole in a second bucket.
 
 pub mod disk;
+mod fetching;
 pub mod shared;
 
 use std::ops::Range;
@@ -14,11 +15,13 @@ use bytes::{Bytes, BytesMut};
 use crate::s3::ClientError;
 use crate::source::{CacheLayer, ReadSource};
 use disk::{BlockId, DiskCache};
+use fetching::{Fetching, Underway};
 
 /// The disk block cache as a layer: stack it with [`crate::source::Cached`].
 pub struct BlockCache {
     cache: Arc<DiskCache>,
     block_size: u64,
+    fetching: Arc<Fetching>,
 }
 
 impl BlockCache {
@@ -26,6 +29,7 @@ impl BlockCache {
         BlockCache {
             cache,
             block_size: block_size.max(64 * 1024),
+            fetching: Arc::default(),
         }
     }
 
@@ -75,16 +79,23 @@ impl ObjectBlocks {
         .unwrap_or_else(|_| vec![None; (last - first + 1) as usize])
     }
 
-    /// Stores fetched blocks from `first` on in the background, off the read's critical path.
-    fn store(self: Arc<Self>, first: u64, data: Bytes) {
+    /// Stores fetched blocks from `first` on, on a blocking thread: a read does not wait for it, a warm-up
+    /// does. `underway` ends when the blocks are written.
+    fn store(
+        self: Arc<Self>,
+        first: u64,
+        data: Bytes,
+        underway: Underway,
+    ) -> tokio::task::JoinHandle<()> {
         tokio::task::spawn_blocking(move || {
             for (i, chunk) in data.chunks(self.block_size as usize).enumerate() {
                 self.cache.put(&self.id(first + i as u64), chunk);
             }
+            drop(underway);
             // The reader may be done with these bytes before this write is: whichever lets go last returns
             // the GET's buffer to the pool (else every GET of a cached mount faults in a fresh one).
             crate::buffers::give_back(data);
-        });
+        })
     }
 }
 
@@ -124,8 +135,9 @@ impl CacheLayer for BlockCache {
             // Nothing cached (a cold read, the whole of a warm-up): one GET, and its bytes are the answer
             // as they are, not copied into a new buffer.
             let start = first * bs;
+            let underway = self.fetching.begin(key, etag);
             let data = below.read(key, start..(last + 1) * bs, etag).await?;
-            Arc::clone(&object).store(first, data.clone());
+            Arc::clone(&object).store(first, data.clone(), underway);
             let to = ((range.end - start) as usize).min(data.len());
             let from = ((range.start - start) as usize).min(to);
             return Ok(data.slice(from..to));
@@ -143,8 +155,9 @@ impl CacheLayer for BlockCache {
             }
             let start = (first + i as u64) * bs;
             let end = (first + j as u64 + 1) * bs;
+            let underway = self.fetching.begin(key, etag);
             let data = below.read(key, start..end, etag).await?;
-            Arc::clone(&object).store(first + i as u64, data.clone());
+            Arc::clone(&object).store(first + i as u64, data.clone(), underway);
             for (n, slot) in blocks[i..=j].iter_mut().enumerate() {
                 let from = (n as u64 * bs) as usize;
                 let to = ((n as u64 + 1) * bs) as usize;
@@ -171,12 +184,57 @@ impl CacheLayer for BlockCache {
         }
         Ok(out.freeze())
     }
+
+    /// Fetches the runs of blocks the disk does not hold, one GET each, and waits for their writes. A read
+    /// of this version still under way (a small file's GET starts at open) is waited for first: its blocks
+    /// are then held, not fetched twice.
+    async fn keep(
+        &self,
+        below: &dyn ReadSource,
+        key: &str,
+        range: Range<u64>,
+        etag: &str,
+    ) -> Result<bool, ClientError> {
+        if etag.is_empty() {
+            return below.keep(key, range, etag).await;
+        }
+        if range.is_empty() {
+            return Ok(true);
+        }
+        self.fetching.settled(key, etag).await;
+        let bs = self.block_size;
+        let (first, last) = (range.start / bs, (range.end - 1) / bs);
+        let object = Arc::new(self.blocks_of(below.bucket(), key, etag));
+        let mut index = first;
+        while index <= last {
+            if object.cache.holds(&object.id(index)) {
+                index += 1;
+                continue;
+            }
+            let run_start = index;
+            while index < last && !object.cache.holds(&object.id(index + 1)) {
+                index += 1;
+            }
+            let run_end = index + 1;
+            index += 1;
+            object
+                .cache
+                .counters
+                .misses
+                .fetch_add(run_end - run_start, std::sync::atomic::Ordering::Relaxed);
+            let underway = self.fetching.begin(key, etag);
+            let data = below.read(key, run_start * bs..run_end * bs, etag).await?;
+            // A write that failed (a full disk) is counted by the cache and is no error of the warm-up's.
+            let _ = Arc::clone(&object).store(run_start, data, underway).await;
+        }
+        Ok(true)
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::s3::fake::FakeClient;
+    use crate::s3::fake::{FakeClient, Op};
     use crate::s3::{ObjectClient, WriteCondition};
     use crate::source::{BucketSource, Cached};
     use std::sync::atomic::Ordering;
@@ -212,5 +270,50 @@ mod tests {
         assert_eq!(fake.counts(), before, "went to the bucket");
         assert!(cache.counters.hits.load(Ordering::Relaxed) >= 5);
         assert!(Arc::ptr_eq(c.layer().cache(), &cache));
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn keep_fetches_only_what_is_missing_and_returns_once_it_is_written() {
+        let fake = Arc::new(FakeClient::new("b", true));
+        let data: Vec<u8> = (0..1_000_000u32).map(|i| (i % 253) as u8).collect();
+        let etag = fake
+            .put_object("k", Bytes::from(data.clone()), WriteCondition::None)
+            .await
+            .unwrap()
+            .etag;
+        let dir = tempfile::tempdir().unwrap();
+        let cache = Arc::new(DiskCache::open_with(dir.path(), 1 << 30, false).unwrap());
+        let c = Cached::new(
+            BlockCache::new(Arc::clone(&cache), 64 * 1024),
+            BucketSource::shared(fake.clone()),
+        );
+        // Blocks 2 and 3 read (and written in the background) first.
+        c.read("k", 150_000..250_000, &etag).await.unwrap();
+        let before = fake.counts();
+        assert!(c.keep("k", 0..1_000_000, &etag).await.unwrap());
+        // The read's blocks were waited for, not fetched again: one run before them, one after.
+        let sent = fake.counts().since(&before);
+        assert_eq!((sent.get(Op::Get), sent.total()), (2, 2));
+        // Every block is on disk when keep returns: the whole object reads back without the bucket.
+        let before = fake.counts();
+        for block in 0..16 {
+            assert!(cache.holds(&BlockId {
+                bucket: "b",
+                key: "k",
+                etag: &etag,
+                index: block,
+                block_size: 64 * 1024
+            }));
+        }
+        assert_eq!(
+            &c.read("k", 0..1_000_000, &etag).await.unwrap()[..],
+            &data[..]
+        );
+        assert!(c.keep("k", 0..1_000_000, &etag).await.unwrap());
+        assert_eq!(fake.counts(), before, "kept already: no request");
+        // Without a cache there is nothing to keep bytes in, and nothing is fetched.
+        let bucket = BucketSource::shared(fake.clone());
+        assert!(!bucket.keep("k", 0..1_000_000, &etag).await.unwrap());
+        assert_eq!(fake.counts(), before);
     }
 }

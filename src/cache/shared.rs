@@ -190,6 +190,22 @@ impl CacheLayer for SharedCache {
         }
         Ok(slice(&data, &range))
     }
+
+    /// A small object is kept by reading it through this layer (its entry is then written in the background,
+    /// as after any miss); anything bigger is for the layers below.
+    async fn keep(
+        &self,
+        below: &dyn ReadSource,
+        key: &str,
+        range: Range<u64>,
+        etag: &str,
+    ) -> Result<bool, ClientError> {
+        if etag.is_empty() || range.end > self.max_object_size {
+            return below.keep(key, range, etag).await;
+        }
+        self.read(below, key, range, etag).await?;
+        Ok(true)
+    }
 }
 
 #[cfg(test)]

@@ -42,6 +42,11 @@ mod staging;
 #[cfg(test)]
 mod tests;
 
+/// Most bytes one warm-up request fetches ([`S3Filesystem::keep_in_cache`]). The kernel cannot cancel a request
+/// the daemon has taken: a warm-up stopped by a signal waits for the one under way, a fraction of a second, not
+/// for the rest of a huge file.
+const KEEP_PER_REQUEST: u64 = 256 << 20;
+
 pub enum Handle {
     Read {
         ino: u64,
@@ -759,6 +764,28 @@ impl S3Filesystem {
                 shared.file.lock().await.read(offset, size as u64).await
             }
             Handle::Dir { .. } => Err(FsError::IsADirectory),
+        }
+    }
+
+    /// `expressfs warm` on an open file: its content from `start` on into the caches, none of it back
+    /// through FUSE, [`KEEP_PER_REQUEST`] at most. Returns where the kept bytes end and whether the file goes
+    /// on past that. A mount with nothing to keep bytes in (unsupported) and a file being written through
+    /// the mount (busy: it is not in the bucket yet) are refused; the warm-up reads those instead.
+    pub async fn keep_in_cache(&self, fh: u64, start: u64) -> FsResult<(u64, bool)> {
+        let handle = self.handles.get(fh)?;
+        match handle.as_ref() {
+            Handle::Read { ino, reader, .. } if self.handles.staged.peek(*ino).is_none() => {
+                let mut reader = reader.lock().await;
+                let kept = reader.keep(start, KEEP_PER_REQUEST).await?;
+                let size = reader.size();
+                kept.map(|end| (end, end < size)).ok_or(FsError::OperationNotSupported(
+                    "no cache to fill (the mount has no --cache, or the file was opened with O_DIRECT)",
+                ))
+            }
+            Handle::Dir { .. } => Err(FsError::IsADirectory),
+            _ => Err(FsError::Busy(
+                "the file is being written through the mount: it is not in the bucket yet",
+            )),
         }
     }
 

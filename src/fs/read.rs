@@ -143,6 +143,77 @@ impl Reader {
         true
     }
 
+    /// For `expressfs warm`: makes the caches under this reader hold `start..start + len` of the file
+    /// (clamped to its size) and returns where that ends, or `None` when nothing below keeps bytes (no cache,
+    /// or O_DIRECT: nothing is fetched then). GETs of one part each, a window's worth at once while the
+    /// memory budget allows; no byte comes back up, and parts already cached are not read at all.
+    pub async fn keep(&mut self, start: u64, len: u64) -> FsResult<Option<u64>> {
+        self.land_fetches().await;
+        let stop = start.saturating_add(len).min(self.size);
+        let at_once = (self.max_window / self.part_size).max(1) as usize;
+        let mut parts = tokio::task::JoinSet::new();
+        let (mut next, mut kept) = (start.min(stop), true);
+        loop {
+            while next < stop && parts.len() < at_once {
+                let end = (next + self.part_size).min(stop);
+                // One part is always allowed (the warm-up moves on); more only while the budget has room.
+                let memory = if parts.is_empty() {
+                    self.memory.reserve(end - next)
+                } else if let Some(memory) = self.memory.try_reserve(end - next) {
+                    memory
+                } else {
+                    break;
+                };
+                let (source, key, etag) = (
+                    Arc::clone(&self.source),
+                    self.key.clone(),
+                    self.etag.clone(),
+                );
+                parts.spawn(async move {
+                    let _memory = memory;
+                    source.keep(&key, next..end, &etag).await
+                });
+                next = end;
+            }
+            match parts.join_next().await {
+                None => break,
+                Some(Ok(Ok(part_kept))) => kept &= part_kept,
+                // Dropping the set cancels the other parts.
+                Some(Ok(Err(e))) => return Err(FsError::client(&self.key, e)),
+                Some(Err(e)) => return Err(FsError::task(&self.key, e)),
+            }
+        }
+        Ok(kept.then_some(stop))
+    }
+
+    /// Size of the file as this reader sees it (the version it is pinned to).
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// Waits for the GETs this reader has started (a small file's, at open) so that the caches have seen
+    /// them: a warm-up then finds those bytes on their way in and does not fetch them again. A failed one
+    /// drops the chunks, as a failed read does; the warm-up fetches those bytes itself.
+    async fn land_fetches(&mut self) {
+        let mut failed = false;
+        for chunk in self.chunks.iter_mut() {
+            if let ChunkData::Pending(task) = &mut chunk.data {
+                match task.await {
+                    Ok(Ok(bytes)) => chunk.data = ChunkData::Ready(bytes),
+                    _ => {
+                        failed = true;
+                        break;
+                    }
+                }
+            }
+        }
+        if failed {
+            self.chunks.clear();
+            self.streaming = false;
+            self.next_fetch = 0;
+        }
+    }
+
     /// Starts a GET of `start..end`; `memory` is what it holds against the budget.
     fn spawn_fetch(&mut self, start: u64, end: u64, memory: Reservation) {
         let source = Arc::clone(&self.source);
@@ -550,6 +621,75 @@ mod tests {
         let before = fake.counts();
         assert!(!r.fetch_small_file_at_open(), "the budget cannot hold it");
         assert_eq!(fake.counts().since(&before).total(), 0);
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn keep_fills_the_cache_once_and_says_when_there_is_none() {
+        use crate::cache::{BlockCache, disk::DiskCache};
+        use crate::source::Cached;
+        let dir = tempfile::tempdir().unwrap();
+        let disk = Arc::new(DiskCache::open_with(dir.path(), 1 << 30, false).unwrap());
+        let budget = MemoryBudget::new(64 << 20);
+        let fake = Arc::new(FakeClient::new("b", true));
+        let cached: Arc<dyn ReadSource> = Arc::new(Cached::new(
+            BlockCache::new(disk, 256 << 10),
+            BucketSource::shared(fake.clone()),
+        ));
+        let reader_of = |key: &str, etag: &str, size: usize, source: &Arc<dyn ReadSource>| {
+            Reader::new(
+                Arc::clone(source),
+                key.into(),
+                etag.into(),
+                size as u64,
+                1 << 20,
+                2 << 20,
+                Arc::clone(&budget),
+            )
+        };
+        let (big, small) = (pattern((3 << 20) + 5), pattern(70_000));
+        let big_etag = fake
+            .put_object("big", Bytes::from(big.clone()), WriteCondition::None)
+            .await
+            .unwrap()
+            .etag;
+        let small_etag = fake
+            .put_object("small", Bytes::from(small.clone()), WriteCondition::None)
+            .await
+            .unwrap()
+            .etag;
+
+        // Four parts of at most 1 MiB, two at once, over two requests of 2 MiB: four GETs.
+        let before = fake.counts();
+        let mut r = reader_of("big", &big_etag, big.len(), &cached);
+        assert_eq!(r.keep(0, 2 << 20).await.unwrap(), Some(2 << 20));
+        assert_eq!(
+            r.keep(2 << 20, 2 << 20).await.unwrap(),
+            Some(big.len() as u64)
+        );
+        assert_eq!(fake.counts().since(&before).get(Op::Get), 4);
+        // A small file's GET started at open is the only one: the warm-up waits for it.
+        let before = fake.counts();
+        let mut r = reader_of("small", &small_etag, small.len(), &cached);
+        assert!(r.fetch_small_file_at_open());
+        assert_eq!(r.keep(0, u64::MAX).await.unwrap(), Some(70_000));
+        assert_eq!(fake.counts().since(&before).total(), 1);
+        // The handle still reads, and what it reads, like any later reader, costs no request.
+        assert_eq!(&r.read(0, 100_000).await.unwrap()[..], &small[..]);
+        let mut again = reader_of("big", &big_etag, big.len(), &cached);
+        assert_eq!(
+            &again.read(1 << 20, 4096).await.unwrap()[..],
+            &big[1 << 20..(1 << 20) + 4096]
+        );
+        assert_eq!(fake.counts().since(&before).total(), 1);
+        drop((r, again));
+        assert_eq!(budget.used(), 0);
+
+        // Straight from the bucket (no cache, or O_DIRECT): nothing to keep, nothing fetched.
+        let bucket = BucketSource::shared(fake.clone());
+        let before = fake.counts();
+        let mut r = reader_of("big", &big_etag, big.len(), &bucket);
+        assert_eq!(r.keep(0, u64::MAX).await.unwrap(), None);
+        assert_eq!(fake.counts(), before);
     }
 
     #[tokio::test]
