@@ -116,11 +116,25 @@ impl SharedCache {
         let Ok(permit) = Arc::clone(&self.fills).try_acquire_owned() else {
             return;
         };
-        let (cache, counters) = (Arc::clone(&self.cache), Arc::clone(&self.counters));
-        let entry = self.entry_key(bucket, key, etag);
-        let body = self.encode(bucket, key, etag, &data);
+        let fill = self.fill(bucket, key, etag, &data);
         tokio::spawn(async move {
             let _permit = permit;
+            fill.await;
+        });
+    }
+
+    /// Writes the entry (If-None-Match: another host may have written it first, which is fine).
+    fn fill(
+        &self,
+        bucket: &str,
+        key: &str,
+        etag: &str,
+        data: &[u8],
+    ) -> impl Future<Output = ()> + Send + 'static {
+        let (cache, counters) = (Arc::clone(&self.cache), Arc::clone(&self.counters));
+        let entry = self.entry_key(bucket, key, etag);
+        let body = self.encode(bucket, key, etag, data);
+        async move {
             match cache
                 .put_object(&entry, body, WriteCondition::IfNoneMatch)
                 .await
@@ -128,7 +142,6 @@ impl SharedCache {
                 Ok(_) => {
                     counters.fills.fetch_add(1, Ordering::Relaxed);
                 }
-                // Another host filled it first: fine.
                 Err(ClientError::PreconditionFailed { .. }) => {}
                 Err(e) => {
                     if counters.errors.fetch_add(1, Ordering::Relaxed) == 0 {
@@ -136,7 +149,34 @@ impl SharedCache {
                     }
                 }
             }
-        });
+        }
+    }
+
+    /// The object's bytes from its entry, if there is an entry and it is exactly what it claims to be.
+    async fn entry(&self, bucket: &str, key: &str, etag: &str) -> Option<Bytes> {
+        let entry = self.entry_key(bucket, key, etag);
+        match self
+            .cache
+            .get_object(&entry, 0..self.max_object_size + 4096, None)
+            .await
+        {
+            Ok(raw) => match self.decode(bucket, key, etag, &raw) {
+                Some(data) => {
+                    self.counters.hits.fetch_add(1, Ordering::Relaxed);
+                    return Some(data);
+                }
+                _ => {
+                    self.counters.rejected.fetch_add(1, Ordering::Relaxed);
+                    debug!(key, "ignoring a shared cache entry that does not match");
+                }
+            },
+            Err(ClientError::NotFound { .. }) => {}
+            Err(e) => {
+                self.counters.errors.fetch_add(1, Ordering::Relaxed);
+                debug!(key, error = %e, "shared cache read failed");
+            }
+        }
+        None
     }
 }
 
@@ -160,27 +200,8 @@ impl CacheLayer for SharedCache {
             return below.read(key, range, etag).await;
         }
         let bucket = below.bucket();
-        let entry = self.entry_key(bucket, key, etag);
-        match self
-            .cache
-            .get_object(&entry, 0..self.max_object_size + 4096, None)
-            .await
-        {
-            Ok(raw) => match self.decode(bucket, key, etag, &raw) {
-                Some(data) => {
-                    self.counters.hits.fetch_add(1, Ordering::Relaxed);
-                    return Ok(slice(&data, &range));
-                }
-                _ => {
-                    self.counters.rejected.fetch_add(1, Ordering::Relaxed);
-                    debug!(key, "ignoring a shared cache entry that does not match");
-                }
-            },
-            Err(ClientError::NotFound { .. }) => {}
-            Err(e) => {
-                self.counters.errors.fetch_add(1, Ordering::Relaxed);
-                debug!(key, error = %e, "shared cache read failed");
-            }
+        if let Some(data) = self.entry(bucket, key, etag).await {
+            return Ok(slice(&data, &range));
         }
         self.counters.misses.fetch_add(1, Ordering::Relaxed);
         // One byte more than the limit tells whether the whole object fits.
@@ -191,8 +212,8 @@ impl CacheLayer for SharedCache {
         Ok(slice(&data, &range))
     }
 
-    /// A small object is kept by reading it through this layer (its entry is then written in the background,
-    /// as after any miss); anything bigger is for the layers below.
+    /// A small object's entry is written unless there is one, and waited for (a read's fill is skipped when
+    /// too many are under way; a warm-up's is not); anything bigger is for the layers below.
     async fn keep(
         &self,
         below: &dyn ReadSource,
@@ -203,7 +224,17 @@ impl CacheLayer for SharedCache {
         if etag.is_empty() || range.end > self.max_object_size {
             return below.keep(key, range, etag).await;
         }
-        self.read(below, key, range, etag).await?;
+        let bucket = below.bucket();
+        if self.entry(bucket, key, etag).await.is_some() {
+            return Ok(true);
+        }
+        self.counters.misses.fetch_add(1, Ordering::Relaxed);
+        let data = below.read(key, 0..self.max_object_size + 1, etag).await?;
+        if data.len() as u64 > self.max_object_size {
+            return below.keep(key, range, etag).await;
+        }
+        let _permit = self.fills.acquire().await;
+        self.fill(bucket, key, etag, &data).await;
         Ok(true)
     }
 }
@@ -284,5 +315,36 @@ mod tests {
             Bytes::from(vec![1u8; 3000])
         );
         assert_eq!(other.layer().counters.rejected.load(Ordering::Relaxed), 1);
+    }
+
+    #[tokio::test]
+    async fn keep_writes_a_small_objects_entry_before_it_returns_and_passes_big_ones_down() {
+        let source = Arc::new(FakeClient::new("src", true));
+        let cache = Arc::new(FakeClient::new("cache", true));
+        let etag = source
+            .put_object("s", Bytes::from(vec![7u8; 3000]), WriteCondition::None)
+            .await
+            .unwrap()
+            .etag;
+        let c = host(&source, &cache);
+        assert!(c.keep("s", 0..3000, &etag).await.unwrap());
+        // Written when keep returns, no wait: another host reads it without the source.
+        assert!(
+            cache
+                .object(&c.layer().entry_key("src", "s", &etag))
+                .is_some()
+        );
+        let before = source.counts();
+        assert!(c.keep("s", 0..3000, &etag).await.unwrap(), "kept already");
+        let other = host(&source, &cache);
+        assert_eq!(other.read("s", 0..3000, &etag).await.unwrap().len(), 3000);
+        assert_eq!(source.counts(), before);
+        // Over the entry size: nothing here keeps it, and the bucket below keeps nothing.
+        let big = source
+            .put_object("b", Bytes::from(vec![1u8; 5000]), WriteCondition::None)
+            .await
+            .unwrap()
+            .etag;
+        assert!(!c.keep("b", 0..5000, &big).await.unwrap());
     }
 }
