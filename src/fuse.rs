@@ -36,8 +36,8 @@ pub struct FuseOptions {
 /// daemon fetches the file from `offset` on into its caches, none of it through FUSE, up to a bound, and
 /// answers once that is kept: `offset` becomes where the kept bytes end, and the ioctl returns 1 if the
 /// file goes on past them (ask again from there), 0 if not. `_IOWR(0xE5, 1, u64)`: the kernel copies the
-/// 8 bytes in and back. Refused with EOPNOTSUPP when the mount has no cache and EBUSY for a file being
-/// written through the mount.
+/// 8 bytes in and back. Refused with EOPNOTSUPP when the mount has no cache, EFBIG for a file no cache of
+/// the mount can hold, and EBUSY for a file being written through the mount.
 pub const KEEP_IN_CACHE: u32 = (3 << 30) | ((size_of::<u64>() as u32) << 16) | (0xE5 << 8) | 1;
 
 /// The errno for each core error (the one place this choice is made).
@@ -61,6 +61,7 @@ pub fn errno(e: &FsError) -> Errno {
         FsError::NoSpace(_) => Errno::ENOSPC,
         FsError::TooBig(_) => Errno::EFBIG,
         FsError::OperationNotSupported(_) => Errno::EOPNOTSUPP,
+        FsError::NotCacheable => Errno::EFBIG,
         FsError::AccessDenied { .. } => Errno::EACCES,
         FsError::Unsupported { .. } => Errno::ENOTSUP,
         FsError::ObjectChanged { .. }
@@ -131,8 +132,9 @@ fn name_str(name: &OsStr) -> FsResult<String> {
 fn report(op: &'static str, e: &FsError) -> Errno {
     let errno = errno(e);
     crate::metrics::fuse_error(op, errno.code());
-    // A warm-up asking a mount without a cache to fill it reads the file instead: routine too.
-    let refused_warm_up = op == "ioctl" && matches!(e, FsError::OperationNotSupported(_));
+    // A warm-up asking a mount to keep what it cannot reads the file instead: routine too.
+    let refused_warm_up =
+        op == "ioctl" && matches!(e, FsError::OperationNotSupported(_) | FsError::NotCacheable);
     if !refused_warm_up
         && !matches!(
             e,

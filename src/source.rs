@@ -166,6 +166,11 @@ impl ReadSources {
         if direct { &self.direct } else { &self.cached }
     }
 
+    /// Whether any cache is stacked on the bucket (else both ways are the bucket itself).
+    pub fn has_caches(&self) -> bool {
+        !Arc::ptr_eq(&self.cached, &self.direct)
+    }
+
     /// The source lookups fetch first bytes from: those bytes serve later opens without O_DIRECT.
     pub fn for_lookup(&self) -> &dyn ReadSource {
         self.cached.as_ref()

@@ -415,8 +415,8 @@ impl Work {
                 Some(libc::ENOTTY | libc::EOPNOTSUPP) => {
                     self.ask_to_keep.store(false, Ordering::Relaxed);
                 }
-                // This file is being written through the mount: read what there is.
-                Some(libc::EBUSY) => {}
+                // This file is being written through the mount, or too big for the only cache: read it.
+                Some(libc::EBUSY | libc::EFBIG) => {}
                 _ => return Err(refused),
             }
         }

@@ -70,6 +70,10 @@ pub enum FsError {
     TooBig(String),
     #[error("operation not supported: {0}")]
     OperationNotSupported(&'static str),
+    /// A warm-up asked to keep a file that no cache of this mount can hold (over `--cache-xz`'s size limit
+    /// with no `--cache`, or opened with O_DIRECT).
+    #[error("no cache of this mount keeps this file")]
+    NotCacheable,
     #[error("{0}: no space left in the staging directory")]
     NoSpace(String),
     /// A local file (staging, local copy) could not be used.

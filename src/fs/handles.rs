@@ -769,18 +769,21 @@ impl S3Filesystem {
 
     /// `expressfs warm` on an open file: its content from `start` on into the caches, none of it back
     /// through FUSE, [`KEEP_PER_REQUEST`] at most. Returns where the kept bytes end and whether the file goes
-    /// on past that. A mount with nothing to keep bytes in (unsupported) and a file being written through
-    /// the mount (busy: it is not in the bucket yet) are refused; the warm-up reads those instead.
+    /// on past that. Refused, and read by the warm-up instead: on a mount with no cache (unsupported), a file
+    /// no cache here can hold (over `--cache-xz`'s limit without `--cache`) and a file being written through
+    /// the mount (busy: it is not in the bucket yet).
     pub async fn keep_in_cache(&self, fh: u64, start: u64) -> FsResult<(u64, bool)> {
         let handle = self.handles.get(fh)?;
         match handle.as_ref() {
+            _ if !self.sources.has_caches() => Err(FsError::OperationNotSupported(
+                "no cache to fill: the mount has no --cache or --cache-xz",
+            )),
             Handle::Read { ino, reader, .. } if self.handles.staged.peek(*ino).is_none() => {
                 let mut reader = reader.lock().await;
                 let kept = reader.keep(start, KEEP_PER_REQUEST).await?;
                 let size = reader.size();
-                kept.map(|end| (end, end < size)).ok_or(FsError::OperationNotSupported(
-                    "no cache to fill (the mount has no --cache, or the file was opened with O_DIRECT)",
-                ))
+                kept.map(|end| (end, end < size))
+                    .ok_or(FsError::NotCacheable)
             }
             Handle::Dir { .. } => Err(FsError::IsADirectory),
             _ => Err(FsError::Busy(

@@ -262,3 +262,59 @@ async fn unlink_of_an_open_file_removes_the_name_and_uploads_nothing_more() {
     fs.release(opened.fh).await.unwrap();
     assert!(fake.object("old.bin").is_none(), "brought back at close");
 }
+
+/// `expressfs warm`'s request: kept in bounded steps through the caches, refused where nothing can keep it.
+#[tokio::test(flavor = "multi_thread")]
+async fn keep_in_cache_fills_the_cache_and_is_refused_where_nothing_keeps_bytes() {
+    use crate::cache::{BlockCache, disk::DiskCache};
+    use crate::source::{BucketSource, Cached, ReadSources};
+    use std::sync::Arc;
+    let data = vec![3u8; 300_000];
+    let (fake, fs) = fs_with(&[("f", &data)], config(), true).await;
+    let ino = fs.sb.lookup(ROOT_INO, "f").await.unwrap().ino;
+    let ro = OpenMode {
+        read: true,
+        ..Default::default()
+    };
+    // No cache at all: refused, nothing fetched, whatever the file.
+    let opened = fs.open(ino, ro, 1).await.unwrap();
+    let before = fake.counts();
+    assert!(matches!(
+        fs.keep_in_cache(opened.fh, 0).await,
+        Err(FsError::OperationNotSupported(_))
+    ));
+    assert_eq!(fake.counts(), before);
+    fs.release(opened.fh).await.unwrap();
+
+    let dir = tempfile::tempdir().unwrap();
+    let disk = Arc::new(DiskCache::open_with(dir.path(), 1 << 30, false).unwrap());
+    let client: Arc<dyn ObjectClient> = fake.clone();
+    let bucket = BucketSource::shared(client);
+    let fs = fs.with_read_sources(ReadSources {
+        cached: Arc::new(Cached::new(
+            BlockCache::new(Arc::clone(&disk), 64 << 10),
+            Arc::clone(&bucket),
+        )),
+        direct: bucket,
+    });
+    let opened = fs.open(ino, ro, 1).await.unwrap();
+    assert_eq!(
+        fs.keep_in_cache(opened.fh, 0).await.unwrap(),
+        (300_000, false)
+    );
+    // Asked again from where it ended: nothing more to keep, no request.
+    let before = fake.counts();
+    assert_eq!(
+        fs.keep_in_cache(opened.fh, 300_000).await.unwrap(),
+        (300_000, false)
+    );
+    assert_eq!(fake.counts(), before);
+    fs.release(opened.fh).await.unwrap();
+    // O_DIRECT reads the bucket itself: that handle has no cache to fill.
+    let direct = OpenMode { direct: true, ..ro };
+    let opened = fs.open(ino, direct, 1).await.unwrap();
+    assert!(matches!(
+        fs.keep_in_cache(opened.fh, 0).await,
+        Err(FsError::NotCacheable)
+    ));
+}
