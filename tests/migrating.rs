@@ -830,3 +830,45 @@ fn private_ca_and_server_cert(ip: &str) -> (String, String, String) {
     let server_cert = server_params.signed_by(&server_key, &issuer).unwrap();
     (ca_cert.pem(), server_cert.pem(), server_key.serialize_pem())
 }
+
+/// An access point ARN mounts a general-purpose bucket. The SDK's endpoint rules send its requests to the
+/// access point's own host (`NAME-ACCOUNT.` before the endpoint's host), a name no resolver here knows, so
+/// the daemon reaches it through an HTTP proxy (`HTTP_PROXY`, honoured as by the SDK's default client) that
+/// is the emulator itself, where `NAME-ACCOUNT` is an access point for the bucket. Path-style addressing would
+/// have asked for a bucket named after the file: every answer below proves the access point's host was used.
+#[test]
+fn access_point_arn_mounts_through_its_own_host() {
+    let bucket = fresh_bucket(false, "arnap");
+    put(emulator(), &bucket, "via-arn.txt", b"arn".to_vec());
+    let (account, name) = ("123456789012", format!("ap{}", std::process::id()));
+    let (status, _) = admin_post(
+        emulator(),
+        &format!("/_emulator/alias?alias={name}-{account}&bucket={bucket}"),
+        "",
+    );
+    assert_eq!(status, 200);
+    let arn = format!("arn:aws:s3:{}:{account}:accesspoint/{name}", common::REGION);
+    let proxy = emulator().endpoint_url();
+    let env = [
+        ("HTTP_PROXY", proxy.as_str()),
+        ("http_proxy", proxy.as_str()),
+        ("NO_PROXY", ""),
+        ("no_proxy", ""),
+    ];
+    let mount = Mount::with_env(&arn, &[], &env);
+    assert_eq!(
+        std::fs::read(mount.path().join("via-arn.txt")).unwrap(),
+        b"arn"
+    );
+    let names: Vec<_> = std::fs::read_dir(mount.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(names, ["via-arn.txt"]);
+    std::fs::write(mount.path().join("written.txt"), b"w").unwrap();
+    assert!(mount.unmount().success());
+    assert_eq!(
+        common::get(emulator(), &bucket, "written.txt").unwrap(),
+        b"w"
+    );
+}

@@ -53,9 +53,14 @@ impl Access {
         lock(&self.public).contains(bucket)
     }
 
-    /// An access point alias (`name-...-s3alias`) that addresses `bucket`.
+    /// An access point alias (`name-...-s3alias`) that addresses `bucket`; also an access point's host label
+    /// (`NAME-ACCOUNT`, the first label of the host an access point ARN resolves to).
     pub fn set_alias(&self, alias: &str, bucket: &str) {
         lock(&self.aliases).insert(alias.to_string(), bucket.to_string());
+    }
+
+    pub fn is_alias(&self, name: &str) -> bool {
+        lock(&self.aliases).contains_key(name)
     }
 
     /// The bucket an alias stands for; the name itself otherwise.

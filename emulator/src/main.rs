@@ -47,7 +47,8 @@ struct Args {
     /// General purpose bucket that serves anonymous reads (repeatable), like a public bucket policy
     #[arg(long = "public-bucket")]
     public_buckets: Vec<String>,
-    /// Access point alias standing for a bucket, ALIAS=BUCKET (repeatable)
+    /// Access point alias standing for a bucket, ALIAS=BUCKET (repeatable); also an access point's host label,
+    /// NAME-ACCOUNT=BUCKET, for requests sent to the host an access point ARN resolves to
     #[arg(long = "access-point-alias", value_parser = parse_alias)]
     access_point_aliases: Vec<(String, String)>,
     /// Keep the headers of recent requests for GET /_emulator/requests

@@ -162,7 +162,8 @@ fn is_write(op: &str) -> bool {
     )
 }
 
-/// Splits the target into bucket and key: virtual-hosted (`bucket.host`) or path-style (`/bucket/key`).
+/// Splits the target into bucket and key: virtual-hosted (`bucket.host`, or an access point's `NAME-ACCOUNT.host`)
+/// or path-style (`/bucket/key`).
 fn locate(state: &State, headers: &HeaderMap, raw_path: &str) -> (String, String) {
     let decode = |s: &str| percent_decode_str(s).decode_utf8_lossy().into_owned();
     let host = headers
@@ -178,7 +179,7 @@ fn locate(state: &State, headers: &HeaderMap, raw_path: &str) -> (String, String
     });
     if let Some((first, _)) = host.split_once('.')
         && host.parse::<std::net::Ipv4Addr>().is_err()
-        && state.store.buckets().contains_key(first)
+        && (state.store.buckets().contains_key(first) || state.access.is_alias(first))
     {
         return (
             first.to_string(),
