@@ -252,7 +252,12 @@ impl DiskCache {
             return;
         }
         self.evict(size);
-        let tmp = self.dir.join(format!(".tmp-{name}-{}", std::process::id()));
+        // Unique per write: two writes of one block at once (a read's and a warm-up's) must not share a file.
+        static WRITES: AtomicU64 = AtomicU64::new(0);
+        let n = WRITES.fetch_add(1, Ordering::Relaxed);
+        let tmp = self
+            .dir
+            .join(format!(".tmp-{name}-{}-{n}", std::process::id()));
         let result = fs::OpenOptions::new()
             .write(true)
             .create(true)
