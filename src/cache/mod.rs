@@ -239,10 +239,19 @@ mod tests {
     use crate::source::{BucketSource, Cached};
     use std::sync::atomic::Ordering;
 
-    #[tokio::test(flavor = "multi_thread")]
-    async fn second_read_is_served_from_disk() {
+    /// A fake bucket holding `len` patterned bytes as "k", and a disk cache of 64 KiB blocks stacked on it.
+    async fn cached_object(
+        len: u32,
+    ) -> (
+        Arc<FakeClient>,
+        String,
+        Vec<u8>,
+        tempfile::TempDir,
+        Arc<DiskCache>,
+        Cached<BlockCache>,
+    ) {
         let fake = Arc::new(FakeClient::new("b", true));
-        let data: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+        let data: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
         let etag = fake
             .put_object("k", Bytes::from(data.clone()), WriteCondition::None)
             .await
@@ -254,6 +263,12 @@ mod tests {
             BlockCache::new(Arc::clone(&cache), 64 * 1024),
             BucketSource::shared(fake.clone()),
         );
+        (fake, etag, data, dir, cache, c)
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn second_read_is_served_from_disk() {
+        let (fake, etag, data, _dir, cache, c) = cached_object(300_000).await;
         for (s, e) in [(0u64, 300_000u64), (70_000, 200_001), (299_990, 300_000)] {
             assert_eq!(
                 &c.read("k", s..e, &etag).await.unwrap()[..],
@@ -274,19 +289,7 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread")]
     async fn keep_fetches_only_what_is_missing_and_returns_once_it_is_written() {
-        let fake = Arc::new(FakeClient::new("b", true));
-        let data: Vec<u8> = (0..1_000_000u32).map(|i| (i % 253) as u8).collect();
-        let etag = fake
-            .put_object("k", Bytes::from(data.clone()), WriteCondition::None)
-            .await
-            .unwrap()
-            .etag;
-        let dir = tempfile::tempdir().unwrap();
-        let cache = Arc::new(DiskCache::open_with(dir.path(), 1 << 30, false).unwrap());
-        let c = Cached::new(
-            BlockCache::new(Arc::clone(&cache), 64 * 1024),
-            BucketSource::shared(fake.clone()),
-        );
+        let (fake, etag, data, _dir, cache, c) = cached_object(1_000_000).await;
         // Blocks 2 and 3 read (and written in the background) first.
         c.read("k", 150_000..250_000, &etag).await.unwrap();
         let before = fake.counts();
