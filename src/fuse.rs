@@ -38,7 +38,7 @@ pub struct FuseOptions {
 /// file goes on past them (ask again from there), 0 if not. `_IOWR(0xE5, 1, u64)`: the kernel copies the
 /// 8 bytes in and back. Refused with EOPNOTSUPP when the mount has no cache, EFBIG for a file no cache of
 /// the mount can hold, and EBUSY for a file being written through the mount.
-pub const KEEP_IN_CACHE: u32 = (3 << 30) | ((size_of::<u64>() as u32) << 16) | (0xE5 << 8) | 1;
+pub const KEEP_IN_CACHE: u32 = nix::request_code_readwrite!(0xE5, 1, size_of::<u64>()) as u32;
 
 /// The errno for each core error (the one place this choice is made).
 pub fn errno(e: &FsError) -> Errno {

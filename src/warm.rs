@@ -394,8 +394,8 @@ impl Work {
     /// Has the mount keep the file in its cache; reads it to the end where that cannot be done.
     fn warm_file(&self, path: &Path, buf: &mut Vec<u8>) -> std::io::Result<()> {
         let mut file = std::fs::File::open(path)?;
+        let mut start = 0;
         if self.ask_to_keep.load(Ordering::Relaxed) {
-            let mut start = 0;
             let refused = loop {
                 match keep_in_cache(&file, start) {
                     Ok((end, more)) => {
@@ -423,6 +423,8 @@ impl Work {
         if buf.is_empty() {
             *buf = vec![0u8; READ_BUFFER];
         }
+        // What a refusal after earlier requests left is read from where they stopped (it is counted once).
+        std::io::Seek::seek(&mut file, std::io::SeekFrom::Start(start))?;
         self.read_to_end(&mut file, buf)
     }
 

@@ -1,71 +1,139 @@
-//! The objects whose blocks are on their way into the block cache: fetched from below and not yet written.
+//! The blocks on their way into the block cache: fetched from below and not yet written.
 //!
-//! A warm-up ([`crate::source::ReadSource::keep`]) asks for blocks a read may have just started to fetch
-//! (a small file's GET starts at open, and `expressfs warm` opens every file it fills). It waits for those to
-//! land instead of sending the same GET again, and it returns only once its own blocks are written, so a
-//! file reported warm is on disk.
+//! A read marks the blocks it fetches ([`Fetching::reading`]) and never waits. A warm-up
+//! ([`crate::source::ReadSource::keep`]) claims the blocks it will fetch ([`Fetching::claim`]): those not
+//! held, and not on their way already. It waits only for blocks another fetch has under way (a small file's
+//! GET starts at open, and `expressfs warm` opens every file it fills), and it returns only once its own
+//! blocks are written, so a file reported warm is on disk. Parts of one warm-up claim disjoint blocks and
+//! never wait for each other.
 
 use std::collections::HashMap;
+use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::Notify;
 
 type Version = (String, String);
 
-/// Fetches and writes under way, counted per version of an object.
+/// Blocks under way, counted per block of each version of an object.
 #[derive(Default)]
 pub struct Fetching {
-    under_way: Mutex<HashMap<Version, usize>>,
+    under_way: Mutex<HashMap<Version, HashMap<u64, usize>>>,
+    /// Woken whenever blocks land (or a fetch fails); waiters check their own blocks again.
     landed: Notify,
 }
 
-/// One fetch-and-write under way; dropping it (written, failed or cancelled) ends it.
+/// Blocks `blocks` of one version under way; dropping it (written, failed or cancelled) ends that.
 pub struct Underway {
     fetching: Arc<Fetching>,
     version: Version,
+    blocks: Range<u64>,
+}
+
+/// What a warm-up got from [`Fetching::claim`].
+pub struct Claim {
+    /// Runs of blocks this warm-up is to fetch, each marked under way until its guard is dropped.
+    pub runs: Vec<Underway>,
+    /// Some blocks are under way by another fetch: wait for them ([`Fetching::landed`]) and claim again.
+    pub others_under_way: bool,
+}
+
+impl Underway {
+    pub fn blocks(&self) -> Range<u64> {
+        self.blocks.clone()
+    }
 }
 
 impl Fetching {
-    fn table(&self) -> std::sync::MutexGuard<'_, HashMap<Version, usize>> {
+    fn table(&self) -> std::sync::MutexGuard<'_, HashMap<Version, HashMap<u64, usize>>> {
         self.under_way.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Marks a fetch of some of `key`'s blocks (this `etag`) as under way until the guard is dropped.
-    pub fn begin(self: &Arc<Self>, key: &str, etag: &str) -> Underway {
-        let version = (key.to_string(), etag.to_string());
-        *self.table().entry(version.clone()).or_default() += 1;
+    fn mark(
+        self: &Arc<Self>,
+        table: &mut HashMap<Version, HashMap<u64, usize>>,
+        version: &Version,
+        blocks: Range<u64>,
+    ) -> Underway {
+        let counts = table.entry(version.clone()).or_default();
+        for block in blocks.clone() {
+            *counts.entry(block).or_default() += 1;
+        }
         Underway {
             fetching: Arc::clone(self),
-            version,
+            version: version.clone(),
+            blocks,
         }
     }
 
-    fn is_under_way(&self, key: &str, etag: &str) -> bool {
-        // Looked up by borrowed parts: no allocation on every check.
-        self.table().iter().any(|((k, e), _)| k == key && e == etag)
+    /// A read fetches `blocks` of `key` (this `etag`): marked under way until the guard is dropped.
+    pub fn reading(self: &Arc<Self>, key: &str, etag: &str, blocks: Range<u64>) -> Underway {
+        let version = (key.to_string(), etag.to_string());
+        self.mark(&mut self.table(), &version, blocks)
     }
 
-    /// Returns once no fetch of this version is under way (at once if none is).
-    pub async fn settled(&self, key: &str, etag: &str) {
-        loop {
-            let landed = self.landed.notified();
-            tokio::pin!(landed);
-            // Registered before the check: a fetch that ends between the check and the wait still wakes us.
-            landed.as_mut().enable();
-            if !self.is_under_way(key, etag) {
-                return;
+    /// For a warm-up of `blocks`: claims, in runs, those that are neither `held` nor under way, and says
+    /// whether any are under way elsewhere. Checked and claimed under one lock, so two warm-ups never claim
+    /// the same block.
+    pub fn claim(
+        self: &Arc<Self>,
+        key: &str,
+        etag: &str,
+        blocks: Range<u64>,
+        held: impl Fn(u64) -> bool,
+    ) -> Claim {
+        let version = (key.to_string(), etag.to_string());
+        let mut table = self.table();
+        let busy = |table: &HashMap<Version, HashMap<u64, usize>>, block: u64| {
+            table
+                .get(&version)
+                .is_some_and(|counts| counts.contains_key(&block))
+        };
+        let mut claim = Claim {
+            runs: Vec::new(),
+            others_under_way: false,
+        };
+        let mut block = blocks.start;
+        while block < blocks.end {
+            if busy(&table, block) {
+                claim.others_under_way = true;
+                block += 1;
+                continue;
             }
-            landed.await;
+            if held(block) {
+                block += 1;
+                continue;
+            }
+            let start = block;
+            while block < blocks.end && !busy(&table, block) && !held(block) {
+                block += 1;
+            }
+            let run = self.mark(&mut table, &version, start..block);
+            claim.runs.push(run);
         }
+        claim
+    }
+
+    /// Resolves once any blocks land after it is enabled (`tokio::pin!` it and call `enable` before
+    /// [`Fetching::claim`], so that a landing in between is not missed).
+    pub fn landed(&self) -> tokio::sync::futures::Notified<'_> {
+        self.landed.notified()
     }
 }
 
 impl Drop for Underway {
     fn drop(&mut self) {
         let mut table = self.fetching.table();
-        if let Some(n) = table.get_mut(&self.version) {
-            *n -= 1;
-            if *n == 0 {
+        if let Some(counts) = table.get_mut(&self.version) {
+            for block in self.blocks.clone() {
+                if let Some(n) = counts.get_mut(&block) {
+                    *n -= 1;
+                    if *n == 0 {
+                        counts.remove(&block);
+                    }
+                }
+            }
+            if counts.is_empty() {
                 table.remove(&self.version);
             }
         }
@@ -77,36 +145,40 @@ impl Drop for Underway {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
+
+    #[test]
+    fn a_claim_takes_what_is_neither_held_nor_under_way_and_claims_are_disjoint() {
+        let fetching = Arc::new(Fetching::default());
+        let read = fetching.reading("k", "e1", 2..4);
+        let held = |b: u64| b == 6;
+        let first = fetching.claim("k", "e1", 0..10, held);
+        let runs: Vec<_> = first.runs.iter().map(Underway::blocks).collect();
+        assert_eq!(runs, [0..2, 4..6, 7..10]);
+        assert!(first.others_under_way, "blocks 2 and 3 are being read");
+        // A second warm-up of the same blocks finds them all taken; another version is free.
+        let second = fetching.claim("k", "e1", 0..10, held);
+        assert!(second.runs.is_empty() && second.others_under_way);
+        let other = fetching.claim("k", "e2", 0..2, |_| false);
+        assert_eq!(other.runs[0].blocks(), 0..2);
+        drop((first, read, other));
+        assert!(fetching.table().is_empty());
+        let again = fetching.claim("k", "e1", 0..4, |_| false);
+        assert!(!again.others_under_way);
+        assert_eq!(again.runs[0].blocks(), 0..4);
+    }
 
     #[tokio::test]
-    async fn settled_waits_for_every_fetch_of_that_version_only() {
+    async fn a_waiter_enabled_before_its_claim_is_woken_when_blocks_land() {
         let fetching = Arc::new(Fetching::default());
-        let first = fetching.begin("k", "e1");
-        let second = fetching.begin("k", "e1");
-        let other = fetching.begin("k", "e2");
-        // Another version's fetch never holds this one up.
-        tokio::time::timeout(Duration::from_secs(1), fetching.settled("j", "e1"))
+        let read = fetching.reading("k", "e", 0..1);
+        let landed = fetching.landed();
+        tokio::pin!(landed);
+        landed.as_mut().enable();
+        assert!(fetching.claim("k", "e", 0..1, |_| false).others_under_way);
+        drop(read);
+        tokio::time::timeout(std::time::Duration::from_secs(1), landed)
             .await
-            .expect("nothing of j is under way");
-        let waiter = tokio::spawn({
-            let fetching = Arc::clone(&fetching);
-            async move { fetching.settled("k", "e1").await }
-        });
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        drop(first);
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        assert!(
-            !waiter.is_finished(),
-            "one fetch of k/e1 is still under way"
-        );
-        drop(second);
-        tokio::time::timeout(Duration::from_secs(1), waiter)
-            .await
-            .expect("woken when the last fetch ended")
-            .unwrap();
-        assert!(fetching.is_under_way("k", "e2"));
-        drop(other);
-        assert!(fetching.table().is_empty());
+            .expect("woken by the read's landing");
+        assert!(!fetching.claim("k", "e", 0..1, |_| true).others_under_way);
     }
 }

@@ -135,7 +135,7 @@ impl CacheLayer for BlockCache {
             // Nothing cached (a cold read, the whole of a warm-up): one GET, and its bytes are the answer
             // as they are, not copied into a new buffer.
             let start = first * bs;
-            let underway = self.fetching.begin(key, etag);
+            let underway = self.fetching.reading(key, etag, first..last + 1);
             let data = below.read(key, start..(last + 1) * bs, etag).await?;
             Arc::clone(&object).store(first, data.clone(), underway);
             let to = ((range.end - start) as usize).min(data.len());
@@ -155,7 +155,9 @@ impl CacheLayer for BlockCache {
             }
             let start = (first + i as u64) * bs;
             let end = (first + j as u64 + 1) * bs;
-            let underway = self.fetching.begin(key, etag);
+            let underway = self
+                .fetching
+                .reading(key, etag, first + i as u64..first + j as u64 + 1);
             let data = below.read(key, start..end, etag).await?;
             Arc::clone(&object).store(first + i as u64, data.clone(), underway);
             for (n, slot) in blocks[i..=j].iter_mut().enumerate() {
@@ -185,9 +187,9 @@ impl CacheLayer for BlockCache {
         Ok(out.freeze())
     }
 
-    /// Fetches the runs of blocks the disk does not hold, one GET each, and waits for their writes. A read
-    /// of this version still under way (a small file's GET starts at open) is waited for first: its blocks
-    /// are then held, not fetched twice.
+    /// Fetches the runs of blocks the disk does not hold, one GET each, and waits for their writes. Blocks
+    /// another fetch has under way (a small file's GET starts at open) are waited for, not fetched twice;
+    /// parts of one warm-up claim disjoint blocks and run side by side.
     async fn keep(
         &self,
         below: &dyn ReadSource,
@@ -201,33 +203,34 @@ impl CacheLayer for BlockCache {
         if range.is_empty() {
             return Ok(true);
         }
-        self.fetching.settled(key, etag).await;
         let bs = self.block_size;
-        let (first, last) = (range.start / bs, (range.end - 1) / bs);
+        let blocks = range.start / bs..(range.end - 1) / bs + 1;
         let object = Arc::new(self.blocks_of(below.bucket(), key, etag));
-        let mut index = first;
-        while index <= last {
-            if object.cache.holds(&object.id(index)) {
-                index += 1;
-                continue;
+        loop {
+            let landed = self.fetching.landed();
+            tokio::pin!(landed);
+            // Before the claim: blocks landing between the claim and the wait still wake it.
+            landed.as_mut().enable();
+            let claim = self.fetching.claim(key, etag, blocks.clone(), |i| {
+                object.cache.holds(&object.id(i))
+            });
+            for run in claim.runs {
+                let Range { start, end } = run.blocks();
+                object
+                    .cache
+                    .counters
+                    .misses
+                    .fetch_add(end - start, std::sync::atomic::Ordering::Relaxed);
+                let data = below.read(key, start * bs..end * bs, etag).await?;
+                // A write that failed (a full disk) is counted by the cache and is no error of the warm-up's.
+                let _ = Arc::clone(&object).store(start, data, run).await;
             }
-            let run_start = index;
-            while index < last && !object.cache.holds(&object.id(index + 1)) {
-                index += 1;
+            if !claim.others_under_way {
+                return Ok(true);
             }
-            let run_end = index + 1;
-            index += 1;
-            object
-                .cache
-                .counters
-                .misses
-                .fetch_add(run_end - run_start, std::sync::atomic::Ordering::Relaxed);
-            let underway = self.fetching.begin(key, etag);
-            let data = below.read(key, run_start * bs..run_end * bs, etag).await?;
-            // A write that failed (a full disk) is counted by the cache and is no error of the warm-up's.
-            let _ = Arc::clone(&object).store(run_start, data, underway).await;
+            // Claimed again once they land: written then, or to be fetched here if that fetch failed.
+            landed.await;
         }
-        Ok(true)
     }
 }
 

@@ -119,18 +119,19 @@ impl SharedCache {
         let fill = self.fill(bucket, key, etag, &data);
         tokio::spawn(async move {
             let _permit = permit;
-            fill.await;
+            fill.await
         });
     }
 
-    /// Writes the entry (If-None-Match: another host may have written it first, which is fine).
+    /// Writes the entry (If-None-Match: another host may have written it first, which is fine); resolves to
+    /// whether the bucket holds an entry now.
     fn fill(
         &self,
         bucket: &str,
         key: &str,
         etag: &str,
         data: &[u8],
-    ) -> impl Future<Output = ()> + Send + 'static {
+    ) -> impl Future<Output = bool> + Send + 'static {
         let (cache, counters) = (Arc::clone(&self.cache), Arc::clone(&self.counters));
         let entry = self.entry_key(bucket, key, etag);
         let body = self.encode(bucket, key, etag, data);
@@ -141,12 +142,14 @@ impl SharedCache {
             {
                 Ok(_) => {
                     counters.fills.fetch_add(1, Ordering::Relaxed);
+                    true
                 }
-                Err(ClientError::PreconditionFailed { .. }) => {}
+                Err(ClientError::PreconditionFailed { .. }) => true,
                 Err(e) => {
                     if counters.errors.fetch_add(1, Ordering::Relaxed) == 0 {
                         warn!(error = %e, "shared cache write failed; reads continue from the source");
                     }
+                    false
                 }
             }
         }
@@ -233,9 +236,9 @@ impl CacheLayer for SharedCache {
         if data.len() as u64 > self.max_object_size {
             return below.keep(key, range, etag).await;
         }
+        // A failed write keeps nothing: the warm-up then reads the file instead.
         let _permit = self.fills.acquire().await;
-        self.fill(bucket, key, etag, &data).await;
-        Ok(true)
+        Ok(self.fill(bucket, key, etag, &data).await)
     }
 }
 

@@ -780,7 +780,15 @@ impl S3Filesystem {
             )),
             Handle::Read { ino, reader, .. } if self.handles.staged.peek(*ino).is_none() => {
                 let mut reader = reader.lock().await;
-                let kept = reader.keep(start, KEEP_PER_REQUEST).await?;
+                let kept = reader
+                    .keep(start, KEEP_PER_REQUEST)
+                    .await
+                    .map_err(|e| match e {
+                        // A request the bucket does not offer is this file's failure (EIO), not the mount
+                        // refusing warm-ups (its ENOTSUP would read as EOPNOTSUPP, which ends them all).
+                        FsError::Unsupported { key, source } => FsError::Client { key, source },
+                        e => e,
+                    })?;
                 let size = reader.size();
                 kept.map(|end| (end, end < size))
                     .ok_or(FsError::NotCacheable)

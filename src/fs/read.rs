@@ -692,6 +692,48 @@ mod tests {
         assert_eq!(fake.counts(), before);
     }
 
+    /// The parts of one warm-up claim different blocks: all of them are fetched at once, none waits for another.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn the_parts_of_a_keep_are_fetched_side_by_side() {
+        use crate::cache::{BlockCache, disk::DiskCache};
+        use crate::source::Cached;
+        let dir = tempfile::tempdir().unwrap();
+        let disk = Arc::new(DiskCache::open_with(dir.path(), 1 << 30, false).unwrap());
+        let data = pattern(4 << 20);
+        let (fake, _) = reader(data.clone(), 1 << 20, 4 << 20, MemoryBudget::unlimited()).await;
+        let etag = fake.head_object("k").await.unwrap().etag;
+        let cached: Arc<dyn ReadSource> = Arc::new(Cached::new(
+            BlockCache::new(Arc::clone(&disk), 256 << 10),
+            BucketSource::shared(fake.clone()),
+        ));
+        let mut r = Reader::new(
+            Arc::clone(&cached),
+            "k".into(),
+            etag.clone(),
+            data.len() as u64,
+            1 << 20,
+            4 << 20,
+            MemoryBudget::unlimited(),
+        );
+        let gate = fake.faults().hold(Op::Get);
+        let keep = tokio::spawn(async move { r.keep(0, u64::MAX).await });
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while gate.held() < 4 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{} of 4 parts' GETs under way at once",
+                gate.held()
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        gate.open();
+        assert_eq!(keep.await.unwrap().unwrap(), Some(4 << 20));
+        assert_eq!(
+            &cached.read("k", 0..4 << 20, &etag).await.unwrap()[..],
+            &data[..]
+        );
+    }
+
     #[tokio::test]
     async fn first_bytes_from_the_lookup_serve_small_files_and_start_big_ones() {
         let budget = MemoryBudget::new(64 << 20);
