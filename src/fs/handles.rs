@@ -781,7 +781,7 @@ impl S3Filesystem {
             Handle::Read { ino, reader, .. } if self.handles.staged.peek(*ino).is_none() => {
                 let mut reader = reader.lock().await;
                 let kept = reader
-                    .keep(start, KEEP_PER_REQUEST)
+                    .keep(start, KEEP_PER_REQUEST, &self.keep_budget)
                     .await
                     .map_err(|e| match e {
                         // A request the bucket does not offer is this file's failure (EIO), not the mount

@@ -183,11 +183,14 @@ pub struct S3Filesystem {
     /// Whether big files may be read, and files being written written, with direct I/O: not where the
     /// kernel could then not mmap them.
     direct_io_for_big_files: AtomicBool,
+    /// What `expressfs warm` fetches at once, all files together: one read-ahead window.
+    keep_budget: read::KeepBudget,
 }
 
 impl S3Filesystem {
     pub fn new(client: Arc<dyn ObjectClient>, config: FsConfig) -> S3Filesystem {
         let config = Arc::new(config);
+        let keep_budget = read::KeepBudget::new(config.max_prefetch.max(config.read_part_size));
         let sources = ReadSources::bucket(Arc::clone(&client));
         S3Filesystem {
             sb: Superblock::new(
@@ -201,6 +204,7 @@ impl S3Filesystem {
             client,
             config,
             direct_io_for_big_files: AtomicBool::new(true),
+            keep_budget,
         }
     }
 

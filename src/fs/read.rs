@@ -58,6 +58,33 @@ impl Drop for Chunk {
     }
 }
 
+/// The bytes all warm-ups of a mount fetch at once ([`Reader::keep`]): one file alone gets a whole read-ahead
+/// window of parts in flight, many files share it (with a window each, a warm-up of many big files held
+/// hundreds of MiB at once, and went slower for it on two cores: more fresh memory, more contention).
+#[derive(Clone)]
+pub struct KeepBudget {
+    kib: Arc<tokio::sync::Semaphore>,
+    total_kib: u32,
+}
+
+impl KeepBudget {
+    pub fn new(bytes: u64) -> KeepBudget {
+        let total_kib = u32::try_from(bytes.div_ceil(1024).max(1)).unwrap_or(u32::MAX >> 4);
+        KeepBudget {
+            kib: Arc::new(tokio::sync::Semaphore::new(total_kib as usize)),
+            total_kib,
+        }
+    }
+
+    /// Waits (first come, first served) until `bytes` more may be fetched; held until dropped.
+    async fn take(&self, bytes: u64) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        let kib = u32::try_from(bytes.div_ceil(1024))
+            .unwrap_or(u32::MAX)
+            .clamp(1, self.total_kib);
+        Arc::clone(&self.kib).acquire_many_owned(kib).await.ok()
+    }
+}
+
 pub struct Reader {
     /// Chosen at open: through the caches, or straight from the bucket for O_DIRECT.
     source: Arc<dyn ReadSource>,
@@ -147,7 +174,12 @@ impl Reader {
     /// (clamped to its size) and returns where that ends, or `None` when nothing below keeps bytes (no cache,
     /// or O_DIRECT: nothing is fetched then). GETs of one part each, a window's worth at once while the
     /// memory budget allows; no byte comes back up, and parts already cached are not read at all.
-    pub async fn keep(&mut self, start: u64, len: u64) -> FsResult<Option<u64>> {
+    pub async fn keep(
+        &mut self,
+        start: u64,
+        len: u64,
+        in_flight: &KeepBudget,
+    ) -> FsResult<Option<u64>> {
         self.land_fetches().await;
         let stop = start.saturating_add(len).min(self.size);
         let at_once = (self.max_window / self.part_size).max(1) as usize;
@@ -156,21 +188,15 @@ impl Reader {
         loop {
             while next < stop && parts.len() < at_once {
                 let end = (next + self.part_size).min(stop);
-                // One part is always allowed (the warm-up moves on); more only while the budget has room.
-                let memory = if parts.is_empty() {
-                    self.memory.reserve(end - next)
-                } else if let Some(memory) = self.memory.try_reserve(end - next) {
-                    memory
-                } else {
-                    break;
-                };
                 let (source, key, etag) = (
                     Arc::clone(&self.source),
                     self.key.clone(),
                     self.etag.clone(),
                 );
+                let (in_flight, memory) = (in_flight.clone(), Arc::clone(&self.memory));
                 parts.spawn(async move {
-                    let _memory = memory;
+                    let _bytes = in_flight.take(end - next).await;
+                    let _memory = memory.reserve(end - next);
                     source.keep(&key, next..end, &etag).await
                 });
                 next = end;
@@ -661,9 +687,14 @@ mod tests {
         // Four parts of at most 1 MiB, two at once, over two requests of 2 MiB: four GETs.
         let before = fake.counts();
         let mut r = reader_of("big", &big_etag, big.len(), &cached);
-        assert_eq!(r.keep(0, 2 << 20).await.unwrap(), Some(2 << 20));
         assert_eq!(
-            r.keep(2 << 20, 2 << 20).await.unwrap(),
+            r.keep(0, 2 << 20, &KeepBudget::new(2 << 20)).await.unwrap(),
+            Some(2 << 20)
+        );
+        assert_eq!(
+            r.keep(2 << 20, 2 << 20, &KeepBudget::new(2 << 20))
+                .await
+                .unwrap(),
             Some(big.len() as u64)
         );
         assert_eq!(fake.counts().since(&before).get(Op::Get), 4);
@@ -671,7 +702,12 @@ mod tests {
         let before = fake.counts();
         let mut r = reader_of("small", &small_etag, small.len(), &cached);
         assert!(r.fetch_small_file_at_open());
-        assert_eq!(r.keep(0, u64::MAX).await.unwrap(), Some(70_000));
+        assert_eq!(
+            r.keep(0, u64::MAX, &KeepBudget::new(2 << 20))
+                .await
+                .unwrap(),
+            Some(70_000)
+        );
         assert_eq!(fake.counts().since(&before).total(), 1);
         // The handle still reads, and what it reads, like any later reader, costs no request.
         assert_eq!(&r.read(0, 100_000).await.unwrap()[..], &small[..]);
@@ -688,7 +724,12 @@ mod tests {
         let bucket = BucketSource::shared(fake.clone());
         let before = fake.counts();
         let mut r = reader_of("big", &big_etag, big.len(), &bucket);
-        assert_eq!(r.keep(0, u64::MAX).await.unwrap(), None);
+        assert_eq!(
+            r.keep(0, u64::MAX, &KeepBudget::new(2 << 20))
+                .await
+                .unwrap(),
+            None
+        );
         assert_eq!(fake.counts(), before);
     }
 
@@ -716,7 +757,8 @@ mod tests {
             MemoryBudget::unlimited(),
         );
         let gate = fake.faults().hold(Op::Get);
-        let keep = tokio::spawn(async move { r.keep(0, u64::MAX).await });
+        let keep =
+            tokio::spawn(async move { r.keep(0, u64::MAX, &KeepBudget::new(4 << 20)).await });
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
         while gate.held() < 4 {
             assert!(
@@ -732,6 +774,63 @@ mod tests {
             &cached.read("k", 0..4 << 20, &etag).await.unwrap()[..],
             &data[..]
         );
+    }
+
+    /// Two files' warm-ups under one budget of 2 MiB: two parts of 1 MiB under way at once between them.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn warm_ups_share_one_budget_of_bytes_in_flight() {
+        use crate::cache::{BlockCache, disk::DiskCache};
+        use crate::source::Cached;
+        let dir = tempfile::tempdir().unwrap();
+        let disk = Arc::new(DiskCache::open_with(dir.path(), 1 << 30, false).unwrap());
+        let data = pattern(4 << 20);
+        let fake = Arc::new(FakeClient::new("b", true));
+        let cached: Arc<dyn ReadSource> = Arc::new(Cached::new(
+            BlockCache::new(disk, 256 << 10),
+            BucketSource::shared(fake.clone()),
+        ));
+        let budget = KeepBudget::new(2 << 20);
+        let gate = fake.faults().hold(Op::Get);
+        let mut keeps = Vec::new();
+        for key in ["k2", "k3"] {
+            let etag = fake
+                .put_object(
+                    key,
+                    Bytes::from(data.clone()),
+                    crate::s3::WriteCondition::None,
+                )
+                .await
+                .unwrap()
+                .etag;
+            let mut r = Reader::new(
+                Arc::clone(&cached),
+                key.into(),
+                etag,
+                data.len() as u64,
+                1 << 20,
+                4 << 20,
+                MemoryBudget::unlimited(),
+            );
+            let budget = budget.clone();
+            keeps.push(tokio::spawn(
+                async move { r.keep(0, u64::MAX, &budget).await },
+            ));
+        }
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while gate.held() < 2 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{} GETs under way",
+                gate.held()
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        assert_eq!(gate.held(), 2, "the budget holds two parts of 1 MiB");
+        gate.open();
+        for keep in keeps {
+            assert_eq!(keep.await.unwrap().unwrap(), Some(4 << 20));
+        }
     }
 
     #[tokio::test]
