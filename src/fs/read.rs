@@ -733,6 +733,19 @@ mod tests {
         assert_eq!(fake.counts(), before);
     }
 
+    /// Waits until `n` GETs are held at the gate at once (fails after 10 s).
+    async fn until_held(gate: &crate::s3::fake::Gate, n: usize) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while gate.held() < n {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{} of {n} GETs under way at once",
+                gate.held()
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+    }
+
     /// The parts of one warm-up claim different blocks: all of them are fetched at once, none waits for another.
     #[tokio::test(flavor = "multi_thread")]
     async fn the_parts_of_a_keep_are_fetched_side_by_side() {
@@ -759,15 +772,7 @@ mod tests {
         let gate = fake.faults().hold(Op::Get);
         let keep =
             tokio::spawn(async move { r.keep(0, u64::MAX, &KeepBudget::new(4 << 20)).await });
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        while gate.held() < 4 {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "{} of 4 parts' GETs under way at once",
-                gate.held()
-            );
-            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-        }
+        until_held(&gate, 4).await;
         gate.open();
         assert_eq!(keep.await.unwrap().unwrap(), Some(4 << 20));
         assert_eq!(
@@ -816,15 +821,7 @@ mod tests {
                 async move { r.keep(0, u64::MAX, &budget).await },
             ));
         }
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        while gate.held() < 2 {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "{} GETs under way",
-                gate.held()
-            );
-            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-        }
+        until_held(&gate, 2).await;
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
         assert_eq!(gate.held(), 2, "the budget holds two parts of 1 MiB");
         gate.open();
