@@ -1,7 +1,7 @@
 //! `expressfs warm PATH... [--jobs N] [--listing-only]`: fills a running mount's caches before a job needs
 //! them. It walks the given files and trees through the mount (every directory listed, every entry
-//! stat'ed: the metadata cache), then has every file fetched whole into the data cache (`--cache`) with N
-//! at once. An expressfs mount fetches a file when asked by an ioctl on it ([`crate::fuse::KEEP_IN_CACHE`]),
+//! stat'ed: the metadata cache), then has every file fetched whole into the mount's data caches (`--cache`,
+//! and `--cache-xz` for small objects) with N at once. An expressfs mount fetches a file when asked by an ioctl on it ([`crate::fuse::KEEP_IN_CACHE`]),
 //! so the bytes go from the bucket to the cache without crossing FUSE twice; any other file system, or a
 //! mount without a cache, has its files read to the end instead (the page cache is all there is to fill).
 //! Nothing passes between it and the daemon but file system calls.

@@ -68,6 +68,14 @@ impl ObjectBlocks {
         }
     }
 
+    /// Blocks found missing without asking the disk (nothing of theirs is in its index).
+    fn count_misses(&self, blocks: u64) {
+        self.cache
+            .counters
+            .misses
+            .fetch_add(blocks, std::sync::atomic::Ordering::Relaxed);
+    }
+
     /// Blocks `first..=last` as the disk holds them (read off the async threads).
     async fn cached(self: Arc<Self>, first: u64, last: u64) -> Vec<Option<Bytes>> {
         tokio::task::spawn_blocking(move || {
@@ -124,11 +132,7 @@ impl CacheLayer for BlockCache {
             Arc::clone(&object).cached(first, last).await
         } else {
             // Counted as the misses the lookup would have counted.
-            object
-                .cache
-                .counters
-                .misses
-                .fetch_add(last - first + 1, std::sync::atomic::Ordering::Relaxed);
+            object.count_misses(last - first + 1);
             vec![None; (last - first + 1) as usize]
         };
         if blocks.iter().all(Option::is_none) {
@@ -216,11 +220,7 @@ impl CacheLayer for BlockCache {
             });
             for run in claim.runs {
                 let Range { start, end } = run.blocks();
-                object
-                    .cache
-                    .counters
-                    .misses
-                    .fetch_add(end - start, std::sync::atomic::Ordering::Relaxed);
+                object.count_misses(end - start);
                 let data = below.read(key, start * bs..end * bs, etag).await?;
                 // A write that failed (a full disk) is counted by the cache and is no error of the warm-up's.
                 let _ = Arc::clone(&object).store(start, data, run).await;

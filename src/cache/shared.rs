@@ -155,6 +155,18 @@ impl SharedCache {
         }
     }
 
+    /// A miss: the object from `below`, whole if it fits in an entry. One byte more than the limit tells
+    /// whether it does.
+    async fn read_on_miss(
+        &self,
+        below: &dyn ReadSource,
+        key: &str,
+        etag: &str,
+    ) -> Result<Bytes, ClientError> {
+        self.counters.misses.fetch_add(1, Ordering::Relaxed);
+        below.read(key, 0..self.max_object_size + 1, etag).await
+    }
+
     /// The object's bytes from its entry, if there is an entry and it is exactly what it claims to be.
     async fn entry(&self, bucket: &str, key: &str, etag: &str) -> Option<Bytes> {
         let entry = self.entry_key(bucket, key, etag);
@@ -206,9 +218,7 @@ impl CacheLayer for SharedCache {
         if let Some(data) = self.entry(bucket, key, etag).await {
             return Ok(slice(&data, &range));
         }
-        self.counters.misses.fetch_add(1, Ordering::Relaxed);
-        // One byte more than the limit tells whether the whole object fits.
-        let data = below.read(key, 0..self.max_object_size + 1, etag).await?;
+        let data = self.read_on_miss(below, key, etag).await?;
         if data.len() as u64 <= self.max_object_size {
             self.fill_in_background(bucket, key, etag, data.clone());
         }
@@ -231,8 +241,7 @@ impl CacheLayer for SharedCache {
         if self.entry(bucket, key, etag).await.is_some() {
             return Ok(true);
         }
-        self.counters.misses.fetch_add(1, Ordering::Relaxed);
-        let data = below.read(key, 0..self.max_object_size + 1, etag).await?;
+        let data = self.read_on_miss(below, key, etag).await?;
         if data.len() as u64 > self.max_object_size {
             return below.keep(key, range, etag).await;
         }

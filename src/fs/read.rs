@@ -172,8 +172,9 @@ impl Reader {
 
     /// For `expressfs warm`: makes the caches under this reader hold `start..start + len` of the file
     /// (clamped to its size) and returns where that ends, or `None` when nothing below keeps bytes (no cache,
-    /// or O_DIRECT: nothing is fetched then). GETs of one part each, a window's worth at once while the
-    /// memory budget allows; no byte comes back up, and parts already cached are not read at all.
+    /// or O_DIRECT: nothing is fetched then). GETs of one part each, up to a window's worth for this file
+    /// and as many bytes as `in_flight` (shared by every warm-up of the mount) lets through; no byte comes
+    /// back up, and parts already cached are not read at all.
     pub async fn keep(
         &mut self,
         start: u64,
