@@ -255,21 +255,30 @@ def children(pid):
 
 
 class WorkerMemory(threading.Thread):
-    """Samples the loader workers (our children other than `skip`) every 100 ms: the peak of their summed
-    PSS (shared pages split fairly, so the torch pages forked from us do not count 8 times) and the largest
-    single worker's peak RSS."""
+    """Samples the loader workers (our children other than `skip`) every `every` seconds: the peak of their
+    summed PSS (shared pages split fairly, so the torch pages forked from us do not count 8 times) and the
+    largest single worker's peak RSS. A PSS sample walks every page table of every worker (torch maps GBs of
+    libraries), about 60 ms of CPU for 8 workers: at 100 ms it took a fifth of the two cores from the run it
+    measured (perf, 2026-11-26)."""
 
-    def __init__(self, skip):
+    def __init__(self, skip, every):
         super().__init__(daemon=True)
-        self.skip, self.stop, self.pss_mib, self.hwm_mib = set(skip), threading.Event(), 0.0, 0.0
+        self.skip, self.every, self.stop = set(skip), every, threading.Event()
+        self.pss_mib, self.hwm_mib = 0.0, 0.0
 
     def run(self):
-        while not self.stop.wait(0.1):
-            pids = children(os.getpid()) - self.skip
-            pss = sum(proc_kib(p, "Pss:", "smaps_rollup") for p in pids) / 1024
-            self.pss_mib = max(self.pss_mib, pss)
-            for p in pids:
-                self.hwm_mib = max(self.hwm_mib, proc_kib(p, "VmHWM:") / 1024)
+        while not self.stop.wait(self.every):
+            self.sample()
+
+    def sample(self):
+        """One sample; returns the (wall, CPU) seconds it took, for the caller to leave out of its figures."""
+        wall, cpu = time.perf_counter(), time.thread_time()
+        pids = children(os.getpid()) - self.skip
+        pss = sum(proc_kib(p, "Pss:", "smaps_rollup") for p in pids) / 1024
+        self.pss_mib = max(self.pss_mib, pss)
+        for p in pids:
+            self.hwm_mib = max(self.hwm_mib, proc_kib(p, "VmHWM:") / 1024)
+        return time.perf_counter() - wall, time.thread_time() - cpu
 
 
 class Emulator:
@@ -416,7 +425,8 @@ def run_one(client, workload, emu, args, expected):
         emu.reset_stats()
         daemon_cpu0 = proc_stat_cpu(mount.proc.pid) if mount else 0.0
         t0 = os.times()
-        mem = WorkerMemory(skip)
+        mem = WorkerMemory(skip, args.memory_every)
+        sample_wall, sample_cpu = 0.0, 0.0
         mem.start()
         started = time.perf_counter()
         loader = build(client, workload, mount.root if mount else None, emu.endpoint, workers, args.connector_reader)
@@ -428,15 +438,20 @@ def run_one(client, workload, emu, args, expected):
                     raise ValueError(f"{client}: sample {index} unexpected or twice")
                 seen[index] = 1
             count += len(batch)
-        del loader  # joins the workers, so their CPU time lands in os.times()'s children
-        elapsed = time.perf_counter() - started
+            if count == expected:
+                # A last sample while the workers still hold what they read (the loader stops them once it is
+                # exhausted, and a run can be shorter than the period); its time and CPU are not the run's.
+                mem.stop.set()
+                mem.join()
+                sample_wall, sample_cpu = mem.sample()
         mem.stop.set()
-        mem.join()
+        del loader  # joins the workers, so their CPU time lands in os.times()'s children
+        elapsed = time.perf_counter() - started - sample_wall
         t1 = os.times()
         if count != expected:
             raise ValueError(f"{client}: {count} items, expected {expected}")
         cpu = (t1.user - t0.user) + (t1.system - t0.system)
-        cpu += (t1.children_user - t0.children_user) + (t1.children_system - t0.children_system)
+        cpu += (t1.children_user - t0.children_user) + (t1.children_system - t0.children_system) - sample_cpu
         row = dict(rate=count / elapsed, secs=elapsed, cpu=cpu, workers_pss=mem.pss_mib, worker_hwm=mem.hwm_mib)
         if mount:
             row["cpu"] += proc_stat_cpu(mount.proc.pid) - daemon_cpu0
@@ -487,6 +502,12 @@ def main():
         help="s3torchconnector's reader: its default (sequential) or range-based",
     )
     p.add_argument("--no-connector", action="store_true", help="the mount side alone")
+    p.add_argument(
+        "--memory-every",
+        type=float,
+        default=1.0,
+        help="seconds between samples of the loader workers' memory (each walks their page tables: it costs CPU)",
+    )
     p.add_argument("--markdown", action="store_true")
     args = p.parse_args()
 
