@@ -1,9 +1,11 @@
-//! GetObject without the SDK's orchestrator.
+//! GetObject and ListObjectsV2 without the SDK's orchestrator.
 //!
 //! A small file read once costs one GET, and through the SDK's orchestrator a GET costs about twice the CPU
 //! of the same signed request sent from here over the same HTTP stack (`expressfs-get-cost`,
-//! docs/BENCHMARKS.md, "GETs without the orchestrator"). So the read path's GETs are sent here, and
-//! everything else (HEAD, LIST, writes, CreateSession) stays with the SDK:
+//! docs/BENCHMARKS.md, "GETs without the orchestrator"). A listing page of 1,000 keys cost about twice as much
+//! through the SDK as read here, most of it the SDK's XML deserializer (BENCHMARKS, "LIST without the
+//! orchestrator"), and a directory being read is listed again once per TTL. So the read path's GETs and every
+//! listing are sent here, and everything else (HEAD, writes, CreateSession) stays with the SDK:
 //! - endpoint and signing scheme come from the SDK's endpoint rules, once;
 //! - credentials come from the SDK: its credentials provider (general-purpose buckets), or a CreateSession
 //!   sent through the SDK client (directory buckets); both are kept until shortly before they expire;
@@ -15,9 +17,10 @@
 //!
 //! - no `x-amz-checksum-mode`: S3 returns full-object checksums only on 200 answers, and these GETs are
 //!   ranged (206); get.rs checks every answer's Content-Range and length instead.
+//! - a listing's answer is read by `list_xml.rs` and checked as the SDK's answer was (`checked_page`).
 //!
 //! A configuration this path does not cover (unsigned requests, SSE flags, an auth scheme other than SigV4,
-//! headers a directory bucket's session would not carry) keeps every GET on the SDK.
+//! headers a directory bucket's session would not carry) keeps every GET and listing on the SDK.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -33,7 +36,7 @@ use aws_sigv4::http_request::{
     UriPathNormalizationMode, sign,
 };
 use aws_smithy_runtime_api::client::http::{HttpConnector, SharedHttpConnector};
-use aws_smithy_runtime_api::client::orchestrator::HttpRequest;
+use aws_smithy_runtime_api::client::orchestrator::{HttpRequest, HttpResponse};
 use aws_smithy_runtime_api::client::result::ConnectorError;
 use aws_smithy_types::Document;
 use aws_smithy_types::body::SdkBody;
@@ -45,6 +48,17 @@ use super::{
     session_rejected, unit_random,
 };
 use crate::s3::ClientError;
+
+/// One request of this path: always a GET (of an object, or of the bucket for a listing).
+struct Request<'a> {
+    /// For logs and errors: `GET` or `LIST`.
+    op: &'static str,
+    url: String,
+    /// The object's key, or empty for a bucket-level request (a 404 then means the bucket is missing).
+    key: &'a str,
+    /// Headers besides the signature's and the configuration's (range, if-match).
+    headers: Vec<(&'static str, String)>,
+}
 
 /// What a GET answered: the headers the read path uses, and the body still streaming.
 pub(super) struct GetAnswer {
@@ -101,7 +115,7 @@ const THROTTLING_CODES: &[&str] = &[
     "HTTP429",
 ];
 
-pub(super) struct DirectGet {
+pub(super) struct Direct {
     connector: SharedHttpConnector,
     /// The bucket's endpoint as the rules give it (with the bucket in the path for path-style), no `/` at the end.
     base: String,
@@ -122,12 +136,12 @@ pub(super) struct DirectGet {
     quota: RetryQuota,
 }
 
-impl DirectGet {
+impl Direct {
     /// None when this configuration keeps GETs on the SDK (see the module docs).
     pub(super) async fn for_config(
         config: &SdkClientConfig,
         shared: &aws_types::SdkConfig,
-    ) -> Result<Option<DirectGet>, String> {
+    ) -> Result<Option<Direct>, String> {
         let Some(provider) = shared.credentials_provider() else {
             return Ok(None);
         };
@@ -153,7 +167,7 @@ impl DirectGet {
             extra_headers.push(("x-amz-expected-bucket-owner", owner.clone()));
         }
         let agent = format!("expressfs/{}", env!("CARGO_PKG_VERSION"));
-        Ok(Some(DirectGet {
+        Ok(Some(Direct {
             connector: super::options::direct_connector(config)?,
             base,
             signing,
@@ -173,10 +187,7 @@ impl DirectGet {
         }))
     }
 
-    /// One GET of `range_header` (`bytes=a-b`), retried while the failure is transient, within the attempt
-    /// budget and the retry quota. On a directory bucket, an answer rejecting the session gets a new one.
-    /// A failure to get credentials ends the GET at once: the SDK already retried the CreateSession or the
-    /// provider behind it.
+    /// One GET of `range_header` (`bytes=a-b`): its headers checked, its body still streaming.
     pub(super) async fn get(
         &self,
         sdk: &SdkClient,
@@ -184,18 +195,76 @@ impl DirectGet {
         range_header: &str,
         if_match: Option<&str>,
     ) -> Result<GetAnswer, ClientError> {
+        let mut headers = vec![("range", range_header.to_string())];
+        if let Some(etag) = if_match {
+            headers.push(("if-match", etag.to_string()));
+        }
+        let request = Request {
+            op: "GET",
+            url: object_url(&self.base, key),
+            key,
+            headers,
+        };
+        self.send(sdk, &request, |response| async move {
+            parse_answer(key, response)
+        })
+        .await
+    }
+
+    /// One page of ListObjectsV2, its body read whole and parsed here (`list_xml.rs`): through the SDK, the
+    /// deserializer was most of the CPU a directory's listing cost (perf, BENCHMARKS "LIST without the
+    /// orchestrator"). A body that breaks is a transient failure, sent again.
+    pub(super) async fn list(
+        &self,
+        sdk: &SdkClient,
+        prefix: &str,
+        delimiter: Option<&str>,
+        continuation_token: Option<&str>,
+        max_keys: i32,
+    ) -> Result<crate::s3::ListPage, ClientError> {
+        let request = Request {
+            op: "LIST",
+            url: list_url(&self.base, prefix, delimiter, continuation_token, max_keys),
+            // Bucket-level: a 404 is a missing bucket.
+            key: "",
+            headers: Vec::new(),
+        };
+        let stall = sdk.config.stall_timeout;
+        self.send(sdk, &request, |response| async move {
+            let body = whole_body(response.into_body(), stall).await?;
+            super::list_xml::parse_list_page(&body)
+        })
+        .await
+    }
+
+    /// Sends `request`, retried while the failure is transient, within the attempt budget and the retry quota;
+    /// `finish` turns a 2xx answer into the result (its failures are retried too when transient). On a
+    /// directory bucket, an answer rejecting the session gets a new one. A failure to get credentials ends
+    /// the request at once: the SDK already retried the CreateSession or the provider behind it.
+    async fn send<T, F, Fut>(
+        &self,
+        sdk: &SdkClient,
+        request: &Request<'_>,
+        finish: F,
+    ) -> Result<T, ClientError>
+    where
+        F: Fn(HttpResponse) -> Fut,
+        Fut: Future<Output = Result<T, ClientError>>,
+    {
         let bucket = &sdk.config.bucket;
+        let (op, key) = (request.op, request.key);
         let mut attempt = 0u32;
         let mut bare_400_retried = false;
         let mut skew_retried = false;
-        // Quota held by the latest retry, given back if the GET then succeeds (as the SDK does).
+        // Quota held by the latest retry, given back if the request then succeeds (as the SDK does).
         let mut held_quota = None;
         loop {
             attempt += 1;
             let (credentials, generation) = self.credentials(sdk).await?;
-            let result = self
-                .attempt(sdk, &credentials, key, range_header, if_match)
-                .await;
+            let result = match self.attempt(sdk, &credentials, request).await {
+                Ok(response) => finish(response).await,
+                Err(e) => Err(e),
+            };
             let last = attempt >= self.max_attempts;
             match &result {
                 Ok(_) => {
@@ -206,7 +275,7 @@ impl DirectGet {
                 Err(ClientError::Transient { code, .. }) if !last => {
                     if let Some(cost) = self.quota.take(retry_cost(code)) {
                         held_quota = Some(cost);
-                        debug!(bucket, key, attempt, code, "GET failed; retrying");
+                        debug!(bucket, key, attempt, code, op, "request failed; retrying");
                         tokio::time::sleep(sdk_backoff(attempt)).await;
                         continue;
                     }
@@ -244,21 +313,22 @@ impl DirectGet {
         }
     }
 
+    /// One try: the answer when it is a 2xx, its error classified otherwise.
     async fn attempt(
         &self,
         sdk: &SdkClient,
         credentials: &Credentials,
-        key: &str,
-        range_header: &str,
-        if_match: Option<&str>,
-    ) -> Result<GetAnswer, ClientError> {
-        let request = self.signed_request(credentials, key, range_header, if_match)?;
-        let call = self.connector.call(request);
+        request: &Request<'_>,
+    ) -> Result<HttpResponse, ClientError> {
+        let (op, key) = (request.op, request.key);
+        let call = self
+            .connector
+            .call(self.signed_request(credentials, request)?);
         let response = match tokio::time::timeout(self.attempt_timeout, call).await {
             Err(_) => {
                 return Err(ClientError::Transient {
                     code: "Timeout".into(),
-                    message: format!("no answer to GET {key} within {:?}", self.attempt_timeout),
+                    message: format!("no answer to {op} {key} within {:?}", self.attempt_timeout),
                 });
             }
             Ok(Err(e)) => return Err(connector_failure(&e)),
@@ -269,7 +339,7 @@ impl DirectGet {
             .headers()
             .get("x-amz-request-id")
             .unwrap_or_default();
-        debug!(status, request_id, "GET attempt answered");
+        debug!(status, request_id, op, "attempt answered");
         if !(200..300).contains(&status) {
             let server_date = response.headers().get("date").and_then(http_date);
             let body = error_body(response.into_body()).await;
@@ -287,7 +357,7 @@ impl DirectGet {
                 key,
             ));
         }
-        parse_answer(key, response)
+        Ok(response)
     }
 
     fn learn_skew(&self, server: aws_smithy_types::DateTime) {
@@ -319,24 +389,16 @@ impl DirectGet {
     fn signed_request(
         &self,
         credentials: &Credentials,
-        key: &str,
-        range_header: &str,
-        if_match: Option<&str>,
+        request: &Request<'_>,
     ) -> Result<HttpRequest, ClientError> {
         let invalid = |what: String| ClientError::Service {
             status: 0,
             code: "RequestConstruction".into(),
-            message: format!("GET {key}: {what}"),
+            message: format!("{} {}: {what}", request.op, request.key),
         };
-        let url = object_url(&self.base, key);
-        let mut builder = http::Request::builder()
-            .method("GET")
-            .uri(&url)
-            .header("range", range_header);
-        if let Some(etag) = if_match {
-            builder = builder.header("if-match", etag);
-        }
-        for (name, value) in &self.extra_headers {
+        let url = &request.url;
+        let mut builder = http::Request::builder().method("GET").uri(url);
+        for (name, value) in request.headers.iter().chain(&self.extra_headers) {
             builder = builder.header(*name, value.as_str());
         }
         let mut request = builder
@@ -366,7 +428,7 @@ impl DirectGet {
             .collect::<Result<Vec<_>, ClientError>>()?;
         let signable = SignableRequest::new(
             "GET",
-            &url,
+            url,
             headers.into_iter(),
             SignableBody::UnsignedPayload,
         )
@@ -454,10 +516,7 @@ impl DirectGet {
 }
 
 /// The headers of a 2xx answer, checked, and its body still streaming.
-fn parse_answer(
-    key: &str,
-    response: aws_smithy_runtime_api::client::orchestrator::HttpResponse,
-) -> Result<GetAnswer, ClientError> {
+fn parse_answer(key: &str, response: HttpResponse) -> Result<GetAnswer, ClientError> {
     // What the SDK refuses, we refuse: a header the read path relies on given twice, or unparsable.
     let headers = response.headers();
     let malformed = |what: String| ClientError::Malformed(format!("GET {key}: {what}"));
@@ -619,6 +678,51 @@ fn object_url(base: &str, key: &str) -> String {
     let encoded =
         aws_smithy_http::label::fmt_string(key, aws_smithy_http::label::EncodingStrategy::Greedy);
     format!("{base}/{encoded}")
+}
+
+/// The bucket's ListObjectsV2 URL: `/?list-type=2...` after a virtual-hosted endpoint, `?list-type=2...` right
+/// after the bucket of a path-style one, as the SDK sends it. Values are encoded as the SDK encodes query
+/// parameters (a `+` or a space in a prefix must not reach the server as a form-encoded space).
+fn list_url(
+    base: &str,
+    prefix: &str,
+    delimiter: Option<&str>,
+    continuation_token: Option<&str>,
+    max_keys: i32,
+) -> String {
+    use aws_smithy_http::query::fmt_string;
+    let after_host = base.find("://").map_or(base, |i| &base[i + 3..]);
+    let slash = if after_host.contains('/') { "" } else { "/" };
+    let mut url = format!("{base}{slash}?list-type=2&max-keys={max_keys}");
+    if !prefix.is_empty() {
+        url.push_str(&format!("&prefix={}", fmt_string(prefix)));
+    }
+    if let Some(delimiter) = delimiter {
+        url.push_str(&format!("&delimiter={}", fmt_string(delimiter)));
+    }
+    if let Some(token) = continuation_token {
+        url.push_str(&format!("&continuation-token={}", fmt_string(token)));
+    }
+    url
+}
+
+/// A 2xx answer's body, whole. A body that breaks or stalls for `stall` is a transient failure: the request
+/// is sent again.
+async fn whole_body(body: SdkBody, stall: Duration) -> Result<Vec<u8>, ClientError> {
+    let mut stream = ByteStream::new(body);
+    let mut out = Vec::new();
+    loop {
+        let broken = |detail: String| ClientError::Transient {
+            code: "BodyInterrupted".into(),
+            message: detail,
+        };
+        match tokio::time::timeout(stall, stream.next()).await {
+            Err(_) => return Err(broken(format!("no body bytes for {stall:?}"))),
+            Ok(None) => return Ok(out),
+            Ok(Some(Ok(chunk))) => out.extend_from_slice(&chunk),
+            Ok(Some(Err(e))) => return Err(broken(describe(&e))),
+        }
+    }
 }
 
 fn connector_failure(e: &ConnectorError) -> ClientError {
@@ -927,8 +1031,8 @@ mod tests {
     }
 
     /// The direct path for a configuration that takes it (the test fails if it stays on the SDK).
-    async fn direct_for(config: &SdkClientConfig, shared: &aws_types::SdkConfig) -> DirectGet {
-        DirectGet::for_config(config, shared)
+    async fn direct_for(config: &SdkClientConfig, shared: &aws_types::SdkConfig) -> Direct {
+        Direct::for_config(config, shared)
             .await
             .unwrap()
             .expect("GETs go direct")
@@ -962,7 +1066,7 @@ mod tests {
         // No credentials (--no-sign-request) or SSE flags: GETs stay on the SDK.
         let anonymous = aws_types::SdkConfig::builder().build();
         assert!(
-            DirectGet::for_config(&config, &anonymous)
+            Direct::for_config(&config, &anonymous)
                 .await
                 .unwrap()
                 .is_none()
@@ -970,10 +1074,36 @@ mod tests {
         let mut sse = config.clone();
         sse.sse = Some("aws:kms".into());
         assert!(
-            DirectGet::for_config(&sse, &shared(|b| b))
+            Direct::for_config(&sse, &shared(|b| b))
                 .await
                 .unwrap()
                 .is_none()
+        );
+    }
+
+    #[test]
+    fn listings_ask_the_bucket_as_the_sdk_does() {
+        assert_eq!(
+            list_url(
+                "https://data.s3.eu-west-1.amazonaws.com",
+                "",
+                Some("/"),
+                None,
+                1000
+            ),
+            "https://data.s3.eu-west-1.amazonaws.com/?list-type=2&max-keys=1000&delimiter=%2F"
+        );
+        // Path-style: right after the bucket, no slash (that would be an object with an empty key).
+        assert_eq!(
+            list_url(
+                "http://127.0.0.1:9000/data",
+                "a b+c/ü&=",
+                Some("/"),
+                Some("t+k/n="),
+                1
+            ),
+            "http://127.0.0.1:9000/data?list-type=2&max-keys=1&prefix=a%20b%2Bc%2F%C3%BC%26%3D\
+             &delimiter=%2F&continuation-token=t%2Bk%2Fn%3D"
         );
     }
 

@@ -21,6 +21,7 @@ mod direct;
 mod endpoint;
 mod errors;
 mod get;
+mod list_xml;
 mod options;
 mod write;
 
@@ -160,7 +161,7 @@ pub struct SdkClient {
     sdk_config: aws_sdk_s3::Config,
     session: RwLock<Session>,
     /// The read path's GETs, sent without the orchestrator; None keeps them on the SDK.
-    direct: Option<direct::DirectGet>,
+    direct: Option<direct::Direct>,
     body_resumes: AtomicU64,
     session_renewals: AtomicU64,
 }
@@ -261,7 +262,7 @@ impl SdkClient {
         }
         let sdk_config = builder.build();
         let client = aws_sdk_s3::Client::from_conf(sdk_config.clone());
-        let direct = direct::DirectGet::for_config(&config, &shared)
+        let direct = direct::Direct::for_config(&config, &shared)
             .await
             .map_err(invalid)?;
         Ok(SdkClient {
@@ -516,6 +517,10 @@ impl ObjectClient for SdkClient {
         continuation_token: Option<&str>,
         max_keys: i32,
     ) -> Result<ListPage, ClientError> {
+        if let Some(direct) = &self.direct {
+            let call = direct.list(self, prefix, delimiter, continuation_token, max_keys);
+            return self.traced("ListObjectsV2", prefix, call).await;
+        }
         let call = self.run(|client| {
             let request = client
                 .list_objects_v2()
@@ -720,12 +725,40 @@ fn list_page(
             metadata: UserMetadata::new(),
         });
     }
+    let entries = objects.len() + out.common_prefixes().len();
     let common_prefixes = out
         .common_prefixes()
         .iter()
         .filter_map(|p| p.prefix().map(str::to_string))
         .collect();
-    let next_continuation_token = match (out.is_truncated(), out.next_continuation_token()) {
+    checked_page(
+        objects,
+        common_prefixes,
+        entries,
+        ListedEnd {
+            is_truncated: out.is_truncated(),
+            next_token: out.next_continuation_token(),
+            key_count: out.key_count().map(i64::from),
+        },
+    )
+}
+
+/// What a ListObjectsV2 answer says about itself: whether more follows, and how many entries it holds.
+pub(super) struct ListedEnd<'a> {
+    pub is_truncated: Option<bool>,
+    pub next_token: Option<&'a str>,
+    pub key_count: Option<i64>,
+}
+
+/// A page whose answer is consistent with itself (`entries`: contents and common prefixes it held). Whichever
+/// parser read it, the same answers are refused.
+pub(super) fn checked_page(
+    objects: Vec<ObjectInfo>,
+    common_prefixes: Vec<String>,
+    entries: usize,
+    end: ListedEnd<'_>,
+) -> Result<ListPage, ClientError> {
+    let next_continuation_token = match (end.is_truncated, end.next_token) {
         (Some(false), _) => None,
         (_, Some(token)) if !token.is_empty() => Some(token.to_string()),
         // Truncated without a token: continuing is impossible and stopping would hide entries.
@@ -742,12 +775,11 @@ fn list_page(
             ));
         }
     };
-    if let Some(count) = out.key_count()
-        && count as usize != objects.len() + out.common_prefixes().len()
+    if let Some(count) = end.key_count
+        && count != entries as i64
     {
         return Err(ClientError::Malformed(format!(
-            "ListObjectsV2 KeyCount {count} but {} entries",
-            objects.len() + out.common_prefixes().len()
+            "ListObjectsV2 KeyCount {count} but {entries} entries"
         )));
     }
     Ok(ListPage {
