@@ -33,6 +33,32 @@ pub fn take(capacity: usize) -> BytesMut {
     POOL.take(capacity)
 }
 
+/// `buf`'s bytes, shared; the buffer goes back to the pool when the last of its slices is dropped, wherever
+/// that happens. A GET's part is sliced for FUSE replies answered on other threads: handed back when the reader
+/// was done with it, a buffer still held by a reply in flight was freed instead, and the next GET faulted in a
+/// fresh one (about a tenth of the daemon's CPU with 8 shard readers, BENCHMARKS "Buffers back to the pool").
+pub fn pooled(buf: BytesMut) -> Bytes {
+    POOL.lend(buf)
+}
+
+/// A buffer lent out as [`Bytes`]; comes back to its pool when dropped.
+struct Pooled {
+    buf: BytesMut,
+    pool: &'static Pool,
+}
+
+impl AsRef<[u8]> for Pooled {
+    fn as_ref(&self) -> &[u8] {
+        &self.buf
+    }
+}
+
+impl Drop for Pooled {
+    fn drop(&mut self) {
+        self.pool.give_back_mut(std::mem::take(&mut self.buf));
+    }
+}
+
 /// Returns the buffer behind `bytes` to the pool if this was its last reference (a slice handed to a FUSE
 /// reply or a cache keeps it out), else just drops this reference.
 pub fn give_back(bytes: Bytes) {
@@ -75,6 +101,13 @@ impl Pool {
             }
         }
         BytesMut::with_capacity(capacity)
+    }
+
+    fn lend(&'static self, buf: BytesMut) -> Bytes {
+        if buf.capacity() < MIN_POOLED {
+            return buf.freeze();
+        }
+        Bytes::from_owner(Pooled { buf, pool: self })
     }
 
     fn give_back(&self, bytes: Bytes) {
@@ -125,6 +158,35 @@ mod tests {
         assert!(again.is_empty(), "nothing of its last use is visible");
         assert!(again.capacity() >= size);
         assert_eq!(pool.held(), 0);
+    }
+
+    #[test]
+    fn a_pooled_buffer_comes_back_when_its_last_slice_goes() {
+        static LENDER: Pool = Pool::new(64 * MIB);
+        let size = 2 * MIB;
+        let mut buf = LENDER.take(size);
+        buf.extend_from_slice(&vec![3u8; size]);
+        let ptr = buf.as_ptr();
+        let bytes = LENDER.lend(buf);
+        let reply = bytes.slice(100..200);
+        // The reader lets go first (and hands its bytes back as before: a no-op for lent ones).
+        LENDER.give_back(bytes);
+        assert_eq!(LENDER.held(), 0, "a slice still points into it");
+        assert_eq!(&reply[..], &[3u8; 100]);
+        drop(reply);
+        assert!(LENDER.held() >= size, "back once the last slice is gone");
+        let again = LENDER.take(size);
+        assert_eq!(
+            again.as_ptr(),
+            ptr,
+            "the same allocation is handed out again"
+        );
+        assert!(again.is_empty());
+        // Small buffers are not worth pooling: plain shared bytes.
+        let small = LENDER.lend(BytesMut::from(&b"abc"[..]));
+        assert_eq!(&small[..], b"abc");
+        drop(small);
+        assert_eq!(LENDER.held(), 0);
     }
 
     #[test]

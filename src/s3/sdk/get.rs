@@ -44,7 +44,7 @@ impl SdkClient {
             let received = buf.as_ref().map_or(0, |b| b.len() as u64);
             let offset = range.start + received;
             if offset >= end {
-                return Ok(buf.map(BytesMut::freeze).unwrap_or_default());
+                return Ok(buf.map(crate::buffers::pooled).unwrap_or_default());
             }
             let response = match self.send_get(key, offset..end, pinned.as_deref()).await {
                 Ok(response) => response,
