@@ -90,45 +90,30 @@ impl SdkClient {
             let drain = skip + want >= window.len;
             // Sized by what this answer can deliver, never by the caller's range alone (the object size may be
             // unknown: `Content-Range: bytes a-b/*`).
-            // Allocated by read_body when a byte has to be copied (see `whole`).
-            let out = buf.get_or_insert_with(BytesMut::new);
+            let out = buf.get_or_insert_with(|| crate::buffers::take(want as usize));
             let before = out.len();
-            let mut whole = None;
             let outcome = read_body(
                 response.body,
-                Taken {
-                    out,
-                    capacity: want as usize,
-                    whole: &mut whole,
-                },
+                out,
                 skip,
                 want,
                 drain,
                 self.config.stall_timeout,
             )
             .await;
-            let got = out.len() - before + whole.as_ref().map_or(0, Bytes::len);
             let problem = match outcome {
-                Ok(()) if got as u64 == want => None,
-                Ok(()) => Some(format!("body ended after {got} of {want} bytes")),
+                Ok(()) if (out.len() - before) as u64 == want => None,
+                Ok(()) => Some(format!(
+                    "body ended after {} of {want} bytes",
+                    out.len() - before
+                )),
                 Err(BodyError::ChecksumMismatch(detail)) => {
                     // Nothing from this answer can be trusted.
                     out.truncate(before);
-                    whole = None;
                     Some(format!("checksum mismatch: {detail}"))
                 }
                 Err(BodyError::Broken(detail)) => Some(detail),
             };
-            if let Some(piece) = whole {
-                // The whole range in one piece, as the connection read it: no copy.
-                if problem.is_none() && before == 0 && piece.len() as u64 == end - range.start {
-                    return Ok(piece);
-                }
-                if out.capacity() == 0 {
-                    *out = crate::buffers::take(want as usize);
-                }
-                out.extend_from_slice(&piece);
-            }
             if let Some(problem) = problem {
                 interruptions += 1;
                 // Bytes kept from this answer forgive the earlier strikes.
@@ -199,19 +184,10 @@ impl SdkClient {
             metadata: super::user_metadata(Some(&response.metadata)),
         };
         let want = window.len.min(len);
-        let mut buf = BytesMut::new();
-        let mut whole = None;
-        let taken = Taken {
-            out: &mut buf,
-            capacity: want as usize,
-            whole: &mut whole,
-        };
+        let mut buf = BytesMut::with_capacity(want as usize);
         let drain = want >= window.len;
         let stall = self.config.stall_timeout;
-        let bytes = match read_body(response.body, taken, 0, want, drain, stall).await {
-            Ok(()) if whole.as_ref().is_some_and(|w| w.len() as u64 == want) => {
-                whole.unwrap_or_default()
-            }
+        let bytes = match read_body(response.body, &mut buf, 0, want, drain, stall).await {
             Ok(()) if buf.len() as u64 == want => buf.freeze(),
             // The body broke or failed its checksum: the resuming GET, pinned to this version, finishes it.
             _ => self.get_range(key, 0..want, Some(&info.etag)).await?,
@@ -328,32 +304,17 @@ enum BodyError {
     Broken(String),
 }
 
-/// Where a body's bytes go: appended to `out` (allocated for `capacity` bytes at the first copy), or, when `out`
-/// holds nothing yet and one chunk brings every byte wanted, that chunk as it came in `whole`. A small object's
-/// body usually arrives in one chunk (a slice of the connection's read buffer), and copying it was most of
-/// the daemon's memmove on small files (perf, BENCHMARKS "A small body kept as it came").
-struct Taken<'a> {
-    out: &'a mut BytesMut,
-    capacity: usize,
-    whole: &'a mut Option<Bytes>,
-}
-
-/// Takes bytes `skip..skip + want` of the body into `taken`. Stops once they are in unless `drain` asks to
-/// read to the end of the stream. A body that sends nothing for `stall` is broken (the SDK's stalled-stream
+/// Appends bytes `skip..skip + want` of the body to `out`. Stops once they are in unless `drain` asks to read
+/// to the end of the stream. A body that sends nothing for `stall` is broken (the SDK's stalled-stream
 /// protection does the same for its own GETs; GETs sent without the orchestrator have only this).
 async fn read_body(
     mut body: ByteStream,
-    taken: Taken<'_>,
+    out: &mut BytesMut,
     skip: u64,
     want: u64,
     drain: bool,
     stall: std::time::Duration,
 ) -> Result<(), BodyError> {
-    let Taken {
-        out,
-        capacity,
-        whole,
-    } = taken;
     let mut to_skip = skip;
     let mut to_take = want;
     loop {
@@ -372,17 +333,9 @@ async fn read_body(
                     to_skip -= n;
                 }
                 let n = to_take.min(chunk.len() as u64) as usize;
-                let longer = n < chunk.len();
-                if n > 0 && n as u64 == want && out.is_empty() && whole.is_none() {
-                    *whole = Some(chunk.split_to(n));
-                } else if n > 0 {
-                    if out.capacity() == 0 {
-                        *out = crate::buffers::take(capacity.max(n));
-                    }
-                    out.extend_from_slice(&chunk[..n]);
-                }
+                out.extend_from_slice(&chunk[..n]);
                 to_take -= n as u64;
-                if longer && drain {
+                if n < chunk.len() && drain {
                     return Err(BodyError::Broken(
                         "body longer than its Content-Length".into(),
                     ));
@@ -485,53 +438,27 @@ mod tests {
         assert!(!etag_eq("\"abc\"", "\"abd\""));
     }
 
-    /// What `read_body` took: the one chunk kept whole, or the bytes copied.
-    async fn take(
-        body: ByteStream,
-        skip: u64,
-        want: u64,
-        drain: bool,
-    ) -> Result<(Option<Bytes>, BytesMut), ()> {
-        let (mut out, mut whole) = (BytesMut::new(), None);
-        let taken = Taken {
-            out: &mut out,
-            capacity: want as usize,
-            whole: &mut whole,
-        };
-        let stall = std::time::Duration::from_secs(5);
-        match read_body(body, taken, skip, want, drain, stall).await {
-            Ok(()) => Ok((whole, out)),
-            Err(_) => Err(()),
-        }
-    }
-
     #[tokio::test]
     async fn read_body_skips_and_takes() {
         let body = || ByteStream::from(Bytes::from_static(b"0123456789"));
-        // One chunk holds every byte wanted: kept as it came, nothing copied.
-        let (whole, out) = take(body(), 2, 5, false).await.unwrap();
-        assert_eq!(whole.as_deref(), Some(&b"23456"[..]));
-        assert!(out.is_empty() && out.capacity() == 0);
-        let (whole, _) = take(body(), 3, 7, true).await.unwrap();
-        assert_eq!(whole.as_deref(), Some(&b"3456789"[..]));
-        // Draining a body that is longer than the window is an inconsistency.
-        assert!(take(body(), 0, 4, true).await.is_err());
-    }
-
-    #[tokio::test]
-    async fn a_body_in_several_chunks_is_copied_into_one_buffer() {
-        // A file read back in chunks of 4 bytes: "0123", "4567", "89".
-        let file = tempfile::NamedTempFile::new().unwrap();
-        std::fs::write(file.path(), b"0123456789").unwrap();
-        let body = ByteStream::read_from()
-            .path(file.path())
-            .buffer_size(4)
-            .build()
+        let mut out = BytesMut::new();
+        let stall = std::time::Duration::from_secs(5);
+        read_body(body(), &mut out, 2, 5, false, stall)
             .await
+            .ok()
             .unwrap();
-        let (whole, out) = take(body, 1, 9, true).await.unwrap();
-        assert!(whole.is_none());
-        assert_eq!(&out[..], b"123456789");
-        assert!(out.capacity() >= 9, "sized once for the whole answer");
+        assert_eq!(&out[..], b"23456");
+        let mut out = BytesMut::new();
+        read_body(body(), &mut out, 3, 7, true, stall)
+            .await
+            .ok()
+            .unwrap();
+        assert_eq!(&out[..], b"3456789");
+        // Draining a body that is longer than the window is an inconsistency.
+        let mut out = BytesMut::new();
+        assert!(matches!(
+            read_body(body(), &mut out, 0, 4, true, stall).await,
+            Err(BodyError::Broken(_))
+        ));
     }
 }
