@@ -680,9 +680,9 @@ fn object_url(base: &str, key: &str) -> String {
     format!("{base}/{encoded}")
 }
 
-/// The bucket's ListObjectsV2 URL: `/?list-type=2...` after a virtual-hosted endpoint, `?list-type=2...` right
-/// after the bucket of a path-style one, as the SDK sends it. Values are encoded as the SDK encodes query
-/// parameters (a `+` or a space in a prefix must not reach the server as a form-encoded space).
+/// The bucket's ListObjectsV2 URL: `/?list-type=2...` after the endpoint (the bucket's host, or the bucket
+/// itself for path-style), as the SDK sends it. Values are encoded as the SDK encodes query parameters (a `+`
+/// or a space in a prefix must not reach the server as a form-encoded space).
 fn list_url(
     base: &str,
     prefix: &str,
@@ -691,9 +691,7 @@ fn list_url(
     max_keys: i32,
 ) -> String {
     use aws_smithy_http::query::fmt_string;
-    let after_host = base.find("://").map_or(base, |i| &base[i + 3..]);
-    let slash = if after_host.contains('/') { "" } else { "/" };
-    let mut url = format!("{base}{slash}?list-type=2&max-keys={max_keys}");
+    let mut url = format!("{base}/?list-type=2&max-keys={max_keys}");
     if !prefix.is_empty() {
         url.push_str(&format!("&prefix={}", fmt_string(prefix)));
     }
@@ -1093,7 +1091,7 @@ mod tests {
             ),
             "https://data.s3.eu-west-1.amazonaws.com/?list-type=2&max-keys=1000&delimiter=%2F"
         );
-        // Path-style: right after the bucket, no slash (that would be an object with an empty key).
+        // Path-style: after the bucket's path, with its slash, as the SDK joins them.
         assert_eq!(
             list_url(
                 "http://127.0.0.1:9000/data",
@@ -1102,7 +1100,7 @@ mod tests {
                 Some("t+k/n="),
                 1
             ),
-            "http://127.0.0.1:9000/data?list-type=2&max-keys=1&prefix=a%20b%2Bc%2F%C3%BC%26%3D\
+            "http://127.0.0.1:9000/data/?list-type=2&max-keys=1&prefix=a%20b%2Bc%2F%C3%BC%26%3D\
              &delimiter=%2F&continuation-token=t%2Bk%2Fn%3D"
         );
     }

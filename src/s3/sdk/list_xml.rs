@@ -77,6 +77,14 @@ pub(super) fn parse_list_page(body: &[u8]) -> Result<ListPage, ClientError> {
                 if path.is_empty() {
                     return Err(malformed("empty root element".into()));
                 }
+                if path.len() == 1 {
+                    // As the SDK reads them: an empty entry has no key, an empty prefix entry still counts.
+                    match e.local_name().as_ref() {
+                        b"Contents" => return Err(malformed("entry without a key".into())),
+                        b"CommonPrefixes" => entries += 1,
+                        _ => {}
+                    }
+                }
                 text.clear();
                 path.push(e.local_name().as_ref().to_vec());
                 let done = element_ended(&path, at, "", &mut entry, &mut prefixes, &mut end);
@@ -291,6 +299,11 @@ mod tests {
         // An entry without a key; numbers and dates that do not parse; an unknown entity.
         refused(
             "<ListBucketResult><IsTruncated>false</IsTruncated><Contents><Size>1</Size></Contents></ListBucketResult>",
+        );
+        refused("<ListBucketResult><IsTruncated>false</IsTruncated><Contents/></ListBucketResult>");
+        // An empty prefix entry counts towards KeyCount, as the SDK counts it.
+        refused(
+            "<ListBucketResult><KeyCount>0</KeyCount><IsTruncated>false</IsTruncated><CommonPrefixes/></ListBucketResult>",
         );
         refused(
             "<ListBucketResult><IsTruncated>false</IsTruncated><Contents><Key>a</Key><Size>-1</Size></Contents></ListBucketResult>",
