@@ -59,8 +59,8 @@ impl Drop for Pooled {
     }
 }
 
-/// Returns the buffer behind `bytes` to the pool if this was its last reference (a slice handed to a FUSE
-/// reply or a cache keeps it out), else just drops this reference.
+/// Returns the buffer behind `bytes` to the pool if this was its last reference, else just drops this
+/// reference: for buffers not lent with [`pooled`] (an upload's parts, split from the writer's buffer).
 pub fn give_back(bytes: Bytes) {
     POOL.give_back(bytes)
 }

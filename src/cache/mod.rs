@@ -10,7 +10,7 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 
 use crate::s3::ClientError;
 use crate::source::{CacheLayer, ReadSource};
@@ -99,10 +99,8 @@ impl ObjectBlocks {
             for (i, chunk) in data.chunks(self.block_size as usize).enumerate() {
                 self.cache.put(&self.id(first + i as u64), chunk);
             }
+            // The GET's buffer goes back to the pool when the reader's slices and these are all gone.
             drop(underway);
-            // The reader may be done with these bytes before this write is: whichever lets go last returns
-            // the GET's buffer to the pool (else every GET of a cached mount faults in a fresh one).
-            crate::buffers::give_back(data);
         })
     }
 }
@@ -175,7 +173,8 @@ impl CacheLayer for BlockCache {
             }
             i = j + 1;
         }
-        let mut out = BytesMut::with_capacity((range.end - range.start) as usize);
+        // A part read back from the cache: its buffer lent from the pool, as a GET's is.
+        let mut out = crate::buffers::take((range.end - range.start) as usize);
         for (n, block) in blocks.into_iter().enumerate() {
             let block = block.unwrap_or_default();
             let block_start = (first + n as u64) * bs;
@@ -188,7 +187,7 @@ impl CacheLayer for BlockCache {
                 out.extend_from_slice(&block[from..to]);
             }
         }
-        Ok(out.freeze())
+        Ok(crate::buffers::pooled(out))
     }
 
     /// Fetches the runs of blocks the disk does not hold, one GET each, and waits for their writes. Blocks

@@ -50,10 +50,10 @@ struct Chunk {
 
 impl Drop for Chunk {
     fn drop(&mut self) {
-        match std::mem::replace(&mut self.data, ChunkData::Ready(Bytes::new())) {
-            ChunkData::Pending(task) => task.abort(),
-            // Reused for a later GET unless a reply or a cache still holds part of it.
-            ChunkData::Ready(bytes) => crate::buffers::give_back(bytes),
+        // Fetched bytes need nothing: their buffer goes back to the pool once every slice of it is gone
+        // (`buffers::pooled`).
+        if let ChunkData::Pending(task) = &self.data {
+            task.abort();
         }
     }
 }

@@ -160,7 +160,7 @@ pub struct SdkClient {
     config: SdkClientConfig,
     sdk_config: aws_sdk_s3::Config,
     session: RwLock<Session>,
-    /// The read path's GETs, sent without the orchestrator; None keeps them on the SDK.
+    /// The read path's GETs and every listing, sent without the orchestrator; None keeps them on the SDK.
     direct: Option<direct::Direct>,
     body_resumes: AtomicU64,
     session_renewals: AtomicU64,
