@@ -231,7 +231,7 @@ impl Direct {
         };
         let stall = sdk.config.stall_timeout;
         self.send(sdk, &request, |response| async move {
-            let body = whole_body(response.into_body(), stall).await?;
+            let body = whole_body(response.into_body(), stall, MOST_LISTING_BYTES).await?;
             super::list_xml::parse_list_page(&body)
         })
         .await
@@ -704,9 +704,13 @@ fn list_url(
     url
 }
 
+/// The most a listing page's answer may hold: 1,000 keys of at most 1,024 bytes, each character escaped as a
+/// character reference, with their other fields, stay well under it.
+const MOST_LISTING_BYTES: usize = 16 << 20;
+
 /// A 2xx answer's body, whole. A body that breaks or stalls for `stall` is a transient failure: the request
-/// is sent again.
-async fn whole_body(body: SdkBody, stall: Duration) -> Result<Vec<u8>, ClientError> {
+/// is sent again. One longer than `most` is not an answer we asked for, and is not read further.
+async fn whole_body(body: SdkBody, stall: Duration, most: usize) -> Result<Vec<u8>, ClientError> {
     let mut stream = ByteStream::new(body);
     let mut out = Vec::new();
     loop {
@@ -717,6 +721,11 @@ async fn whole_body(body: SdkBody, stall: Duration) -> Result<Vec<u8>, ClientErr
         match tokio::time::timeout(stall, stream.next()).await {
             Err(_) => return Err(broken(format!("no body bytes for {stall:?}"))),
             Ok(None) => return Ok(out),
+            Ok(Some(Ok(chunk))) if out.len() + chunk.len() > most => {
+                return Err(ClientError::Malformed(format!(
+                    "answer longer than {most} bytes"
+                )));
+            }
             Ok(Some(Ok(chunk))) => out.extend_from_slice(&chunk),
             Ok(Some(Err(e))) => return Err(broken(describe(&e))),
         }
@@ -1077,6 +1086,17 @@ mod tests {
                 .unwrap()
                 .is_none()
         );
+    }
+
+    #[tokio::test]
+    async fn a_body_is_read_whole_up_to_a_bound() {
+        let stall = Duration::from_secs(5);
+        let body = || SdkBody::from(vec![b'x'; 1000]);
+        assert_eq!(whole_body(body(), stall, 1000).await.unwrap().len(), 1000);
+        assert!(matches!(
+            whole_body(body(), stall, 999).await,
+            Err(ClientError::Malformed(_))
+        ));
     }
 
     #[test]
