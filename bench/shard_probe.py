@@ -1,0 +1,116 @@
+#!/usr/bin/env python3
+"""A/B probe for the sequential path with several readers: 16 shard files of 100 MiB read through a fresh
+read-only mount of each given expressfs binary, alternated, on one emulator holding one data set.
+
+    python3 bench/shard_probe.py --rounds 3 /dev/shm/expressfs-base target/release/expressfs
+
+8 processes each read every 8th shard in 1 MiB reads (the tar-shard DataLoader's pattern, without torch).
+Per run: MiB/s, CPU seconds and minor page faults of the daemon (/proc/PID/stat), the readers' CPU.
+Loopback only; credentials passed explicitly.
+"""
+import argparse
+import multiprocessing as mp
+import os
+import re
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from small_probe import ENV, Mount  # noqa: E402
+
+BUCKET = "probe--use1-az4--x-s3"
+MIB = 1 << 20
+
+
+def stat_of(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"), int(fields[7])
+
+
+def read_share(paths, expect):
+    for p in paths:
+        n = 0
+        with open(p, "rb", buffering=0) as f:
+            while True:
+                b = f.read(MIB)
+                if not b:
+                    break
+                n += len(b)
+        if n != expect:
+            raise SystemExit(f"{p}: {n} bytes, expected {expect}")
+
+
+def measure(binary, endpoint, work, extra, shards, size, readers):
+    m = Mount(binary, endpoint, work, extra + ["--read-only"], 0)
+    try:
+        paths = [f"{m.mnt}/shards/{i:03}.tar" for i in range(shards)]
+        cpu0, flt0 = stat_of(m.proc.pid)
+        kids0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        t = time.monotonic()
+        ctx = mp.get_context("fork")
+        procs = [ctx.Process(target=read_share, args=(paths[w::readers], size)) for w in range(readers)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join()
+            assert p.exitcode == 0
+        elapsed = time.monotonic() - t
+        cpu1, flt1 = stat_of(m.proc.pid)
+        kids1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        rcpu = kids1.ru_utime + kids1.ru_stime - kids0.ru_utime - kids0.ru_stime
+    finally:
+        m.close()
+    return shards * size / MIB / elapsed, cpu1 - cpu0, flt1 - flt0, rcpu
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("binaries", nargs="+")
+    ap.add_argument("--ttfb-ms", type=int, default=0)
+    ap.add_argument("--shards", type=int, default=16)
+    ap.add_argument("--shard-mib", type=int, default=100)
+    ap.add_argument("--readers", type=int, default=8)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--emulator", default="target/release/expressfs-emulator")
+    ap.add_argument("--work", default="/dev/shm")
+    ap.add_argument("--arg", action="append", default=[], help="extra expressfs argument (all binaries)")
+    a = ap.parse_args()
+    size = a.shard_mib * MIB
+    work = tempfile.mkdtemp(dir=a.work, prefix="shard-probe-")
+    emu = subprocess.Popen([a.emulator, "--listen", "127.0.0.1:0", "--data-dir", f"{work}/data",
+                            "--bucket", BUCKET, "--ttfb-ms", str(a.ttfb_ms)],
+                           env=ENV, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        endpoint = None
+        while endpoint is None:
+            line = emu.stdout.readline()
+            if not line:
+                raise RuntimeError("emulator exited")
+            m = re.search(r"http://[0-9.:]+", line)
+            endpoint = m.group(0) if m else None
+        up = Mount(a.binaries[0], endpoint, work, [], 0)
+        os.makedirs(f"{up.mnt}/shards", exist_ok=True)
+        body = os.urandom(size)
+        for i in range(a.shards):
+            with open(f"{up.mnt}/shards/{i:03}.tar", "wb") as f:
+                f.write(body)
+        up.close()
+        print(f"{a.shards} shards of {a.shard_mib} MiB, {a.readers} readers, TTFB {a.ttfb_ms} ms", flush=True)
+        for r in range(a.rounds):
+            for b in (a.binaries if r % 2 == 0 else a.binaries[::-1]):
+                rate, d, flt, rcpu = measure(b, endpoint, work, a.arg, a.shards, size, a.readers)
+                print(f"round {r} {b}: {rate:,.0f} MiB/s, daemon CPU {d:.2f} s, minor faults {flt:,}, "
+                      f"readers CPU {rcpu:.2f} s", flush=True)
+    finally:
+        emu.terminate()
+        emu.wait()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
