@@ -11,18 +11,13 @@ Loopback only; credentials passed explicitly.
 import argparse
 import multiprocessing as mp
 import os
-import re
 import resource
-import shutil
-import subprocess
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from small_probe import ENV, Mount  # noqa: E402
+from small_probe import Mount, probe_emulator, upload  # noqa: E402
 
-BUCKET = "probe--use1-az4--x-s3"
 MIB = 1 << 20
 
 
@@ -81,36 +76,15 @@ def main():
     ap.add_argument("--arg", action="append", default=[], help="extra expressfs argument (all binaries)")
     a = ap.parse_args()
     size = a.shard_mib * MIB
-    work = tempfile.mkdtemp(dir=a.work, prefix="shard-probe-")
-    emu = subprocess.Popen([a.emulator, "--listen", "127.0.0.1:0", "--data-dir", f"{work}/data",
-                            "--bucket", BUCKET, "--ttfb-ms", str(a.ttfb_ms)],
-                           env=ENV, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    try:
-        endpoint = None
-        while endpoint is None:
-            line = emu.stdout.readline()
-            if not line:
-                raise RuntimeError("emulator exited")
-            m = re.search(r"http://[0-9.:]+", line)
-            endpoint = m.group(0) if m else None
-        up = Mount(a.binaries[0], endpoint, work, [], 0)
-        os.makedirs(f"{up.mnt}/shards", exist_ok=True)
+    with probe_emulator(a.emulator, a.work, "shard-probe-", a.ttfb_ms) as (endpoint, work):
         body = os.urandom(size)
-        for i in range(a.shards):
-            with open(f"{up.mnt}/shards/{i:03}.tar", "wb") as f:
-                f.write(body)
-        up.close()
+        upload(a.binaries[0], endpoint, work, ((f"shards/{i:03}.tar", body) for i in range(a.shards)))
         print(f"{a.shards} shards of {a.shard_mib} MiB, {a.readers} readers, TTFB {a.ttfb_ms} ms", flush=True)
         for r in range(a.rounds):
             for b in (a.binaries if r % 2 == 0 else a.binaries[::-1]):
                 rate, d, flt, rcpu = measure(b, endpoint, work, a.arg, a.shards, size, a.readers)
                 print(f"round {r} {b}: {rate:,.0f} MiB/s, daemon CPU {d:.2f} s, minor faults {flt:,}, "
                       f"readers CPU {rcpu:.2f} s", flush=True)
-    finally:
-        emu.terminate()
-        emu.wait()
-        shutil.rmtree(work, ignore_errors=True)
-
 
 if __name__ == "__main__":
     sys.exit(main())

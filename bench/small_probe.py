@@ -12,6 +12,7 @@ Per run: files/s, CPU seconds of the daemon (/proc/PID/stat) and of the readers,
 and S3 requests, as deltas of the daemon's metrics. Loopback only; credentials passed explicitly.
 """
 import argparse
+import contextlib
 import multiprocessing as mp
 import os
 import random
@@ -76,6 +77,41 @@ class Mount:
         subprocess.run(["umount", self.mnt], check=True)
         self.proc.wait(timeout=20)
         os.rmdir(self.mnt)
+
+
+@contextlib.contextmanager
+def probe_emulator(exe, work_root, prefix, ttfb_ms):
+    """The emulator on a free loopback port, its data in a new directory under `work_root`: yields
+    (endpoint, that directory); stops it and removes the directory afterwards."""
+    work = tempfile.mkdtemp(dir=work_root, prefix=prefix)
+    emu = subprocess.Popen([exe, "--listen", "127.0.0.1:0", "--data-dir", f"{work}/data", "--bucket", BUCKET,
+                            "--ttfb-ms", str(ttfb_ms)],
+                           env=ENV, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        while True:
+            line = emu.stdout.readline()
+            if not line:
+                raise RuntimeError("emulator exited")
+            m = re.search(r"http://[0-9.:]+", line)
+            if m:
+                break
+        yield m.group(0), work
+    finally:
+        emu.terminate()
+        emu.wait()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def upload(binary, endpoint, work, files):
+    """Writes each (path in the bucket, bytes) of `files` through a fresh mount of `binary`."""
+    up = Mount(binary, endpoint, work, [], 0)
+    try:
+        for rel, body in files:
+            os.makedirs(os.path.dirname(f"{up.mnt}/{rel}"), exist_ok=True)
+            with open(f"{up.mnt}/{rel}", "wb") as f:
+                f.write(body)
+    finally:
+        up.close()
 
 
 def read_share(paths):
@@ -155,25 +191,9 @@ def main():
     ap.add_argument("--arg", action="append", default=[], help="extra expressfs argument (all binaries)")
     ap.add_argument("--port", type=int, default=9475)
     a = ap.parse_args()
-    work = tempfile.mkdtemp(dir=a.work, prefix="small-probe-")
-    emu = subprocess.Popen([a.emulator, "--listen", "127.0.0.1:0", "--data-dir", f"{work}/data",
-                            "--bucket", BUCKET, "--ttfb-ms", str(a.ttfb_ms)],
-                           env=ENV, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    try:
-        endpoint = None
-        while endpoint is None:
-            line = emu.stdout.readline()
-            if not line:
-                raise RuntimeError("emulator exited")
-            m = re.search(r"http://[0-9.:]+", line)
-            endpoint = m.group(0) if m else None
-        up = Mount(a.binaries[0], endpoint, work, [], 0)
-        os.makedirs(f"{up.mnt}/small", exist_ok=True)
+    with probe_emulator(a.emulator, a.work, "small-probe-", a.ttfb_ms) as (endpoint, work):
         body = os.urandom(SIZE)
-        for i in range(a.files):
-            with open(f"{up.mnt}/small/{i:06}.jpg", "wb") as f:
-                f.write(body)
-        up.close()
+        upload(a.binaries[0], endpoint, work, ((f"small/{i:06}.jpg", body) for i in range(a.files)))
         print(f"{a.files} files of {SIZE} B, TTFB {a.ttfb_ms} ms", flush=True)
         for r in range(a.rounds):
             order = a.binaries if r % 2 == 0 else a.binaries[::-1]
@@ -184,11 +204,6 @@ def main():
                     s3 = " ".join(f"{k[3:]}={v:.0f}" for k, v in sorted(delta.items()) if k.startswith("s3."))
                     print(f"round {r} {mode:7} {b}: {rate:,.0f} files/s, CPU daemon {d:.2f} s readers "
                           f"{readers:.2f} s | fuse {fuse} | s3 {s3}", flush=True)
-    finally:
-        emu.terminate()
-        emu.wait()
-        shutil.rmtree(work, ignore_errors=True)
-
 
 if __name__ == "__main__":
     sys.exit(main())
