@@ -4,7 +4,7 @@
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime};
 
 use fuser::{
@@ -13,7 +13,7 @@ use fuser::{
     ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl,
     ReplyOpen, ReplyStatfs, ReplyWrite, Request, SessionACL, TimeOrNow, WriteFlags,
 };
-use tracing::{Instrument, Span, debug_span, info, warn};
+use tracing::{Instrument, Span, debug, debug_span, info, warn};
 
 use crate::fs::attrs::StoredAttrs;
 use crate::fs::{Attr, FileKind, FsError, FsResult, OpenMode, S3Filesystem};
@@ -80,6 +80,8 @@ struct Adapter {
     block_size: u32,
     /// Test builds only ([`late_releases`]): how long every release waits before it is acted on.
     release_delay: Option<Duration>,
+    /// Pushes bytes into the kernel's page cache; set once the session runs.
+    notifier: Arc<OnceLock<fuser::Notifier>>,
 }
 
 /// The kernel sends RELEASE after close(2) has returned, and on a loaded machine it may arrive long after:
@@ -431,9 +433,14 @@ impl Filesystem for Adapter {
         let fs = Arc::clone(&self.fs);
         let work = async move { fs.open(ino.0, mode, pid).await };
         let span = debug_span!("open", ino = ino.0);
-        self.serve("open", span, reply, work, |reply, opened| {
+        let notifier = Arc::clone(&self.notifier);
+        self.serve("open", span, reply, work, move |reply, opened| {
             let mut flags = FopenFlags::empty();
-            if opened.keep_cache {
+            let pushed = opened
+                .preload
+                .as_ref()
+                .is_some_and(|bytes| push_to_page_cache(&notifier, ino, bytes));
+            if opened.keep_cache || pushed {
                 flags |= FopenFlags::FOPEN_KEEP_CACHE;
             }
             if opened.bypass_page_cache {
@@ -862,6 +869,25 @@ impl MountedFs {
     }
 }
 
+/// Stores `bytes` as the whole of `ino`'s page cache (FUSE_NOTIFY_STORE; the cache is known to be empty).
+/// Returns whether the kernel took them: if not, the open is answered without keeping the cache and the
+/// reads go to the handle as usual.
+fn push_to_page_cache(notifier: &OnceLock<fuser::Notifier>, ino: INodeNo, bytes: &[u8]) -> bool {
+    let Some(notifier) = notifier.get() else {
+        return false;
+    };
+    match notifier.store(ino, 0, bytes) {
+        Ok(()) => {
+            crate::metrics::page_cache_preload(bytes.len());
+            true
+        }
+        Err(e) => {
+            debug!(ino = ino.0, error = %e, "the kernel did not take a small file's bytes");
+            false
+        }
+    }
+}
+
 /// Mounts `fs` and starts serving it. Returns once the kernel has the mount.
 pub fn mount(
     fs: Arc<S3Filesystem>,
@@ -877,6 +903,7 @@ pub fn mount(
         );
     }
     let outstanding = Arc::new(Outstanding::default());
+    let notifier = Arc::new(OnceLock::new());
     let adapter = Adapter {
         fs,
         runtime,
@@ -884,6 +911,7 @@ pub fn mount(
         ttl,
         block_size: 128 * 1024,
         release_delay,
+        notifier: Arc::clone(&notifier),
     };
     let mut mount_options = vec![
         MountOption::FSName(options.fs_name.clone()),
@@ -913,7 +941,9 @@ pub fn mount(
     config.acl = acl;
     config.n_threads = Some(options.threads.max(1));
     config.clone_fd = options.threads > 1;
+    let notifier_slot = Arc::clone(&notifier);
     let session = fuser::spawn_mount(adapter, &options.mountpoint, &config)?;
+    let _ = notifier_slot.set(session.notifier());
     Ok(MountedFs {
         session,
         outstanding,

@@ -29,6 +29,8 @@ pub const CACHE_EVICTIONS: &str = "expressfs_cache_evictions";
 pub const CACHE_CORRUPT_BLOCKS: &str = "expressfs_cache_corrupt_blocks";
 pub const CACHE_BYTES: &str = "expressfs_cache_bytes";
 pub const IOCTLS_REFUSED: &str = "expressfs_ioctls_refused_total";
+pub const PAGE_CACHE_PRELOADS: &str = "expressfs_page_cache_preloads_total";
+pub const PAGE_CACHE_PRELOADED_BYTES: &str = "expressfs_page_cache_preloaded_bytes_total";
 
 /// ioctls answered ENOTTY since the process started, for the summary (one mount per process).
 static IOCTLS_REFUSED_COUNT: AtomicU64 = AtomicU64::new(0);
@@ -58,7 +60,10 @@ fn describe() {
         FUSE_ERRORS,
         "Requests answered with an error, by operation and errno"
     );
-    describe_counter!(READ_BYTES, "Bytes returned to readers");
+    describe_counter!(
+        READ_BYTES,
+        "Bytes returned to readers (through READ, or with an open into the page cache)"
+    );
     describe_counter!(WRITTEN_BYTES, "Bytes accepted from writers");
     describe_counter!(S3_REQUESTS, "S3 requests, by operation and result");
     describe_histogram!(S3_REQUEST_SECONDS, "S3 request latency, by operation");
@@ -91,6 +96,22 @@ fn describe() {
         IOCTLS_REFUSED,
         "ioctls answered ENOTTY (Python's open() asks each file for TCGETS)"
     );
+    describe_counter!(
+        PAGE_CACHE_PRELOADS,
+        "Small files put into the kernel's page cache with the answer to their open"
+    );
+    describe_counter!(
+        PAGE_CACHE_PRELOADED_BYTES,
+        "Bytes put into the kernel's page cache with the answer to an open"
+    );
+}
+
+/// A small file's bytes went into the page cache with its open: its first read costs no READ request. They
+/// count as read bytes too, as they would have had they come back through READ.
+pub fn page_cache_preload(bytes: usize) {
+    ::metrics::counter!(PAGE_CACHE_PRELOADS).increment(1);
+    ::metrics::counter!(PAGE_CACHE_PRELOADED_BYTES).increment(bytes as u64);
+    read_bytes(bytes as u64);
 }
 
 /// One request from the kernel: what a workload costs in round trips, and proof that the kernel skips the

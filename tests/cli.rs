@@ -425,7 +425,14 @@ fn metrics_endpoint_serves_prometheus_text() {
         body.contains("expressfs_s3_request_seconds_bucket"),
         "{body}"
     );
+    // The file was small and never opened before: its bytes went into the page cache with its open, and
+    // count as read.
     assert!(body.contains("expressfs_read_bytes_total 300000"), "{body}");
+    assert_eq!(
+        sample(&body, "expressfs_page_cache_preloads_total"),
+        Some(1.0),
+        "{body}"
+    );
     assert!(
         body.contains("expressfs_fuse_errors_total{op=\"lookup\",errno=\"2\"}"),
         "{body}"

@@ -544,12 +544,17 @@ impl S3Filesystem {
         let bypass_page_cache = mode.direct
             || (size >= self.config.direct_io_threshold
                 && self.direct_io_for_big_files.load(Ordering::Relaxed));
-        let keep_cache = self
-            .sb
-            .table()
-            .get_mut(ino)
-            .is_some_and(|n| n.open_read(&etag, bypass_page_cache));
-        if !keep_cache && !mode.direct {
+        let (keep_cache, cache_unused) = self.sb.table().get_mut(ino).map_or((false, false), |n| {
+            let unused = n.page_cache_unused();
+            (n.open_read(&etag, bypass_page_cache), unused)
+        });
+        // A small file the kernel has never cached: its bytes go into the page cache with the answer to
+        // this open, which saves the READ round trip of the first read. Otherwise its GET starts now, to run
+        // while the opener is between open(2) and read(2).
+        let mut preload = None;
+        if cache_unused && !bypass_page_cache {
+            preload = reader.whole_small_file().await;
+        } else if !keep_cache && !mode.direct {
             reader.fetch_small_file_at_open();
         }
         let fh = self.handles.add(Handle::Read {
@@ -562,6 +567,7 @@ impl S3Filesystem {
             keep_cache,
             bypass_page_cache,
             no_flush: true,
+            preload,
         })
     }
 
@@ -664,6 +670,7 @@ impl S3Filesystem {
             keep_cache: false,
             bypass_page_cache: self.writes_bypass_page_cache(),
             no_flush: false,
+            preload: None,
         })
     }
 

@@ -90,6 +90,8 @@ pub struct Node {
     /// Versions (ETags) of the read handles open on this inode, one entry per handle: a handle pinned to an
     /// older version can still put that version's bytes into the shared page cache.
     open_versions: Vec<String>,
+    /// No handle has been opened on this inode since the kernel learned of it: its page cache holds nothing.
+    page_cache_unused: bool,
     /// A link's target, with the ETag of the object it was read from (the target is the object's body).
     link_target: Option<(String, String)>,
 }
@@ -110,6 +112,7 @@ impl Node {
             writers: 0,
             cached_etag: None,
             open_versions: Vec::new(),
+            page_cache_unused: true,
             link_target: None,
         }
     }
@@ -160,6 +163,7 @@ impl Node {
     /// Made here: the bucket does not know it until it is uploaded.
     pub fn mark_local(&mut self) {
         self.local = true;
+        self.page_cache_unused = false;
     }
 
     /// What the bucket says about this name is not the whole truth: it was made here, or is being written.
@@ -233,10 +237,17 @@ impl Node {
         self.cached_etag.is_some()
     }
 
+    /// Whether the kernel's page cache for this inode is known to be empty: no handle was ever opened on it.
+    /// Bytes pushed into it then are all it holds.
+    pub fn page_cache_unused(&self) -> bool {
+        self.page_cache_unused
+    }
+
     /// A read handle on version `etag` opens (`bypass`: it reads around the page cache). Returns whether the
     /// kernel may keep the page cache: only if it holds this version and no open handle pinned to another
     /// one can still be adding its bytes.
     pub fn open_read(&mut self, etag: &str, bypass: bool) -> bool {
+        self.page_cache_unused = false;
         let same = self.cached_etag.as_deref() == Some(etag)
             && self.open_versions.iter().all(|v| v == etag);
         // What the kernel will hold after this open: this version's bytes, or nothing.
@@ -270,6 +281,7 @@ impl Node {
     /// A write open: what the page cache holds is about to be outdated, so the next read open drops it.
     pub fn drop_page_cache(&mut self) {
         self.cached_etag = None;
+        self.page_cache_unused = false;
     }
 }
 

@@ -30,11 +30,11 @@ mod model_test;
 mod test_support;
 
 use std::path::PathBuf;
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime};
 
+use bytes::Bytes;
 pub use error::{FsError, FsResult};
 use handles::{HandleTable, WriterSlots};
 pub use inode::ROOT_INO;
@@ -144,7 +144,7 @@ pub struct DirEntry {
 }
 
 /// An open file handle and how the kernel should cache its bytes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Opened {
     pub fh: u64,
     /// The page cache holds bytes of the very version opened: keep them (FOPEN_KEEP_CACHE), so a second
@@ -156,6 +156,10 @@ pub struct Opened {
     /// close(2) has nothing to do for this handle (FOPEN_NOFLUSH): the kernel skips the FLUSH round trip,
     /// one of the five requests a small file costs.
     pub no_flush: bool,
+    /// The whole file, of the version this handle reads, for a page cache known to be empty: pushed into
+    /// it before the open is answered (and the cache then kept), the first read needs no READ round trip.
+    /// Whoever cannot push it answers without keeping the cache; the handle still serves every read.
+    pub preload: Option<Bytes>,
 }
 
 /// How a file is opened.

@@ -170,6 +170,17 @@ impl Reader {
         true
     }
 
+    /// A small file's whole content (one window at most), read now for the opener to push into the page
+    /// cache; `None` for a bigger or empty file, or when the bytes could not be had (reads then fetch them
+    /// as usual and report what went wrong).
+    pub async fn whole_small_file(&mut self) -> Option<Bytes> {
+        if self.size == 0 || self.size > self.initial_window || self.size > u64::from(u32::MAX) {
+            return None;
+        }
+        let bytes = self.read(0, self.size as u32).await.ok()?;
+        (bytes.len() as u64 == self.size).then_some(bytes)
+    }
+
     /// For `expressfs warm`: makes the caches under this reader hold `start..start + len` of the file
     /// (clamped to its size) and returns where that ends, or `None` when nothing below keeps bytes (no cache,
     /// or O_DIRECT: nothing is fetched then). GETs of one part each, up to a window's worth for this file

@@ -227,6 +227,7 @@ impl S3Filesystem {
             keep_cache: false,
             bypass_page_cache: true,
             no_flush: !mode.write,
+            preload: None,
         })
     }
 

@@ -318,3 +318,76 @@ async fn keep_in_cache_fills_the_cache_and_is_refused_where_nothing_keeps_bytes(
         Err(FsError::NotCacheable)
     ));
 }
+
+#[tokio::test]
+async fn a_small_file_never_cached_comes_with_its_bytes_for_the_page_cache_once() {
+    let small: Vec<u8> = (0..5000u32).map(|i| (i % 251) as u8).collect();
+    let mut c = config();
+    c.allow_overwrite = true;
+    let (fake, fs) = fs_with(
+        &[
+            ("small.jpg", &small[..]),
+            ("empty", b""),
+            ("big.bin", &vec![1u8; 2 << 20][..]),
+            ("direct.jpg", &small[..]),
+            ("rewritten.jpg", &small[..]),
+        ],
+        c,
+        true,
+    )
+    .await;
+    let read_mode = OpenMode {
+        read: true,
+        ..Default::default()
+    };
+    let ino = |name: &'static str| {
+        let fs = &fs;
+        async move { fs.sb.lookup(ROOT_INO, name).await.unwrap().ino }
+    };
+    let small_ino = ino("small.jpg").await;
+    let before = fake.counts();
+    let opened = fs.open(small_ino, read_mode, 1).await.unwrap();
+    assert_eq!(
+        opened.preload.as_deref(),
+        Some(&small[..]),
+        "the whole file, exactly"
+    );
+    assert!(!opened.keep_cache);
+    // A READ that comes anyway (the kernel did not take the bytes) is served without another request.
+    assert_eq!(&fs.read(opened.fh, 0, 8192).await.unwrap()[..], &small[..]);
+    assert_eq!(
+        fake.counts(),
+        before,
+        "the lookup's first bytes served both"
+    );
+    fs.release(opened.fh).await.unwrap();
+    // The page cache has been used: the next open keeps it and pushes nothing.
+    let again = fs.open(small_ino, read_mode, 1).await.unwrap();
+    assert!(again.keep_cache && again.preload.is_none());
+    fs.release(again.fh).await.unwrap();
+
+    let opened = fs.open(ino("empty").await, read_mode, 1).await.unwrap();
+    assert!(opened.preload.is_none(), "nothing to push");
+    let opened = fs.open(ino("big.bin").await, read_mode, 1).await.unwrap();
+    assert!(opened.preload.is_none(), "over one window: reads fetch it");
+    let direct = OpenMode {
+        read: true,
+        direct: true,
+        ..Default::default()
+    };
+    let opened = fs.open(ino("direct.jpg").await, direct, 1).await.unwrap();
+    assert!(opened.preload.is_none() && opened.bypass_page_cache);
+
+    // A write open may have put bytes into the page cache: a later read open pushes nothing.
+    let rewritten = ino("rewritten.jpg").await;
+    let trunc = OpenMode {
+        write: true,
+        truncate: true,
+        ..Default::default()
+    };
+    let w = fs.open(rewritten, trunc, 1).await.unwrap();
+    fs.write(w.fh, 0, b"new").await.unwrap();
+    fs.release(w.fh).await.unwrap();
+    let opened = fs.open(rewritten, read_mode, 1).await.unwrap();
+    assert!(opened.preload.is_none());
+}
