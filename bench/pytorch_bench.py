@@ -308,6 +308,11 @@ class Emulator:
                 ops[op] = ops.get(op, 0) + s["requests"]
         return ops
 
+    def bytes_sent(self):
+        """Bytes of response bodies the emulator declared since the last reset (what its CPU went into)."""
+        stats = json.load(urllib.request.urlopen(self.endpoint + "/_emulator/stats"))
+        return sum(s.get("bytes_out", 0) for per_bucket in stats.values() for s in per_bucket.values())
+
     def close(self):
         self.proc.kill()
         self.proc.wait()
@@ -461,6 +466,7 @@ def run_one(client, workload, emu, args, expected):
         # The emulator shares the cores with both clients: its CPU is reported, not counted in the client's.
         row["emulator_cpu"] = proc_stat_cpu(emu.proc.pid) - emulator_cpu0
         row["requests"] = emu.requests()
+        row["mib_sent"] = emu.bytes_sent() / (1 << 20)
         return row
     finally:
         if mount:
@@ -541,7 +547,8 @@ def main():
                         rows[(w, c)].append(r)
                         print(
                             f"TTFB {ttfb} round {rnd + 1} {w[0]}/{w[1]}w {c}: {r['rate']:.0f} items/s, "
-                            f"cpu {r['cpu']:.1f} s, emulator cpu {r['emulator_cpu']:.1f} s, "
+                            f"cpu {r['cpu']:.1f} s, emulator cpu {r['emulator_cpu']:.1f} s for "
+                            f"{r['mib_sent']:,.0f} MiB sent, "
                             f"{fmt_requests(r['requests'], expected)}",
                             file=sys.stderr,
                             flush=True,
