@@ -429,6 +429,7 @@ impl Filesystem for Adapter {
             write: access == libc::O_WRONLY || access == libc::O_RDWR,
             truncate: raw & libc::O_TRUNC != 0,
             append: raw & libc::O_APPEND != 0,
+            not_for_reading: raw & libc::O_NONBLOCK != 0,
         };
         let fs = Arc::clone(&self.fs);
         let work = async move { fs.open(ino.0, mode, pid).await };
@@ -436,10 +437,9 @@ impl Filesystem for Adapter {
         let notifier = Arc::clone(&self.notifier);
         self.serve("open", span, reply, work, move |reply, opened| {
             let mut flags = FopenFlags::empty();
-            let pushed = opened
-                .preload
-                .as_ref()
-                .is_some_and(|bytes| push_to_page_cache(&notifier, ino, bytes));
+            let pushed = opened.preload.as_ref().is_some_and(|p| {
+                p.store_if_untouched(|bytes| push_to_page_cache(&notifier, ino, bytes))
+            });
             if opened.keep_cache || pushed {
                 flags |= FopenFlags::FOPEN_KEEP_CACHE;
             }
@@ -869,9 +869,10 @@ impl MountedFs {
     }
 }
 
-/// Stores `bytes` as the whole of `ino`'s page cache (FUSE_NOTIFY_STORE; the cache is known to be empty).
-/// Returns whether the kernel took them: if not, the open is answered without keeping the cache and the
-/// reads go to the handle as usual.
+/// Stores `bytes` as the whole of `ino`'s page cache (FUSE_NOTIFY_STORE; the cache is known to be empty, and
+/// nothing else has opened or truncated the inode since this open began: `Preload::store_if_untouched`). Returns whether the kernel took them: if not, the
+/// open is answered without keeping the cache and the reads go to the handle as usual. (fuser reports an
+/// inode the kernel no longer has as success; the kernel holds the inode being opened.)
 fn push_to_page_cache(notifier: &OnceLock<fuser::Notifier>, ino: INodeNo, bytes: &[u8]) -> bool {
     let Some(notifier) = notifier.get() else {
         return false;

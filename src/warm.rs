@@ -393,7 +393,15 @@ impl Work {
 
     /// Has the mount keep the file in its cache; reads it to the end where that cannot be done.
     fn warm_file(&self, path: &Path, buf: &mut Vec<u8>) -> std::io::Result<()> {
-        let mut file = std::fs::File::open(path)?;
+        // O_NONBLOCK (a no-op on a regular file) tells the mount this open is not for reading: a small
+        // file's bytes are then not put into the kernel's page cache with the open.
+        let mut file = {
+            use std::os::unix::fs::OpenOptionsExt;
+            std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_NONBLOCK)
+                .open(path)?
+        };
         let mut start = 0;
         if self.ask_to_keep.load(Ordering::Relaxed) {
             let refused = loop {

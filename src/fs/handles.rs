@@ -28,7 +28,7 @@ use super::inode::{Kind, Node, Stat};
 use super::read::Reader;
 use super::superblock::check_name;
 use super::write::{Writer, WriterOptions};
-use super::{Attr, DirEntry, FsError, FsResult, OpenMode, Opened, S3Filesystem, names};
+use super::{Attr, DirEntry, FsError, FsResult, OpenMode, Opened, S3Filesystem, names, preload};
 use crate::s3::WriteCondition;
 use staging::SharedStaged;
 pub use staging::StagedFiles;
@@ -308,6 +308,7 @@ impl S3Filesystem {
             }
         }
         if let Some(size) = size {
+            self.claim_page_cache(ino, false);
             let staged = self
                 .change_staged(ino, handle.as_deref(), |f| f.truncate(size))
                 .await;
@@ -452,6 +453,27 @@ impl S3Filesystem {
             .unwrap_or_default())
     }
 
+    /// Before an open or a truncation of `ino` touches its page cache: voids a first open's preload not
+    /// stored yet (or waits for its store to end; [`super::preload`]) and marks the cache used. With
+    /// `may_fill`, if the cache had never been used, returns the right to fill it.
+    fn claim_page_cache(&self, ino: u64, may_fill: bool) -> Option<preload::Reservation> {
+        let (taken, reservation) = {
+            // Under the table's lock, claims of one inode are ordered: the first finds it unused, any later
+            // one takes the first's reservation.
+            let mut table = self.sb.table();
+            let unused = table.get_mut(ino).is_some_and(|n| n.claim_page_cache());
+            let taken = self.preloads.take(ino);
+            (
+                taken,
+                (unused && may_fill).then(|| self.preloads.reserve(ino)),
+            )
+        };
+        if let Some(slot) = taken {
+            preload::void(&slot);
+        }
+        reservation
+    }
+
     pub async fn open(&self, ino: u64, mode: OpenMode, pid: u32) -> FsResult<Opened> {
         let mut node = self.sb.node(ino)?;
         match node.kind() {
@@ -463,6 +485,9 @@ impl S3Filesystem {
         if mode.write && self.config.read_only {
             return Err(FsError::ReadOnly);
         }
+        // A plain read open of a file never opened before may fill its page cache.
+        let first_open =
+            self.claim_page_cache(ino, !mode.write && !mode.direct && !mode.not_for_reading);
         for attempt in 1.. {
             if attempt > 3 {
                 return Err(FsError::Busy("the file is being written"));
@@ -544,16 +569,20 @@ impl S3Filesystem {
         let bypass_page_cache = mode.direct
             || (size >= self.config.direct_io_threshold
                 && self.direct_io_for_big_files.load(Ordering::Relaxed));
-        let (keep_cache, cache_unused) = self.sb.table().get_mut(ino).map_or((false, false), |n| {
-            let unused = n.page_cache_unused();
-            (n.open_read(&etag, bypass_page_cache), unused)
-        });
+        let keep_cache = self
+            .sb
+            .table()
+            .get_mut(ino)
+            .is_some_and(|n| n.open_read(&etag, bypass_page_cache));
         // A small file the kernel has never cached: its bytes go into the page cache with the answer to
         // this open, which saves the READ round trip of the first read. Otherwise its GET starts now, to run
         // while the opener is between open(2) and read(2).
         let mut preload = None;
-        if cache_unused && !bypass_page_cache {
-            preload = reader.whole_small_file().await;
+        if let Some(reservation) = first_open.filter(|_| !bypass_page_cache) {
+            preload = reader
+                .whole_small_file()
+                .await
+                .map(|bytes| reservation.with_bytes(bytes));
         } else if !keep_cache && !mode.direct {
             reader.fetch_small_file_at_open();
         }

@@ -237,10 +237,10 @@ impl Node {
         self.cached_etag.is_some()
     }
 
-    /// Whether the kernel's page cache for this inode is known to be empty: no handle was ever opened on it.
-    /// Bytes pushed into it then are all it holds.
-    pub fn page_cache_unused(&self) -> bool {
-        self.page_cache_unused
+    /// An open or a truncation is about to touch this inode's page cache: returns whether it was known to be
+    /// empty until now (nothing had ever been opened on it, or written to it through the mount).
+    pub fn claim_page_cache(&mut self) -> bool {
+        std::mem::replace(&mut self.page_cache_unused, false)
     }
 
     /// A read handle on version `etag` opens (`bypass`: it reads around the page cache). Returns whether the

@@ -17,6 +17,7 @@ pub mod inode;
 mod listing;
 pub mod names;
 mod negative;
+pub mod preload;
 pub mod read;
 pub mod staged;
 mod superblock;
@@ -34,7 +35,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime};
 
-use bytes::Bytes;
 pub use error::{FsError, FsResult};
 use handles::{HandleTable, WriterSlots};
 pub use inode::ROOT_INO;
@@ -144,7 +144,7 @@ pub struct DirEntry {
 }
 
 /// An open file handle and how the kernel should cache its bytes.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug)]
 pub struct Opened {
     pub fh: u64,
     /// The page cache holds bytes of the very version opened: keep them (FOPEN_KEEP_CACHE), so a second
@@ -158,8 +158,9 @@ pub struct Opened {
     pub no_flush: bool,
     /// The whole file, of the version this handle reads, for a page cache known to be empty: pushed into
     /// it before the open is answered (and the cache then kept), the first read needs no READ round trip.
-    /// Whoever cannot push it answers without keeping the cache; the handle still serves every read.
-    pub preload: Option<Bytes>,
+    /// Whoever cannot push it answers without keeping the cache; the handle still serves every read. Another
+    /// open or a truncation of the inode before the store voids it ([`preload`]).
+    pub preload: Option<preload::Preload>,
 }
 
 /// How a file is opened.
@@ -171,6 +172,9 @@ pub struct OpenMode {
     pub read: bool,
     pub truncate: bool,
     pub append: bool,
+    /// O_NONBLOCK, which means nothing for a regular file: `expressfs warm` opens files so to say it will
+    /// not read them, so their bytes are not put into the page cache at open (`Opened::preload`).
+    pub not_for_reading: bool,
 }
 
 pub struct S3Filesystem {
@@ -189,6 +193,8 @@ pub struct S3Filesystem {
     direct_io_for_big_files: AtomicBool,
     /// What `expressfs warm` fetches at once, all files together: one read-ahead window.
     keep_budget: read::KeepBudget,
+    /// First opens' preloads not stored yet: another open or a truncation of the inode voids them.
+    preloads: preload::Preloads,
 }
 
 impl S3Filesystem {
@@ -209,6 +215,7 @@ impl S3Filesystem {
             config,
             direct_io_for_big_files: AtomicBool::new(true),
             keep_budget,
+            preloads: preload::Preloads::default(),
         }
     }
 

@@ -34,6 +34,7 @@ pub const RW: OpenMode = OpenMode {
     read: true,
     truncate: false,
     append: false,
+    not_for_reading: false,
 };
 
 /// open(2) with O_RDONLY.

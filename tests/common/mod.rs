@@ -527,3 +527,38 @@ pub fn emulator_stat(emu: &Emulator, bucket: Option<&str>, op: Option<&str>, cou
     }
     total
 }
+
+/// A loopback address for a daemon's `--metrics-addr`.
+pub fn free_metrics_addr() -> String {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    format!("127.0.0.1:{port}")
+}
+
+/// One sample of the daemon's Prometheus text at `addr` (`series` is the name with its labels), once the
+/// endpoint answers; a series it does not show (a counter never incremented) is 0.
+pub fn daemon_metric(addr: &str, series: &str) -> f64 {
+    use std::io::{Read, Write};
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Ok(mut s) = std::net::TcpStream::connect(addr) {
+            write!(s, "GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
+            let mut body = String::new();
+            let _ = s.read_to_string(&mut body);
+            if let Some(v) = body
+                .lines()
+                .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+            {
+                return v;
+            }
+            if body.contains("expressfs_fuse_requests_total") {
+                return 0.0;
+            }
+        }
+        assert!(Instant::now() < deadline, "no {series} at {addr}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}

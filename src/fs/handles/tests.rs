@@ -331,6 +331,8 @@ async fn a_small_file_never_cached_comes_with_its_bytes_for_the_page_cache_once(
             ("big.bin", &vec![1u8; 2 << 20][..]),
             ("direct.jpg", &small[..]),
             ("rewritten.jpg", &small[..]),
+            ("opened.jpg", &small[..]),
+            ("truncated.jpg", &small[..]),
         ],
         c,
         true,
@@ -348,7 +350,7 @@ async fn a_small_file_never_cached_comes_with_its_bytes_for_the_page_cache_once(
     let before = fake.counts();
     let opened = fs.open(small_ino, read_mode, 1).await.unwrap();
     assert_eq!(
-        opened.preload.as_deref(),
+        opened.preload.as_ref().map(|p| &p.bytes[..]),
         Some(&small[..]),
         "the whole file, exactly"
     );
@@ -359,6 +361,11 @@ async fn a_small_file_never_cached_comes_with_its_bytes_for_the_page_cache_once(
         fake.counts(),
         before,
         "the lookup's first bytes served both"
+    );
+    let preload = opened.preload.as_ref().unwrap();
+    assert!(
+        preload.store_if_untouched(|b| b == &small[..]),
+        "untouched: stored"
     );
     fs.release(opened.fh).await.unwrap();
     // The page cache has been used: the next open keeps it and pushes nothing.
@@ -390,4 +397,25 @@ async fn a_small_file_never_cached_comes_with_its_bytes_for_the_page_cache_once(
     fs.release(w.fh).await.unwrap();
     let opened = fs.open(rewritten, read_mode, 1).await.unwrap();
     assert!(opened.preload.is_none());
+
+    // Another open, or a truncation, of the inode before the edge stored the bytes voids the preload: the
+    // other's reads could hold the pages the store fills, or bring another version's bytes.
+    let first = fs
+        .open(ino("opened.jpg").await, read_mode, 1)
+        .await
+        .unwrap();
+    let second = fs
+        .open(ino("opened.jpg").await, read_mode, 2)
+        .await
+        .unwrap();
+    assert!(second.preload.is_none());
+    let voided = first.preload.as_ref().expect("the first open's");
+    assert!(!voided.store_if_untouched(|_| panic!("a voided preload is not stored")));
+    let truncated = ino("truncated.jpg").await;
+    let first = fs.open(truncated, read_mode, 1).await.unwrap();
+    fs.setattr(truncated, Some(0), None, Default::default())
+        .await
+        .unwrap();
+    let voided = first.preload.as_ref().expect("the first open's");
+    assert!(!voided.store_if_untouched(|_| panic!("a voided preload is not stored")));
 }
