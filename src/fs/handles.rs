@@ -486,8 +486,8 @@ impl S3Filesystem {
             return Err(FsError::ReadOnly);
         }
         // A plain read open of a file never opened before may fill its page cache.
-        let first_open =
-            self.claim_page_cache(ino, !mode.write && !mode.direct && !mode.not_for_reading);
+        let plain_read = !mode.write && !mode.direct && !mode.truncate && !mode.not_for_reading;
+        let first_open = self.claim_page_cache(ino, plain_read);
         for attempt in 1.. {
             if attempt > 3 {
                 return Err(FsError::Busy("the file is being written"));

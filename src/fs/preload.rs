@@ -75,13 +75,19 @@ impl Drop for Reservation {
     }
 }
 
-/// A small file's whole content, of the version its handle reads, for a page cache known to be empty.
+/// A small file's whole content, of the version its handle reads, for a page cache known to be empty. The
+/// bytes are reachable only through [`Preload::store_if_untouched`].
 pub struct Preload {
-    pub bytes: Bytes,
+    bytes: Bytes,
     reservation: Reservation,
 }
 
 impl Preload {
+    #[cfg(test)]
+    pub fn bytes(&self) -> &Bytes {
+        &self.bytes
+    }
+
     /// Runs `store` on the bytes unless the inode was claimed since the open began, with further claims
     /// held off until it returns; gives what `store` returned, or false if it did not run.
     pub fn store_if_untouched(&self, store: impl FnOnce(&[u8]) -> bool) -> bool {

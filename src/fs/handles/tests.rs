@@ -350,7 +350,7 @@ async fn a_small_file_never_cached_comes_with_its_bytes_for_the_page_cache_once(
     let before = fake.counts();
     let opened = fs.open(small_ino, read_mode, 1).await.unwrap();
     assert_eq!(
-        opened.preload.as_ref().map(|p| &p.bytes[..]),
+        opened.preload.as_ref().map(|p| &p.bytes()[..]),
         Some(&small[..]),
         "the whole file, exactly"
     );
