@@ -299,19 +299,16 @@ class Emulator:
     def reset_stats(self):
         urllib.request.urlopen(urllib.request.Request(self.endpoint + "/_emulator/stats/reset", method="POST")).read()
 
-    def requests(self):
-        """Requests per operation since the last reset, over all buckets (and the bucketless session)."""
+    def served(self):
+        """Since the last reset, over all buckets (and the bucketless session): requests per operation, and
+        the bytes of response bodies sent (what the emulator's CPU went into)."""
         stats = json.load(urllib.request.urlopen(self.endpoint + "/_emulator/stats"))
-        ops = {}
+        ops, sent = {}, 0
         for per_bucket in stats.values():
             for op, s in per_bucket.items():
                 ops[op] = ops.get(op, 0) + s["requests"]
-        return ops
-
-    def bytes_sent(self):
-        """Bytes of response bodies the emulator declared since the last reset (what its CPU went into)."""
-        stats = json.load(urllib.request.urlopen(self.endpoint + "/_emulator/stats"))
-        return sum(s.get("bytes_out", 0) for per_bucket in stats.values() for s in per_bucket.values())
+                sent += s.get("bytes_out", 0)
+        return ops, sent
 
     def close(self):
         self.proc.kill()
@@ -465,8 +462,8 @@ def run_one(client, workload, emu, args, expected):
             row["daemon_rss"] = proc_kib(mount.proc.pid, "VmHWM:") / 1024
         # The emulator shares the cores with both clients: its CPU is reported, not counted in the client's.
         row["emulator_cpu"] = proc_stat_cpu(emu.proc.pid) - emulator_cpu0
-        row["requests"] = emu.requests()
-        row["mib_sent"] = emu.bytes_sent() / (1 << 20)
+        row["requests"], sent = emu.served()
+        row["mib_sent"] = sent / (1 << 20)
         return row
     finally:
         if mount:

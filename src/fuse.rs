@@ -869,10 +869,11 @@ impl MountedFs {
     }
 }
 
-/// Stores `bytes` as the whole of `ino`'s page cache (FUSE_NOTIFY_STORE; the cache is known to be empty, and
-/// nothing else has opened or truncated the inode since this open began: `Preload::store_if_untouched`). Returns whether the kernel took them: if not, the
-/// open is answered without keeping the cache and the reads go to the handle as usual. (fuser reports an
-/// inode the kernel no longer has as success; the kernel holds the inode being opened.)
+/// Stores `bytes` as the whole of `ino`'s page cache (FUSE_NOTIFY_STORE). The cache is known to be empty, and
+/// nothing else has opened or truncated the inode since this open began (`Preload::store_if_untouched`).
+/// Returns whether the kernel took them: if not, the open is answered without keeping the cache and the
+/// reads go to the handle as usual. (fuser reports an inode the kernel no longer has as success; the kernel
+/// holds the inode being opened.)
 fn push_to_page_cache(notifier: &OnceLock<fuser::Notifier>, ino: INodeNo, bytes: &[u8]) -> bool {
     let Some(notifier) = notifier.get() else {
         return false;
@@ -942,9 +943,8 @@ pub fn mount(
     config.acl = acl;
     config.n_threads = Some(options.threads.max(1));
     config.clone_fd = options.threads > 1;
-    let notifier_slot = Arc::clone(&notifier);
     let session = fuser::spawn_mount(adapter, &options.mountpoint, &config)?;
-    let _ = notifier_slot.set(session.notifier());
+    let _ = notifier.set(session.notifier());
     Ok(MountedFs {
         session,
         outstanding,

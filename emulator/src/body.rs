@@ -74,17 +74,19 @@ impl ResponseBody {
                 if take == 0 {
                     continue;
                 }
+                let source = match BlobFile::open(&blob.path) {
+                    Ok(f) => f,
+                    Err(e) => {
+                        let _ = tx.blocking_send(Err(e));
+                        return;
+                    }
+                };
                 // A long range goes out in mapped windows, so that one GET of a huge object does not fault
                 // in (or, on a disk, read) all of it before its first byte is sent.
                 let mut at = 0u64;
                 while at < take {
                     let n = (take - at).min(MAP_WINDOW);
-                    let window = if n >= MAP_AT_LEAST {
-                        map_range(&blob.path, offset + at, n)
-                    } else {
-                        read_range(&blob.path, offset + at, n)
-                    };
-                    let window = match window {
+                    let window = match source.range(offset + at, n) {
                         Ok(w) => w,
                         Err(e) => {
                             let _ = tx.blocking_send(Err(e));
@@ -122,41 +124,53 @@ impl ResponseBody {
     }
 }
 
-/// `len` bytes of the file at `path` from `offset`, read into a buffer.
-fn read_range(path: &Path, offset: u64, len: u64) -> std::io::Result<Bytes> {
-    use std::os::unix::fs::FileExt;
-    let mut buf = vec![0u8; usize::try_from(len).map_err(std::io::Error::other)?];
-    File::open(path)?.read_exact_at(&mut buf, offset)?;
-    Ok(Bytes::from(buf))
+/// A blob file opened for one GET, with its length.
+struct BlobFile<'a> {
+    path: &'a Path,
+    file: File,
+    len: u64,
 }
 
-/// `len` bytes of the file at `path` from `offset`, mapped read-only and faulted in up front, as `Bytes`
-/// that keep the mapping until the last view goes. A blob is never written after it is created (a new
-/// upload or append makes a new blob), so the mapping cannot change under a reader; an unlinked blob's
-/// pages stay while mapped.
-fn map_range(path: &Path, offset: u64, len: u64) -> std::io::Result<Bytes> {
-    let file = File::open(path)?;
-    let file_len = file.metadata()?.len();
-    if offset.checked_add(len).is_none_or(|end| end > file_len) {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::UnexpectedEof,
-            format!(
-                "{}: {len} bytes at {offset} run past its end ({file_len})",
-                path.display()
-            ),
-        ));
+impl<'a> BlobFile<'a> {
+    fn open(path: &'a Path) -> std::io::Result<BlobFile<'a>> {
+        let file = File::open(path)?;
+        let len = file.metadata()?.len();
+        Ok(BlobFile { path, file, len })
     }
-    let len = usize::try_from(len).map_err(std::io::Error::other)?;
-    // SAFETY: blobs are immutable once written and never truncated (see `store::Blob`), so the mapped
-    // bytes cannot change or vanish while the mapping lives.
-    let map = unsafe {
-        memmap2::MmapOptions::new()
-            .offset(offset)
-            .len(len)
-            .populate()
-            .map(&file)?
-    };
-    Ok(Bytes::from_owner(map))
+
+    /// `len` bytes from `offset`: mapped when long enough ([`MAP_AT_LEAST`]), else read into a buffer. A
+    /// mapping is faulted in up front and kept until the last view of the `Bytes` goes. A blob is never
+    /// written after it is created (a new upload or append makes a new blob), so the mapping cannot change
+    /// under a reader; an unlinked blob's pages stay while mapped.
+    fn range(&self, offset: u64, len: u64) -> std::io::Result<Bytes> {
+        if offset.checked_add(len).is_none_or(|end| end > self.len) {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                format!(
+                    "{}: {len} bytes at {offset} run past its end ({})",
+                    self.path.display(),
+                    self.len
+                ),
+            ));
+        }
+        let len = usize::try_from(len).map_err(std::io::Error::other)?;
+        if (len as u64) < MAP_AT_LEAST {
+            use std::os::unix::fs::FileExt;
+            let mut buf = vec![0u8; len];
+            self.file.read_exact_at(&mut buf, offset)?;
+            return Ok(Bytes::from(buf));
+        }
+        // SAFETY: blobs are immutable once written and never truncated (see `store::Blob`), so the mapped
+        // bytes cannot change or vanish while the mapping lives.
+        let map = unsafe {
+            memmap2::MmapOptions::new()
+                .offset(offset)
+                .len(len)
+                .populate()
+                .map(&self.file)?
+        };
+        Ok(Bytes::from_owner(map))
+    }
 }
 
 impl http_body::Body for ResponseBody {

@@ -90,7 +90,8 @@ pub struct Node {
     /// Versions (ETags) of the read handles open on this inode, one entry per handle: a handle pinned to an
     /// older version can still put that version's bytes into the shared page cache.
     open_versions: Vec<String>,
-    /// No handle has been opened on this inode since the kernel learned of it: its page cache holds nothing.
+    /// Nothing has opened or truncated this inode (`claim_page_cache`, which every open and truncation calls
+    /// first) and it was not made here: its page cache holds nothing.
     page_cache_unused: bool,
     /// A link's target, with the ETag of the object it was read from (the target is the object's body).
     link_target: Option<(String, String)>,
@@ -247,7 +248,6 @@ impl Node {
     /// kernel may keep the page cache: only if it holds this version and no open handle pinned to another
     /// one can still be adding its bytes.
     pub fn open_read(&mut self, etag: &str, bypass: bool) -> bool {
-        self.page_cache_unused = false;
         let same = self.cached_etag.as_deref() == Some(etag)
             && self.open_versions.iter().all(|v| v == etag);
         // What the kernel will hold after this open: this version's bytes, or nothing.
@@ -281,7 +281,6 @@ impl Node {
     /// A write open: what the page cache holds is about to be outdated, so the next read open drops it.
     pub fn drop_page_cache(&mut self) {
         self.cached_etag = None;
-        self.page_cache_unused = false;
     }
 }
 

@@ -3,8 +3,9 @@
 //! right while nothing else has touched the inode since that open began: no other open (whose reads would
 //! lock pages the store then waits on, or bring another version's bytes) and no truncation. Every open and
 //! every size change claims the inode first (`S3Filesystem::claim_page_cache`), which voids a preload still
-//! waiting to be stored (from the moment the first open found the cache unused, not only once it has the bytes); the store and the voiding exclude each other, so a claim goes on either before the
-//! store (which is then skipped) or after it.
+//! waiting to be stored (from the moment the first open found the cache unused, not only once it has the
+//! bytes). The store and the voiding exclude each other, so a claim goes on either before the store (which
+//! is then skipped) or after it.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

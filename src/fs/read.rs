@@ -174,7 +174,8 @@ impl Reader {
     /// cache; `None` for a bigger or empty file, or when the bytes could not be had (reads then fetch them
     /// as usual and report what went wrong).
     pub async fn whole_small_file(&mut self) -> Option<Bytes> {
-        if self.size == 0 || self.size > self.initial_window || self.size > u64::from(u32::MAX) {
+        // One window is at most INITIAL_WINDOW (1 MiB), so the length fits a read's u32.
+        if self.size == 0 || self.size > self.initial_window {
             return None;
         }
         let bytes = self.read(0, self.size as u32).await.ok()?;
