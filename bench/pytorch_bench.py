@@ -8,7 +8,7 @@ that every index arrived exactly once.
 
 Workloads: tar shards as an IterableDataset with 4 and 8 workers; shuffled loose files as a map-style
 Dataset with 8 workers. Per run: items/s, CPU seconds of all client processes (driver + loader workers +
-expressfs daemon), the emulator's CPU seconds (it shares the cores with both clients; reported apart),
+expressfs daemon; the daemon's share in brackets), the emulator's CPU seconds (it shares the cores with both clients; reported apart),
 the daemon's peak RSS, the loader workers' peak memory, and the emulator's requests per
 operation. Each TTFB gets its own emulator; the clients are alternated round by round; cells are medians.
 
@@ -458,7 +458,8 @@ def run_one(client, workload, emu, args, expected):
         cpu += (t1.children_user - t0.children_user) + (t1.children_system - t0.children_system) - sample_cpu
         row = dict(rate=count / elapsed, secs=elapsed, cpu=cpu, workers_pss=mem.pss_mib, worker_hwm=mem.hwm_mib)
         if mount:
-            row["cpu"] += proc_stat_cpu(mount.proc.pid) - daemon_cpu0
+            row["daemon_cpu"] = proc_stat_cpu(mount.proc.pid) - daemon_cpu0
+            row["cpu"] += row["daemon_cpu"]
             row["daemon_rss"] = proc_kib(mount.proc.pid, "VmHWM:") / 1024
         # The emulator shares the cores with both clients: its CPU is reported, not counted in the client's.
         row["emulator_cpu"] = proc_stat_cpu(emu.proc.pid) - emulator_cpu0
@@ -544,7 +545,8 @@ def main():
                         rows[(w, c)].append(r)
                         print(
                             f"TTFB {ttfb} round {rnd + 1} {w[0]}/{w[1]}w {c}: {r['rate']:.0f} items/s, "
-                            f"cpu {r['cpu']:.1f} s, emulator cpu {r['emulator_cpu']:.1f} s for "
+                            f"cpu {r['cpu']:.1f} s" + (f" (daemon {r['daemon_cpu']:.2f} s)" if "daemon_cpu" in r else "")
+                            + f", emulator cpu {r['emulator_cpu']:.1f} s for "
                             f"{r['mib_sent']:,.0f} MiB sent, "
                             f"{fmt_requests(r['requests'], expected)}",
                             file=sys.stderr,
@@ -569,7 +571,7 @@ def report(table, args, torch_version):
     print(f"PyTorch DataLoader: expressfs mount (plain open()) vs s3torchconnector {conn}; torch {torch_version}, "
           f"{args.connector_reader} reader, {os.cpu_count()} CPUs, {args.rounds} round(s), medians; `{cmd}`")
     print()
-    head = "| TTFB | workload | items | connector items/s | mount items/s | ratio | CPU s connector / mount |" \
+    head = "| TTFB | workload | items | connector items/s | mount items/s | ratio | CPU s connector / mount (daemon) |" \
            " emulator CPU s connector / mount | daemon peak RSS MiB | workers' peak PSS MiB connector / mount | requests, connector | requests, mount |"
     print(head)
     print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|")
@@ -583,7 +585,7 @@ def report(table, args, torch_version):
         f1 = lambda v: "-" if v is None else f"{v:.1f}"  # noqa: E731
         req = lambda rows: fmt_requests(median_ops(rows), items) if rows else "-"  # noqa: E731
         print(f"| {ttfb} ms | {name} | {items:,} | {f0(cr)} | {f0(mr)} | {ratio} | "
-              f"{f1(median(c, 'cpu'))} / {f1(median(m, 'cpu'))} | "
+              f"{f1(median(c, 'cpu'))} / {f1(median(m, 'cpu'))} ({f1(median(m, 'daemon_cpu'))}) | "
               f"{f1(median(c, 'emulator_cpu'))} / {f1(median(m, 'emulator_cpu'))} | {f0(median(m, 'daemon_rss'))} | "
               f"{f0(median(c, 'workers_pss'))} / {f0(median(m, 'workers_pss'))} | {req(c)} | {req(m)} |")
 

@@ -5,7 +5,9 @@ read-only mount of each given expressfs binary, alternated, on one emulator hold
     python3 bench/shard_probe.py --rounds 3 /dev/shm/expressfs-base target/release/expressfs
 
 8 processes each read every 8th shard in 1 MiB reads (the tar-shard DataLoader's pattern, without torch).
-Per run: MiB/s, CPU seconds and minor page faults of the daemon (/proc/PID/stat), the readers' CPU.
+Per pass: MiB/s, CPU seconds and minor page faults of the daemon (/proc/PID/stat), the readers' CPU; per
+mount, the daemon's peak RSS. `--passes N` reads the data set N times through each mount: the first pass
+pays for every buffer the daemon touches for the first time, later ones show it settled.
 Loopback only; credentials passed explicitly.
 """
 import argparse
@@ -40,27 +42,40 @@ def read_share(paths, expect):
             raise SystemExit(f"{p}: {n} bytes, expected {expect}")
 
 
-def measure(binary, endpoint, work, extra, shards, size, readers):
+def peak_rss_mib(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def measure(binary, endpoint, work, extra, shards, size, readers, passes):
+    """Per pass (MiB/s, daemon CPU s, daemon minor faults, readers' CPU s), and the daemon's peak RSS."""
     m = Mount(binary, endpoint, work, extra + ["--read-only"], 0)
+    rows = []
     try:
         paths = [f"{m.mnt}/shards/{i:03}.tar" for i in range(shards)]
-        cpu0, flt0 = stat_of(m.proc.pid)
-        kids0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-        t = time.monotonic()
-        ctx = mp.get_context("fork")
-        procs = [ctx.Process(target=read_share, args=(paths[w::readers], size)) for w in range(readers)]
-        for p in procs:
-            p.start()
-        for p in procs:
-            p.join()
-            assert p.exitcode == 0
-        elapsed = time.monotonic() - t
-        cpu1, flt1 = stat_of(m.proc.pid)
-        kids1 = resource.getrusage(resource.RUSAGE_CHILDREN)
-        rcpu = kids1.ru_utime + kids1.ru_stime - kids0.ru_utime - kids0.ru_stime
+        for _ in range(passes):
+            cpu0, flt0 = stat_of(m.proc.pid)
+            kids0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+            t = time.monotonic()
+            ctx = mp.get_context("fork")
+            procs = [ctx.Process(target=read_share, args=(paths[w::readers], size)) for w in range(readers)]
+            for p in procs:
+                p.start()
+            for p in procs:
+                p.join()
+                assert p.exitcode == 0
+            elapsed = time.monotonic() - t
+            cpu1, flt1 = stat_of(m.proc.pid)
+            kids1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+            rcpu = kids1.ru_utime + kids1.ru_stime - kids0.ru_utime - kids0.ru_stime
+            rows.append((shards * size / MIB / elapsed, cpu1 - cpu0, flt1 - flt0, rcpu))
+        rss = peak_rss_mib(m.proc.pid)
     finally:
         m.close()
-    return shards * size / MIB / elapsed, cpu1 - cpu0, flt1 - flt0, rcpu
+    return rows, rss
 
 
 def main():
@@ -71,6 +86,7 @@ def main():
     ap.add_argument("--shard-mib", type=int, default=100)
     ap.add_argument("--readers", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--passes", type=int, default=1, help="reads of the whole data set per mount")
     ap.add_argument("--emulator", default="target/release/expressfs-emulator")
     ap.add_argument("--work", default="/dev/shm")
     ap.add_argument("--arg", action="append", default=[], help="extra expressfs argument (all binaries)")
@@ -82,9 +98,11 @@ def main():
         print(f"{a.shards} shards of {a.shard_mib} MiB, {a.readers} readers, TTFB {a.ttfb_ms} ms", flush=True)
         for r in range(a.rounds):
             for b in (a.binaries if r % 2 == 0 else a.binaries[::-1]):
-                rate, d, flt, rcpu = measure(b, endpoint, work, a.arg, a.shards, size, a.readers)
-                print(f"round {r} {b}: {rate:,.0f} MiB/s, daemon CPU {d:.2f} s, minor faults {flt:,}, "
-                      f"readers CPU {rcpu:.2f} s", flush=True)
+                rows, rss = measure(b, endpoint, work, a.arg, a.shards, size, a.readers, a.passes)
+                for n, (rate, d, flt, rcpu) in enumerate(rows):
+                    print(f"round {r} {b} pass {n + 1}: {rate:,.0f} MiB/s, daemon CPU {d:.2f} s, minor faults {flt:,}, "
+                          f"readers CPU {rcpu:.2f} s", flush=True)
+                print(f"round {r} {b}: daemon peak RSS {rss:,.0f} MiB", flush=True)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -149,7 +149,8 @@ pub struct Args {
     /// Sets both --read-part-size and --write-part-size
     #[arg(long, value_parser = parse_size, help_heading = "Performance and caching")]
     pub part_size: Option<u64>,
-    /// Most bytes fetched ahead for one sequential reader (default 64M, or as --maximum-throughput-gbps sets)
+    /// Most bytes fetched ahead for one sequential reader (default 64M, or as --maximum-throughput-gbps sets).
+    /// Past two parts each, readers grow their windows from one share of this size for the whole mount
     #[arg(long, value_parser = parse_size, help_heading = "Performance and caching")]
     pub max_prefetch: Option<u64>,
     /// Network throughput to aim for, in Gbit/s: sizes each reader's read-ahead (how many part GETs run at

@@ -565,6 +565,7 @@ impl S3Filesystem {
             self.config.max_prefetch,
             Arc::clone(&self.config.memory),
         )
+        .sharing_read_ahead(Arc::clone(&self.read_ahead))
         .with_first_bytes(first);
         let bypass_page_cache = mode.direct
             || (size >= self.config.direct_io_threshold

@@ -19,6 +19,7 @@ pub mod names;
 mod negative;
 pub mod preload;
 pub mod read;
+pub mod read_ahead;
 pub mod staged;
 mod superblock;
 pub mod write;
@@ -193,6 +194,8 @@ pub struct S3Filesystem {
     direct_io_for_big_files: AtomicBool,
     /// What `expressfs warm` fetches at once, all files together: one read-ahead window.
     keep_budget: read::KeepBudget,
+    /// What readers fetch ahead past two parts each, all together: one read-ahead window.
+    read_ahead: Arc<read_ahead::ReadAheadShare>,
     /// First opens' preloads not stored yet: another open or a truncation of the inode voids them.
     preloads: preload::Preloads,
 }
@@ -201,6 +204,7 @@ impl S3Filesystem {
     pub fn new(client: Arc<dyn ObjectClient>, config: FsConfig) -> S3Filesystem {
         let config = Arc::new(config);
         let keep_budget = read::KeepBudget::new(config.max_prefetch.max(config.read_part_size));
+        let read_ahead = read_ahead::ReadAheadShare::new(config.max_prefetch);
         let sources = ReadSources::bucket(Arc::clone(&client));
         S3Filesystem {
             sb: Superblock::new(
@@ -215,6 +219,7 @@ impl S3Filesystem {
             config,
             direct_io_for_big_files: AtomicBool::new(true),
             keep_budget,
+            read_ahead,
             preloads: preload::Preloads::default(),
         }
     }

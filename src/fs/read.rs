@@ -15,6 +15,7 @@ use bytes::{Bytes, BytesMut};
 use tokio::task::JoinHandle;
 
 use super::error::{FsError, FsResult};
+use super::read_ahead::{ReadAheadShare, WindowGrant};
 use crate::memory::{MemoryBudget, Reservation};
 use crate::s3::ClientError;
 use crate::source::ReadSource;
@@ -96,6 +97,8 @@ pub struct Reader {
     window: u64,
     /// Where `window` starts again after a jump: [`INITIAL_WINDOW`], or one part if parts are smaller.
     initial_window: u64,
+    /// What of `window` comes from the mount's read-ahead share.
+    grant: WindowGrant,
     memory: Arc<MemoryBudget>,
     chunks: VecDeque<Chunk>,
     /// Where the next prefetch starts.
@@ -127,6 +130,7 @@ impl Reader {
             max_window: max_window.max(part_size),
             window: INITIAL_WINDOW.min(part_size),
             initial_window: INITIAL_WINDOW.min(part_size),
+            grant: WindowGrant::unshared(),
             memory,
             chunks: VecDeque::new(),
             next_fetch: 0,
@@ -134,6 +138,17 @@ impl Reader {
             streaming: false,
             bytes_fetched: 0,
         }
+    }
+
+    /// Grows its window past two parts only as far as `share`, which all readers of the mount draw on, allows.
+    pub fn sharing_read_ahead(mut self, share: Arc<ReadAheadShare>) -> Reader {
+        self.grant = WindowGrant::from_share(share, 2 * self.part_size);
+        self
+    }
+
+    /// Sets the window to `wanted`, or keeps it when the mount's share has no room for that growth.
+    fn set_window(&mut self, wanted: u64) {
+        self.window = self.grant.resize(self.window, wanted);
     }
 
     /// Starts from the first bytes of the object, fetched by the lookup: the first read continues from them.
@@ -281,10 +296,11 @@ impl Reader {
             } else if let Some(m) = self.memory.try_reserve(bytes) {
                 m
             } else {
-                self.window = self
-                    .next_fetch
-                    .saturating_sub(needed)
-                    .max(self.initial_window);
+                self.set_window(
+                    self.next_fetch
+                        .saturating_sub(needed)
+                        .max(self.initial_window),
+                );
                 return;
             };
             self.spawn_fetch(self.next_fetch, chunk_end, memory);
@@ -339,7 +355,7 @@ impl Reader {
         } else if !covered {
             self.chunks.clear();
             self.streaming = false;
-            self.window = self.initial_window;
+            self.set_window(self.initial_window);
             self.next_fetch = offset;
             let fetch_end = (end + RANDOM_TAIL)
                 .max(offset + MIN_RANDOM_FETCH)
@@ -420,7 +436,7 @@ impl Reader {
         // for, a larger window would only hold more memory, and bytes fetched long before they are copied out
         // have gone cold in the CPU caches (on a fast link that costs more than it saves).
         if sequential && waited {
-            self.window = (self.window * 2).min(self.max_window);
+            self.set_window((self.window * 2).min(self.max_window));
         }
         self.last_end = end;
         Ok(data)
@@ -430,6 +446,7 @@ impl Reader {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fs::read_ahead::ReadAheadShare;
     use crate::s3::fake::{FakeClient, Op, transient};
     use crate::s3::{ObjectClient, WriteCondition};
     use crate::source::BucketSource;
@@ -609,6 +626,60 @@ mod tests {
         assert!(budget.refused() > 0, "the window should have been cut");
         drop(r);
         assert_eq!(budget.used(), 0);
+    }
+
+    #[tokio::test]
+    async fn readers_of_one_mount_grow_past_two_parts_only_within_its_share() {
+        let mib = 1024 * 1024;
+        let data = pattern(24 * mib);
+        let share = ReadAheadShare::new(4 * mib as u64);
+        let mut readers = Vec::new();
+        for _ in 0..3 {
+            let (_, r) = reader(
+                data.clone(),
+                mib as u64,
+                16 * mib as u64,
+                MemoryBudget::unlimited(),
+            )
+            .await;
+            readers.push(r.sharing_read_ahead(Arc::clone(&share)));
+        }
+        async fn read_through(r: &mut Reader, data: &[u8], from: usize, to: usize) {
+            let mib = 1024 * 1024;
+            for pos in (from..to).step_by(mib) {
+                let got = r.read(pos as u64, mib as u32).await.unwrap();
+                assert_eq!(&got[..], &data[pos..pos + mib]);
+            }
+        }
+        // Every read waits on the fake's GETs here, so each would double the window up to 16 parts.
+        read_through(&mut readers[0], &data, 0, 12 * mib).await;
+        assert_eq!(
+            readers[0].window,
+            4 * mib as u64,
+            "two parts, and 2 MiB from the share"
+        );
+        read_through(&mut readers[1], &data, 0, 12 * mib).await;
+        assert_eq!(readers[1].window, 4 * mib as u64, "the share's other 2 MiB");
+        read_through(&mut readers[2], &data, 0, 12 * mib).await;
+        assert_eq!(
+            readers[2].window,
+            2 * mib as u64,
+            "the share is spent: its two parts"
+        );
+        assert_eq!(share.granted(), 4 * mib as u64);
+        // The first reader closes: the third grows into what it gave back.
+        drop(readers.remove(0));
+        assert_eq!(share.granted(), 2 * mib as u64);
+        let third = &mut readers[1];
+        read_through(third, &data, 12 * mib, 24 * mib).await;
+        assert_eq!(
+            third.window,
+            4 * mib as u64,
+            "2 MiB from the share; the doubling past it is refused whole"
+        );
+        assert_eq!(share.granted(), 4 * mib as u64);
+        drop(readers);
+        assert_eq!(share.granted(), 0);
     }
 
     #[tokio::test]
