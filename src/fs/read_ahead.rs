@@ -2,11 +2,13 @@
 //!
 //! `--max-prefetch` is what one reader needs in flight to reach the throughput target, and the target is the
 //! mount's, not each file's. Every reader may always run two parts ahead (one GET landing while the next is
-//! read), so a stream never waits for want of a window; what it grows past that comes from one share of
-//! `--max-prefetch` for the whole mount. One reader alone still grows to the full window; eight readers at
-//! once hold about two parts each plus the share, where each used to grow to the full window: 8 shard readers
-//! on two cores held 600 MiB of read-ahead, most of it fresh memory that the daemon faulted in page by page,
-//! for no more throughput (docs/BENCHMARKS.md, "One read-ahead share per mount").
+//! read) without asking; what it grows past that comes from one share of `--max-prefetch` for the whole
+//! mount, given back when its window drops (a jump, memory pressure, the end of the file reached) or the
+//! reader closes. One reader alone grows to the full window; eight readers at once hold about two parts each
+//! plus the share, where each used to grow to the full window: 8 shard readers on two cores held 600 MiB of
+//! read-ahead, most of it fresh memory that the daemon faulted in page by page, for no more throughput
+//! (docs/BENCHMARKS.md, "One read-ahead share per mount"). Warm-ups (`expressfs warm`) have their own budget
+//! of bytes in flight (`read::KeepBudget`).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -80,8 +82,10 @@ impl WindowGrant {
         };
         let need = wanted.saturating_sub(self.floor);
         if need <= self.held {
-            share.give_back(self.held - need);
-            self.held = need;
+            if need < self.held {
+                share.give_back(self.held - need);
+                self.held = need;
+            }
             return wanted;
         }
         if share.try_take(need - self.held) {
