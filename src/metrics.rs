@@ -21,6 +21,7 @@ pub const INODES: &str = "expressfs_inodes";
 pub const BUFFER_BYTES: &str = "expressfs_buffer_bytes";
 pub const BUFFER_BYTES_PEAK: &str = "expressfs_buffer_bytes_peak";
 pub const BUFFER_BUDGET_REFUSALS: &str = "expressfs_buffer_budget_refusals";
+pub const READ_AHEAD_SHARED_BYTES: &str = "expressfs_read_ahead_shared_bytes";
 pub const S3_BODY_RESUMES: &str = "expressfs_s3_body_resumes";
 pub const S3_SESSION_RENEWALS: &str = "expressfs_s3_session_renewals";
 pub const CACHE_HITS: &str = "expressfs_cache_hits";
@@ -78,6 +79,10 @@ fn describe() {
     describe_gauge!(
         BUFFER_BUDGET_REFUSALS,
         "Buffer reservations the memory target refused"
+    );
+    describe_gauge!(
+        READ_AHEAD_SHARED_BYTES,
+        "Read-ahead windows past two parts each, all readers together (at most --max-prefetch)"
     );
     describe_gauge!(S3_BODY_RESUMES, "GET bodies resumed after breaking");
     describe_gauge!(
@@ -178,6 +183,8 @@ pub struct Snapshot {
     pub buffer_bytes: u64,
     pub buffer_peak: u64,
     pub budget_refusals: u64,
+    /// What readers' windows hold of the mount's read-ahead share.
+    pub read_ahead_shared: u64,
     pub body_resumes: u64,
     pub session_renewals: u64,
     pub ioctls_refused: u64,
@@ -196,6 +203,7 @@ impl Snapshot {
         gauge!(BUFFER_BYTES).set(self.buffer_bytes as f64);
         gauge!(BUFFER_BYTES_PEAK).set(self.buffer_peak as f64);
         gauge!(BUFFER_BUDGET_REFUSALS).set(self.budget_refusals as f64);
+        gauge!(READ_AHEAD_SHARED_BYTES).set(self.read_ahead_shared as f64);
         gauge!(S3_BODY_RESUMES).set(self.body_resumes as f64);
         gauge!(S3_SESSION_RENEWALS).set(self.session_renewals as f64);
         if let Some(c) = &self.cache {

@@ -125,6 +125,7 @@ pub fn probe_filesystem(fs: &Arc<S3Filesystem>, probes: &Probes) {
         s.buffer_bytes = memory.used();
         s.buffer_peak = memory.peak();
         s.budget_refusals = memory.refused();
+        s.read_ahead_shared = fs.read_ahead_shared();
         s.ioctls_refused = crate::metrics::ioctls_refused();
     });
 }

@@ -449,6 +449,12 @@ fn metrics_endpoint_serves_prometheus_text() {
     assert_eq!(requests("open"), Some(1.0), "{body}");
     assert_eq!(requests("create"), Some(1.0), "{body}");
     assert_eq!(requests("flush"), Some(1.0), "{body}");
+    // Gauges are set when the mount starts (and every period after): no reader holds read-ahead share now.
+    assert_eq!(
+        sample(&body, "expressfs_read_ahead_shared_bytes"),
+        Some(0.0),
+        "{body}"
+    );
 }
 
 /// The value of one sample line (`name{labels} value`) of Prometheus text.

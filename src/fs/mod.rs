@@ -279,6 +279,11 @@ impl S3Filesystem {
         )
     }
 
+    /// Bytes of the mount's read-ahead share that readers' windows hold now.
+    pub fn read_ahead_shared(&self) -> u64 {
+        self.read_ahead.granted()
+    }
+
     /// Node-count and capacity figures for statfs: an object store has no fixed size.
     pub fn statfs(&self) -> (u64, u64) {
         let nodes = self.sb.table().len() as u64;
