@@ -436,11 +436,11 @@ impl Reader {
                 data.len()
             )));
         }
-        // The window grows only when the reader had to wait: once the bytes are there before they are asked
-        // for, a larger window would only hold more memory, and bytes fetched long before they are copied out
-        // have gone cold in the CPU caches (on a fast link that costs more than it saves).
         // A reader at the end of its file needs no window: what it took from the mount's share goes back to
-        // readers that still fetch, even if the handle stays open. Nor does a window grow past what is left.
+        // readers that still fetch, even if the handle stays open. Otherwise the window grows only when the
+        // reader had to wait, and never past what is left of the file: once the bytes are there before they
+        // are asked for, a larger window would only hold more memory, and bytes fetched long before they are
+        // copied out have gone cold in the CPU caches (on a fast link that costs more than it saves).
         if end >= self.size {
             self.set_window(self.initial_window);
         } else if sequential && waited && self.size - end > self.window {

@@ -5,8 +5,8 @@
 //! read) without asking; what it grows past that comes from one share of `--max-prefetch` for the whole
 //! mount, given back when its window drops (a jump, memory pressure, the end of the file reached) or the
 //! reader closes. One reader alone grows to the full window; eight readers at once hold about two parts each
-//! plus the share, where each used to grow to the full window: 8 shard readers on two cores held 600 MiB of
-//! read-ahead, most of it fresh memory that the daemon faulted in page by page, for no more throughput
+//! plus the share, where each used to grow to the full window: 8 shard readers on two cores could hold 512 MiB
+//! of windows, most of it fresh memory that the daemon faulted in page by page, for no more throughput
 //! (docs/BENCHMARKS.md, "One read-ahead share per mount"). Warm-ups (`expressfs warm`) have their own budget
 //! of bytes in flight (`read::KeepBudget`).
 
