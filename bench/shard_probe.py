@@ -5,9 +5,9 @@ read-only mount of each given expressfs binary, alternated, on one emulator hold
     python3 bench/shard_probe.py --rounds 3 /dev/shm/expressfs-base target/release/expressfs
 
 8 processes each read every 8th shard in 1 MiB reads (the tar-shard DataLoader's pattern, without torch).
-Per pass: MiB/s, CPU seconds and minor page faults of the daemon (/proc/PID/stat), the readers' CPU; per
-mount, the daemon's peak RSS. `--passes N` reads the data set N times through each mount: the first pass
-pays for every buffer the daemon touches for the first time, later ones show it settled.
+Per pass: MiB/s, CPU seconds and minor page faults of the daemon (/proc/PID/stat), the readers' and the
+emulator's CPU; per mount, the daemon's peak RSS. `--passes N` reads the data set N times through each mount:
+the first pass pays for every buffer the daemon touches for the first time, later ones show it settled.
 Loopback only; credentials passed explicitly.
 """
 import argparse
@@ -50,14 +50,30 @@ def peak_rss_mib(pid):
     return 0.0
 
 
+def emulator_pid(work):
+    """The pid of the emulator serving from `work` (probe_emulator started it with its data there)."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        if f"{work}/data".encode() in argv and any(a.endswith(b"expressfs-emulator") for a in argv):
+            return int(pid)
+    raise SystemExit("emulator process not found")
+
+
 def measure(binary, endpoint, work, extra, shards, size, readers, passes):
-    """Per pass (MiB/s, daemon CPU s, daemon minor faults, readers' CPU s), and the daemon's peak RSS."""
+    """Per pass (MiB/s, daemon CPU s, daemon minor faults, readers' CPU s, emulator CPU s), and the daemon's
+    peak RSS."""
+    emu = emulator_pid(work)
     m = Mount(binary, endpoint, work, extra + ["--read-only"], 0)
     rows = []
     try:
         paths = [f"{m.mnt}/shards/{i:03}.tar" for i in range(shards)]
         for _ in range(passes):
             cpu0, flt0 = stat_of(m.proc.pid)
+            ecpu0, _ = stat_of(emu)
             kids0 = resource.getrusage(resource.RUSAGE_CHILDREN)
             t = time.monotonic()
             ctx = mp.get_context("fork")
@@ -69,9 +85,10 @@ def measure(binary, endpoint, work, extra, shards, size, readers, passes):
                 assert p.exitcode == 0
             elapsed = time.monotonic() - t
             cpu1, flt1 = stat_of(m.proc.pid)
+            ecpu1, _ = stat_of(emu)
             kids1 = resource.getrusage(resource.RUSAGE_CHILDREN)
             rcpu = kids1.ru_utime + kids1.ru_stime - kids0.ru_utime - kids0.ru_stime
-            rows.append((shards * size / MIB / elapsed, cpu1 - cpu0, flt1 - flt0, rcpu))
+            rows.append((shards * size / MIB / elapsed, cpu1 - cpu0, flt1 - flt0, rcpu, ecpu1 - ecpu0))
         rss = peak_rss_mib(m.proc.pid)
     finally:
         m.close()
@@ -99,9 +116,9 @@ def main():
         for r in range(a.rounds):
             for b in (a.binaries if r % 2 == 0 else a.binaries[::-1]):
                 rows, rss = measure(b, endpoint, work, a.arg, a.shards, size, a.readers, a.passes)
-                for n, (rate, d, flt, rcpu) in enumerate(rows):
+                for n, (rate, d, flt, rcpu, ecpu) in enumerate(rows):
                     print(f"round {r} {b} pass {n + 1}: {rate:,.0f} MiB/s, daemon CPU {d:.2f} s, minor faults {flt:,}, "
-                          f"readers CPU {rcpu:.2f} s", flush=True)
+                          f"readers CPU {rcpu:.2f} s, emulator CPU {ecpu:.2f} s", flush=True)
                 print(f"round {r} {b}: daemon peak RSS {rss:,.0f} MiB", flush=True)
 
 if __name__ == "__main__":
