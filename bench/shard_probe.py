@@ -8,6 +8,7 @@ read-only mount of each given expressfs binary, alternated, on one emulator hold
 Per pass: MiB/s, CPU seconds and minor page faults of the daemon (/proc/PID/stat), the readers' and the
 emulator's CPU; per mount, the daemon's peak RSS. `--passes N` reads the data set N times through each mount:
 the first pass pays for every buffer the daemon touches for the first time, later ones show it settled.
+`--idle S` leaves each mount idle S seconds after its last pass and prints its RSS before and after.
 Loopback only; credentials passed explicitly.
 """
 import argparse
@@ -63,9 +64,17 @@ def emulator_pid(work):
     raise SystemExit("emulator process not found")
 
 
-def measure(binary, endpoint, work, extra, shards, size, readers, passes):
-    """Per pass (MiB/s, daemon CPU s, daemon minor faults, readers' CPU s, emulator CPU s), and the daemon's
-    peak RSS."""
+def rss_mib(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def measure(binary, endpoint, work, extra, shards, size, readers, passes, idle):
+    """Per pass (MiB/s, daemon CPU s, daemon minor faults, readers' CPU s, emulator CPU s); the daemon's peak
+    RSS; its RSS right after the last pass and `idle` seconds later (None when `idle` is 0)."""
     emu = emulator_pid(work)
     m = Mount(binary, endpoint, work, extra + ["--read-only"], 0)
     rows = []
@@ -90,9 +99,14 @@ def measure(binary, endpoint, work, extra, shards, size, readers, passes):
             rcpu = kids1.ru_utime + kids1.ru_stime - kids0.ru_utime - kids0.ru_stime
             rows.append((shards * size / MIB / elapsed, cpu1 - cpu0, flt1 - flt0, rcpu, ecpu1 - ecpu0))
         rss = peak_rss_mib(m.proc.pid)
+        after = None
+        if idle:
+            busy = rss_mib(m.proc.pid)
+            time.sleep(idle)
+            after = (busy, rss_mib(m.proc.pid))
     finally:
         m.close()
-    return rows, rss
+    return rows, rss, after
 
 
 def main():
@@ -104,6 +118,8 @@ def main():
     ap.add_argument("--readers", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--passes", type=int, default=1, help="reads of the whole data set per mount")
+    ap.add_argument("--idle", type=float, default=0, help="seconds to leave each mount idle after its last pass, "
+                    "then print its RSS (an idle daemon gives its buffers' memory back after 15-20 s)")
     ap.add_argument("--emulator", default="target/release/expressfs-emulator")
     ap.add_argument("--work", default="/dev/shm")
     ap.add_argument("--arg", action="append", default=[], help="extra expressfs argument (all binaries)")
@@ -115,11 +131,14 @@ def main():
         print(f"{a.shards} shards of {a.shard_mib} MiB, {a.readers} readers, TTFB {a.ttfb_ms} ms", flush=True)
         for r in range(a.rounds):
             for b in (a.binaries if r % 2 == 0 else a.binaries[::-1]):
-                rows, rss = measure(b, endpoint, work, a.arg, a.shards, size, a.readers, a.passes)
+                rows, rss, after = measure(b, endpoint, work, a.arg, a.shards, size, a.readers, a.passes, a.idle)
                 for n, (rate, d, flt, rcpu, ecpu) in enumerate(rows):
                     print(f"round {r} {b} pass {n + 1}: {rate:,.0f} MiB/s, daemon CPU {d:.2f} s, minor faults {flt:,}, "
                           f"readers CPU {rcpu:.2f} s, emulator CPU {ecpu:.2f} s", flush=True)
                 print(f"round {r} {b}: daemon peak RSS {rss:,.0f} MiB", flush=True)
+                if after:
+                    print(f"round {r} {b}: daemon RSS {after[0]:,.0f} MiB after the last pass, {after[1]:,.0f} MiB "
+                          f"{a.idle:g} s later", flush=True)
 
 if __name__ == "__main__":
     sys.exit(main())

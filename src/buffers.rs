@@ -9,7 +9,7 @@
 //! empty: the bytes of its last use can never be read.
 
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use bytes::{Bytes, BytesMut};
 
@@ -31,6 +31,18 @@ pub fn limit_to(memory_target: u64) {
 /// An empty buffer that can hold `capacity` bytes without growing: a pooled one if one fits, else a new one.
 pub fn take(capacity: usize) -> BytesMut {
     POOL.take(capacity)
+}
+
+/// How many buffers have been asked for since the process started: a clock of the read and write paths'
+/// traffic, which [`crate::idle`] watches to tell an idle mount.
+pub fn taken() -> u64 {
+    POOL.taken.load(Ordering::Relaxed)
+}
+
+/// Frees every spare buffer; returns how many bytes of capacity that was. For an idle mount, whose pool would
+/// otherwise hold its last burst's buffers for good.
+pub fn drain() -> usize {
+    POOL.drain()
 }
 
 /// `buf`'s bytes, shared; the buffer goes back to the pool when the last of its slices is dropped, wherever
@@ -73,6 +85,7 @@ pub fn give_back_mut(buf: BytesMut) {
 struct Pool {
     spare: Mutex<Vec<BytesMut>>,
     max_bytes: AtomicUsize,
+    taken: AtomicU64,
 }
 
 impl Pool {
@@ -80,6 +93,7 @@ impl Pool {
         Pool {
             spare: Mutex::new(Vec::new()),
             max_bytes: AtomicUsize::new(max_bytes),
+            taken: AtomicU64::new(0),
         }
     }
 
@@ -91,6 +105,7 @@ impl Pool {
 
     /// A pooled buffer no more than twice `capacity` (a big one is not spent on a small request).
     fn take(&self, capacity: usize) -> BytesMut {
+        self.taken.fetch_add(1, Ordering::Relaxed);
         if capacity >= MIN_POOLED {
             let mut spare = self.spare.lock().unwrap_or_else(|e| e.into_inner());
             if let Some(i) = spare
@@ -129,6 +144,11 @@ impl Pool {
         if held + buf.capacity() <= self.max_bytes.load(Ordering::Relaxed) {
             spare.push(buf);
         }
+    }
+
+    fn drain(&self) -> usize {
+        let spare = std::mem::take(&mut *self.spare.lock().unwrap_or_else(|e| e.into_inner()));
+        spare.iter().map(BytesMut::capacity).sum()
     }
 
     #[cfg(test)]
@@ -215,6 +235,25 @@ mod tests {
         assert_eq!(pool.take(MIB).capacity(), MIB);
         assert_eq!(pool.held(), 16 * MIB);
         assert!(pool.take(5 * MIB).capacity() >= 8 * MIB);
+    }
+
+    #[test]
+    fn drained_buffers_are_gone_and_takes_are_counted() {
+        let pool = Pool::new(64 * MIB);
+        let before = pool.taken.load(Ordering::Relaxed);
+        let a = pool.take(2 * MIB);
+        let b = pool.take(100);
+        assert_eq!(
+            pool.taken.load(Ordering::Relaxed),
+            before + 2,
+            "small takes count too"
+        );
+        pool.give_back_mut(a);
+        drop(b);
+        assert!(pool.held() >= 2 * MIB);
+        assert!(pool.drain() >= 2 * MIB);
+        assert_eq!(pool.held(), 0);
+        assert_eq!(pool.drain(), 0, "nothing left the second time");
     }
 
     #[test]

@@ -318,6 +318,7 @@ fn serve(
         },
         args.log_metrics,
     ));
+    runtime.spawn(crate::idle::give_back_when_idle(crate::idle::tick()));
     // SIGINT/SIGTERM are caught from before the mount is live: one sent as soon as "mounted" is logged (or
     // systemd's stop right after start) must unmount cleanly, not kill the process with the mount left dead.
     let signals = {

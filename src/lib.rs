@@ -23,6 +23,7 @@ pub mod config;
 pub mod daemon;
 pub mod fs;
 pub mod fuse;
+pub mod idle;
 pub mod logging;
 pub mod memory;
 pub mod metrics;

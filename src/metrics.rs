@@ -32,6 +32,7 @@ pub const CACHE_BYTES: &str = "expressfs_cache_bytes";
 pub const IOCTLS_REFUSED: &str = "expressfs_ioctls_refused_total";
 pub const PAGE_CACHE_PRELOADS: &str = "expressfs_page_cache_preloads_total";
 pub const PAGE_CACHE_PRELOADED_BYTES: &str = "expressfs_page_cache_preloaded_bytes_total";
+pub const IDLE_MEMORY_RELEASES: &str = "expressfs_idle_memory_releases_total";
 
 /// ioctls answered ENOTTY since the process started, for the summary (one mount per process).
 static IOCTLS_REFUSED_COUNT: AtomicU64 = AtomicU64::new(0);
@@ -109,6 +110,10 @@ fn describe() {
         PAGE_CACHE_PRELOADED_BYTES,
         "Bytes put into the kernel's page cache with the answer to an open"
     );
+    describe_counter!(
+        IDLE_MEMORY_RELEASES,
+        "Times the traffic went quiet and the buffers' memory went back to the system"
+    );
 }
 
 /// A small file's bytes went into the page cache with its open: its first read costs no READ request. They
@@ -117,6 +122,11 @@ pub fn page_cache_preload(bytes: usize) {
     ::metrics::counter!(PAGE_CACHE_PRELOADS).increment(1);
     ::metrics::counter!(PAGE_CACHE_PRELOADED_BYTES).increment(bytes as u64);
     read_bytes(bytes as u64);
+}
+
+/// The traffic went quiet and the memory its buffers held went back to the system (`crate::idle`).
+pub fn idle_memory_given_back() {
+    ::metrics::counter!(IDLE_MEMORY_RELEASES).increment(1);
 }
 
 /// One request from the kernel: what a workload costs in round trips, and proof that the kernel skips the

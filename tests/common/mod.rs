@@ -314,11 +314,21 @@ impl Mount {
 
     /// The daemon's peak resident memory so far (VmHWM), MiB.
     pub fn peak_rss_mib(&self) -> u64 {
+        self.status_mib("VmHWM:")
+    }
+
+    /// The daemon's resident memory now (VmRSS), MiB.
+    pub fn rss_mib(&self) -> u64 {
+        self.status_mib("VmRSS:")
+    }
+
+    /// A memory line of the daemon's /proc status, MiB.
+    fn status_mib(&self, field: &str) -> u64 {
         let pid = self.child.as_ref().map_or(0, |c| c.id());
         std::fs::read_to_string(format!("/proc/{pid}/status"))
             .unwrap_or_default()
             .lines()
-            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .find_map(|l| l.strip_prefix(field))
             .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
             .unwrap_or(0)
             / 1024
