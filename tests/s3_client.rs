@@ -711,6 +711,48 @@ fn expired_sessions_are_replaced() {
     );
 }
 
+/// A CreateSession answered ExpiredToken is retried within the request's attempt budget, as the SDK's own
+/// requests retry it (`SdkClient::run`): in a soak, a GET whose session renewal got that answer failed with
+/// EACCES at once.
+#[test]
+fn an_expired_token_answer_to_create_session_is_retried() {
+    let bucket = common::directory_bucket("expiredcs");
+    let emu = common::start_emulator(EmulatorConfig {
+        buckets: vec![bucket.clone()],
+        faults: FaultConfig {
+            rate: 0.3,
+            seed: 11,
+            operations: vec!["GetObject".into(), "CreateSession".into()],
+            kinds: vec!["expired-token".into()],
+        },
+        ..Default::default()
+    });
+    let c = client(&emu, &bucket);
+    let data = common::pattern(13, 300_000);
+    block(async {
+        let etag = c
+            .put_object("obj", Bytes::from(data.clone()), WriteCondition::None)
+            .await
+            .unwrap()
+            .etag;
+        check_random_reads(&c, "obj", &data, &etag, 60, 3).await;
+    });
+    let (status, body) = common::admin_get(&emu, "/_emulator/faults");
+    assert_eq!(status, 200, "{body}");
+    let report: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let refused_sessions: u64 = report["injected"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|i| i["operation"] == "CreateSession")
+        .map(|i| i["count"].as_u64().unwrap())
+        .sum();
+    assert!(
+        refused_sessions > 0,
+        "no CreateSession was refused, the test tested nothing: {body}"
+    );
+}
+
 /// FaultConfig as JSON without pulling serde_json into the root crate's dev-dependencies.
 fn serde_json_string(f: &FaultConfig) -> String {
     let list = |v: &[String]| {

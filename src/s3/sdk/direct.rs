@@ -239,8 +239,9 @@ impl Direct {
 
     /// Sends `request`, retried while the failure is transient, within the attempt budget and the retry quota;
     /// `finish` turns a 2xx answer into the result (its failures are retried too when transient). On a
-    /// directory bucket, an answer rejecting the session gets a new one. A failure to get credentials ends
-    /// the request at once: the SDK already retried the CreateSession or the provider behind it.
+    /// directory bucket, an answer rejecting the session gets a new one, and so does a CreateSession answered
+    /// ExpiredToken (as `SdkClient::run` does for the SDK's own requests). Any other failure to get credentials
+    /// ends the request at once: the SDK already retried the CreateSession or the provider behind it.
     async fn send<T, F, Fut>(
         &self,
         sdk: &SdkClient,
@@ -260,12 +261,24 @@ impl Direct {
         let mut held_quota = None;
         loop {
             attempt += 1;
-            let (credentials, generation) = self.credentials(sdk).await?;
+            let last = attempt >= self.max_attempts;
+            let (credentials, generation) = match self.credentials(sdk).await {
+                Ok(held) => held,
+                Err(e)
+                    if self.signing.express
+                        && !last
+                        && session_rejected(&e, &mut bare_400_retried) =>
+                {
+                    debug!(bucket, key, attempt, op, "CreateSession refused; retrying");
+                    tokio::time::sleep(super::backoff_delay(attempt)).await;
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
             let result = match self.attempt(sdk, &credentials, request).await {
                 Ok(response) => finish(response).await,
                 Err(e) => Err(e),
             };
-            let last = attempt >= self.max_attempts;
             match &result {
                 Ok(_) => {
                     if let Some(cost) = held_quota {
