@@ -1,7 +1,7 @@
 //! An idle mount gives back the memory its last burst of traffic left behind.
 //!
-//! After 8 readers streamed 1.6 GB of shards, the daemon stayed at 441 MiB resident for as long as it was left
-//! idle (docs/BENCHMARKS.md, "Idle memory"). That memory is the buffer pool's spare buffers (up to 96 MiB) and,
+//! After 8 readers streamed 1.6 GB of shards, the daemon stayed at 340-390 MiB resident for as long as it was
+//! left idle, and now drops to about 100 MiB (docs/BENCHMARKS.md, "Idle memory"). That memory is the buffer pool's spare buffers (up to 96 MiB) and,
 //! mostly, buffers freed into glibc's heaps, which glibc keeps for the next allocation. Keeping them is right
 //! while traffic goes on (a fresh page costs a fault and a zeroing); on a host where the mount then sits idle
 //! beside a training job it is memory taken for nothing. So once no buffer has been asked for during
