@@ -890,6 +890,16 @@ fn push_to_page_cache(notifier: &OnceLock<fuser::Notifier>, ino: INodeNo, bytes:
     }
 }
 
+/// Has the kernel drop its cached attributes of `ino` (FUSE_NOTIFY_INVAL_INODE with a negative offset: the
+/// attributes only, no page is touched, so this may run while a request of the same inode is answered).
+fn forget_attributes(notifier: &OnceLock<fuser::Notifier>, ino: INodeNo) {
+    if let Some(notifier) = notifier.get()
+        && let Err(e) = notifier.inval_inode(ino, -1, 0)
+    {
+        debug!(ino = ino.0, error = %e, "the kernel did not drop an inode's attributes");
+    }
+}
+
 /// Mounts `fs` and starts serving it. Returns once the kernel has the mount.
 pub fn mount(
     fs: Arc<S3Filesystem>,
@@ -906,6 +916,10 @@ pub fn mount(
     }
     let outstanding = Arc::new(Outstanding::default());
     let notifier = Arc::new(OnceLock::new());
+    {
+        let notifier = Arc::clone(&notifier);
+        fs.on_stale_attributes(move |ino| forget_attributes(&notifier, INodeNo(ino)));
+    }
     let adapter = Adapter {
         fs,
         runtime,

@@ -477,3 +477,70 @@ fn full_cache_and_staging_disk() {
     }
     assert!(std::fs::read(mount.path().join("big.bin")).unwrap() == data);
 }
+
+/// A write the service refuses leaves the file as the bucket holds it: through a new open, the old object,
+/// whole and at its old size, never the failed writer's size or bytes. (A soak on a general-purpose bucket
+/// read back the first bytes of the old object, cut at the failed writer's size.)
+#[test]
+fn a_refused_overwrite_leaves_the_old_file_visible() {
+    for directory in [true, false] {
+        let bucket = fresh_bucket(directory, "refusedwrite");
+        let emu = start_emulator(EmulatorConfig {
+            buckets: vec![bucket.clone()],
+            ..Default::default()
+        });
+        let old = pattern(31, 3 * MIB + 5);
+        put(&emu, &bucket, "ckpt.bin", old.clone());
+        let mount = Mount::on(
+            &emu,
+            &bucket,
+            &["--allow-overwrite", "--metadata-ttl", "60"],
+        );
+        let path = mount.path().join("ckpt.bin");
+        assert!(std::fs::read(&path).unwrap() == old, "{bucket}: first read");
+        let uploads = [
+            "PutObject",
+            "CreateMultipartUpload",
+            "UploadPart",
+            "CompleteMultipartUpload",
+        ];
+        let (status, answer) = admin_post(
+            &emu,
+            "/_emulator/faults",
+            &faults_json(1.0, 1, &uploads, &["unexpected-status"]),
+        );
+        assert_eq!(status, 200, "{answer}");
+        // Shorter than the old object in one PUT, longer in parts.
+        for new_len in [MIB + 3, 9 * MIB + 1] {
+            let new = pattern(32, new_len);
+            let written = (|| -> std::io::Result<()> {
+                let mut f = std::fs::File::create(&path)?;
+                for chunk in new.chunks(MIB) {
+                    f.write_all(chunk)?;
+                }
+                // The kernel now caches the writer's size (for the 60 s TTL): it must be told to forget it.
+                assert_eq!(f.metadata()?.len(), new_len as u64);
+                f.sync_all()
+            })();
+            assert!(written.is_err(), "{bucket}: every upload was refused");
+            let size = std::fs::metadata(&path).unwrap().len();
+            assert_eq!(
+                size,
+                old.len() as u64,
+                "{bucket}: size after a refused {new_len}-byte write"
+            );
+            let got = std::fs::read(&path).unwrap();
+            assert!(
+                got == old,
+                "{bucket}: after a refused {new_len}-byte write, read {} bytes, not the old object",
+                got.len()
+            );
+        }
+        admin_post(&emu, "/_emulator/faults", &faults_json(0.0, 0, &[], &[]));
+        assert_eq!(
+            get(&emu, &bucket, "ckpt.bin").map(|b| sha256_hex(&b)),
+            Some(sha256_hex(&old)),
+            "{bucket}: the bucket still holds the old object"
+        );
+    }
+}

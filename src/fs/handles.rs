@@ -132,11 +132,17 @@ impl WriterMark {
         }
     }
 
-    /// Everything this handle wrote is uploaded, or the handle is gone: one writer fewer.
+    /// Everything this handle wrote is uploaded: one writer fewer.
     fn settled(&self, node: &mut Node) {
         if self.0.swap(false, Ordering::SeqCst) {
             node.finish_write();
         }
+    }
+
+    /// What this handle wrote will never be uploaded: one writer fewer, and if it was the last, the node
+    /// is again what the bucket holds (true: the kernel must forget the writer's size).
+    fn abandoned(&self, node: &mut Node) -> bool {
+        self.0.swap(false, Ordering::SeqCst) && node.abandon_write()
     }
 }
 
@@ -684,10 +690,12 @@ impl S3Filesystem {
         let counted = {
             let mut table = self.sb.table();
             let mut node = table.get_mut(node.ino());
-            if let Some(n) = node.as_deref_mut() {
+            // Counted first: the node keeps what the bucket holds, should this writer's bytes never get there.
+            let counted = WriterMark::start(node.as_deref_mut());
+            if let Some(n) = node {
                 n.set_size(size);
             }
-            WriterMark::start(node)
+            counted
         };
         let fh = self.handles.add(Handle::write_handle(
             node.ino(),
@@ -852,7 +860,11 @@ impl S3Filesystem {
         let mut state = state.lock().await;
         let shared = match &mut *state {
             WriteState::Stream(w) if !w.needs_staging(Some(offset)) => {
-                let n = w.write(offset, data).await?;
+                let written = w.write(offset, data).await;
+                if w.is_failed() {
+                    self.stream_writer_failed(ino, counted);
+                }
+                let n = written?;
                 self.note_written(ino, counted, w.size());
                 return Ok(n);
             }
@@ -906,7 +918,11 @@ impl S3Filesystem {
             }
             WriteState::Stream(w) => w,
         };
-        let result = w.commit().await?;
+        let committed = w.commit().await;
+        if w.is_failed() {
+            self.stream_writer_failed(ino, counted);
+        }
+        let result = committed?;
         let mut table = self.sb.table();
         let expires = self.sb.expiry();
         if let Some(node) = table.get_mut(ino) {
@@ -1017,13 +1033,17 @@ impl S3Filesystem {
         let Some(node) = table.get_mut(ino) else {
             return;
         };
-        if let Some(put) = uploaded {
-            node.record_upload(size, put.etag.clone());
-            if let Some(attrs) = attrs {
-                node.overlay_attrs(attrs);
+        let restored = match uploaded {
+            Some(put) => {
+                node.record_upload(size, put.etag.clone());
+                if let Some(attrs) = attrs {
+                    node.overlay_attrs(attrs);
+                }
+                counted.settled(node);
+                false
             }
-        }
-        counted.settled(node);
+            None => counted.abandoned(node),
+        };
         let parent = node.parent();
         if node.is_local() && !node.is_being_written() {
             let name = node.name().to_string();
@@ -1031,6 +1051,22 @@ impl S3Filesystem {
         }
         drop(table);
         self.sb.invalidate_listing(parent);
+        if restored {
+            self.attributes_went_stale(ino);
+        }
+    }
+
+    /// A streaming writer failed: its bytes will never reach the bucket (its error stays for its fsync and
+    /// close), so the file is at once what the bucket holds again, for stat and for the next open.
+    fn stream_writer_failed(&self, ino: u64, counted: &WriterMark) {
+        let restored = self
+            .sb
+            .table()
+            .get_mut(ino)
+            .is_some_and(|node| counted.abandoned(node));
+        if restored {
+            self.attributes_went_stale(ino);
+        }
     }
 }
 

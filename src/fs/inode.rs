@@ -84,6 +84,9 @@ pub struct Node {
     local: bool,
     /// Write handles holding bytes the bucket does not have yet.
     writers: u32,
+    /// While `writers` is above zero: what the bucket holds (the stat before the first of them wrote, or of
+    /// our last upload since). The file goes back to it if their bytes never reach the bucket.
+    bucket_stat: Option<Stat>,
     /// The version (ETag) whose bytes the kernel's page cache may hold for this inode: a read open of the
     /// same version keeps them, any other version has them dropped.
     cached_etag: Option<String>,
@@ -111,6 +114,7 @@ impl Node {
             lookups: 0,
             local: false,
             writers: 0,
+            bucket_stat: None,
             cached_etag: None,
             open_versions: Vec::new(),
             page_cache_unused: true,
@@ -174,12 +178,34 @@ impl Node {
 
     /// A write handle now holds bytes of this file that the bucket does not have.
     pub fn start_write(&mut self) {
+        if self.writers == 0 {
+            self.bucket_stat = Some(self.stat.clone());
+        }
         self.writers += 1;
     }
 
-    /// A write handle's bytes are all uploaded (or the handle is gone).
+    /// A write handle's bytes are all uploaded (or it wrote none).
     pub fn finish_write(&mut self) {
         self.writers = self.writers.saturating_sub(1);
+        if self.writers == 0 {
+            self.bucket_stat = None;
+        }
+    }
+
+    /// A write handle's bytes will never be uploaded (the upload failed, or its handle went without one).
+    /// When it was the last writer, the file is again what the bucket holds, asked about anew at the next
+    /// lookup, and this returns true: whoever cached the writer's size must forget it.
+    pub fn abandon_write(&mut self) -> bool {
+        self.writers = self.writers.saturating_sub(1);
+        if self.writers > 0 {
+            return false;
+        }
+        let Some(stat) = self.bucket_stat.take() else {
+            return false;
+        };
+        self.stat = stat;
+        self.expire();
+        true
     }
 
     pub fn is_being_written(&self) -> bool {
@@ -231,6 +257,9 @@ impl Node {
         };
         self.stat_at = Instant::now();
         self.local = false;
+        if self.writers > 0 {
+            self.bucket_stat = Some(self.stat.clone());
+        }
     }
 
     /// Whether the kernel's page cache may hold bytes of some version of this file.
@@ -655,5 +684,45 @@ mod tests {
         assert!(!n.is_fresh(later()));
         assert!(n.observe(stat(5), later_request));
         assert_eq!(n.stat().size, 5);
+    }
+
+    #[test]
+    fn writes_that_never_reach_the_bucket_leave_what_it_holds() {
+        let mut t = InodeTable::new("");
+        let ino = t.add(ROOT_INO, "f", Kind::File, later());
+        let n = t.get_mut(ino).unwrap();
+        n.observe(
+            Stat {
+                size: 100,
+                mtime: SystemTime::UNIX_EPOCH,
+                etag: Some("v1".into()),
+                attrs: None,
+            },
+            Instant::now(),
+        );
+        // Two writers; the first uploads, the second fails: the file is the first one's upload.
+        n.start_write();
+        n.start_write();
+        n.record_write(7);
+        assert!(!n.abandon_write(), "another writer still holds bytes");
+        assert_eq!(n.stat().size, 7, "the other writer's size meanwhile");
+        n.record_upload(9, "v2".into());
+        n.record_write(3);
+        assert!(n.abandon_write(), "the last writer gave up");
+        assert_eq!(n.stat().size, 9, "what our last upload left in the bucket");
+        assert_eq!(n.stat().etag.as_deref(), Some("v2"));
+        assert!(!n.is_being_written());
+        assert!(!n.is_fresh(Instant::now()), "asked about again");
+        // A writer whose bytes all got there leaves its upload; one after it that fails goes back to it.
+        n.start_write();
+        n.record_upload(11, "v3".into());
+        n.finish_write();
+        assert!(!n.abandon_write(), "no writer left to give up");
+        assert_eq!(n.stat().size, 11);
+        n.start_write();
+        n.record_write(50);
+        assert!(n.abandon_write());
+        assert_eq!(n.stat().size, 11, "the failed writer's size is gone");
+        assert_eq!(n.stat().etag.as_deref(), Some("v3"));
     }
 }

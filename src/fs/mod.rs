@@ -32,8 +32,8 @@ mod model_test;
 mod test_support;
 
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime};
 
 pub use error::{FsError, FsResult};
@@ -198,6 +198,8 @@ pub struct S3Filesystem {
     read_ahead: Arc<read_ahead::ReadAheadShare>,
     /// First opens' preloads not stored yet: another open or a truncation of the inode voids them.
     preloads: preload::Preloads,
+    /// Tells the kernel to forget the attributes it caches of an inode (set by the FUSE adapter).
+    stale_attributes: OnceLock<Box<dyn Fn(u64) + Send + Sync>>,
 }
 
 impl S3Filesystem {
@@ -221,6 +223,7 @@ impl S3Filesystem {
             keep_budget,
             read_ahead,
             preloads: preload::Preloads::default(),
+            stale_attributes: OnceLock::new(),
         }
     }
 
@@ -277,6 +280,18 @@ impl S3Filesystem {
             self.writer_slots.open(),
             self.sb.table().len(),
         )
+    }
+
+    /// How to tell the kernel that the attributes it caches of an inode are wrong: a write that never reached
+    /// the bucket had changed the file's size. Set once, by whoever serves the kernel.
+    pub fn on_stale_attributes(&self, tell: impl Fn(u64) + Send + Sync + 'static) {
+        let _ = self.stale_attributes.set(Box::new(tell));
+    }
+
+    fn attributes_went_stale(&self, ino: u64) {
+        if let Some(tell) = self.stale_attributes.get() {
+            tell(ino);
+        }
     }
 
     /// Bytes of the mount's read-ahead share that readers' windows hold now.
