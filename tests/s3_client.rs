@@ -711,6 +711,72 @@ fn expired_sessions_are_replaced() {
     );
 }
 
+/// On a general-purpose bucket an ExpiredToken answer (credentials that expired under the request) is retried
+/// within the attempt budget with the credentials asked for again, for GETs and for the SDK's own requests:
+/// a soak on a general-purpose bucket failed reads, uploads and lookups with EACCES at the first one.
+#[test]
+fn expired_credentials_on_a_general_purpose_bucket_are_retried() {
+    let bucket = common::general_bucket("expiredgp");
+    let emu = common::start_emulator(EmulatorConfig {
+        buckets: vec![bucket.clone()],
+        faults: FaultConfig {
+            rate: 0.3,
+            seed: 17,
+            operations: vec![
+                "GetObject".into(),
+                "HeadObject".into(),
+                "ListObjectsV2".into(),
+                "PutObject".into(),
+            ],
+            kinds: vec!["expired-token".into()],
+        },
+        ..Default::default()
+    });
+    let c = client(&emu, &bucket);
+    let data = common::pattern(14, 300_000);
+    block(async {
+        let mut etag = String::new();
+        for i in 0..10 {
+            etag = c
+                .put_object(
+                    &format!("obj{i}"),
+                    Bytes::from(data.clone()),
+                    WriteCondition::None,
+                )
+                .await
+                .unwrap_or_else(|e| panic!("put {i}: {e}"))
+                .etag;
+        }
+        for i in 0..10 {
+            let info = c
+                .head_object(&format!("obj{i}"))
+                .await
+                .unwrap_or_else(|e| panic!("head {i}: {e}"));
+            assert_eq!(info.size, data.len() as u64);
+            let page = c
+                .list_objects("", Some("/"), None, 1000)
+                .await
+                .unwrap_or_else(|e| panic!("list {i}: {e}"));
+            assert_eq!(page.objects.len(), 10);
+        }
+        check_random_reads(&c, "obj9", &data, &etag, 40, 5).await;
+    });
+    let (status, body) = common::admin_get(&emu, "/_emulator/faults");
+    assert_eq!(status, 200, "{body}");
+    let report: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let ops: std::collections::BTreeSet<&str> = report["injected"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["operation"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        ops.len(),
+        4,
+        "every operation met an expired token at least once: {body}"
+    );
+}
+
 /// A CreateSession answered ExpiredToken is retried within the request's attempt budget, as the SDK's own
 /// requests retry it (`SdkClient::run`): in a soak, a GET whose session renewal got that answer failed with
 /// EACCES at once.

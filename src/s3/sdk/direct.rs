@@ -238,10 +238,11 @@ impl Direct {
     }
 
     /// Sends `request`, retried while the failure is transient, within the attempt budget and the retry quota;
-    /// `finish` turns a 2xx answer into the result (its failures are retried too when transient). On a
-    /// directory bucket, an answer rejecting the session gets a new one, and so does a CreateSession answered
-    /// ExpiredToken (as `SdkClient::run` does for the SDK's own requests). Any other failure to get credentials
-    /// ends the request at once: the SDK already retried the CreateSession or the provider behind it.
+    /// `finish` turns a 2xx answer into the result (its failures are retried too when transient). An answer
+    /// rejecting our credentials (a directory bucket's session, or credentials that expired under a request to
+    /// a general-purpose bucket) gets new ones, and so does a CreateSession answered ExpiredToken (as
+    /// `SdkClient::run` does for the SDK's own requests). Any other failure to get credentials ends the
+    /// request at once: the SDK already retried the CreateSession or the provider behind it.
     async fn send<T, F, Fut>(
         &self,
         sdk: &SdkClient,
@@ -300,11 +301,9 @@ impl Direct {
                     skew_retried = true;
                     continue;
                 }
-                Err(e)
-                    if self.signing.express
-                        && !last
-                        && session_rejected(e, &mut bare_400_retried) =>
-                {
+                // The session's on a directory bucket, the provider's on a general-purpose one: new ones may
+                // be good.
+                Err(e) if !last && session_rejected(e, &mut bare_400_retried) => {
                     self.forget(sdk, generation);
                     tokio::time::sleep(super::backoff_delay(attempt)).await;
                     continue;
@@ -315,14 +314,18 @@ impl Direct {
         }
     }
 
-    /// Drops the session of `generation` unless a newer one replaced it already (GETs rejected together
-    /// renew it once); the next GET creates another.
+    /// Drops the credentials of `generation` (a directory bucket's session, or what the provider gave)
+    /// unless newer ones replaced them already (GETs rejected together renew them once); the next GET asks
+    /// for new ones.
     fn forget(&self, sdk: &SdkClient, generation: u64) {
         let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
         if held.as_ref().is_some_and(|h| h.generation == generation) {
             *held = None;
             sdk.session_renewals.fetch_add(1, Ordering::Relaxed);
-            tracing::warn!(bucket = %sdk.config.bucket, "session rejected; creating a new one");
+            tracing::warn!(
+                bucket = %sdk.config.bucket,
+                "session or credentials rejected; asking for new ones"
+            );
         }
     }
 

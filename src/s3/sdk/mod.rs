@@ -298,8 +298,9 @@ impl SdkClient {
         }
     }
 
-    /// Runs one SDK request. On a directory bucket, an answer that says our session is no longer valid
-    /// (revoked, or expired before the SDK expected) is retried with a new session, within the attempt budget.
+    /// Runs one SDK request. An answer that says our credentials are no longer valid (a directory bucket's
+    /// session revoked or expired before the SDK expected; on a general-purpose bucket, credentials that
+    /// expired under the request) is retried with a new client, within the attempt budget.
     async fn run<T, F, Fut>(&self, request: F) -> Result<T, ClientError>
     where
         F: Fn(&aws_sdk_s3::Client) -> Fut,
@@ -311,7 +312,6 @@ impl SdkClient {
             let (generation, client) = self.current();
             let result = request(&client).await;
             let renew = match &result {
-                _ if !self.config.is_directory_bucket => false,
                 _ if renewals + 1 >= self.config.max_attempts.max(1) => false,
                 Err(e) => session_rejected(e, &mut bare_400_retried),
                 Ok(_) => false,
@@ -320,7 +320,11 @@ impl SdkClient {
                 return result;
             }
             renewals += 1;
-            warn!(bucket = %self.config.bucket, renewals, "session rejected; creating a new one");
+            warn!(
+                bucket = %self.config.bucket,
+                renewals,
+                "session or credentials rejected; trying again with new ones"
+            );
             self.renew_session(generation);
             tokio::time::sleep(backoff_delay(renewals)).await;
         }
@@ -396,8 +400,9 @@ fn backoff_delay(failures: u32) -> Duration {
     base.mul_f64(0.5 + unit_random() / 2.0)
 }
 
-/// An answer saying our S3 Express session is no longer valid (revoked, or expired early). HEAD answers
-/// have no body, so an expired session on HEAD is a bare 400: that counts once.
+/// An answer saying the credentials we signed with are no longer valid: an S3 Express session revoked or
+/// expired early, or (general-purpose buckets) the provider's credentials expired under the request. HEAD
+/// answers have no body, so either on a HEAD is a bare 400: that counts once.
 fn session_rejected(e: &ClientError, bare_400_retried: &mut bool) -> bool {
     match e {
         ClientError::AccessDenied { code, .. } => code == "ExpiredToken",
