@@ -1,5 +1,6 @@
-//! `expressfs-soak`: mixed reads, writes, overwrites, deletes and listings through one expressfs mount for a
-//! long time with faults injected by the emulator. It checks every byte read against what must be there,
+//! `expressfs-soak`: mixed reads, writes, overwrites, deletes, listings and checkpoint commits (write a
+//! temporary file, rename it over the last one, patch it in place) through one expressfs mount for a long time
+//! with faults injected by the emulator. It checks every byte read against what must be there,
 //! checks at the end (faults off, through a raw client) that every acknowledged write landed, and samples the
 //! daemon's RSS and open file descriptors, which must stay flat. Exit status 1 on any violation.
 //!
@@ -18,7 +19,8 @@ use expressfs_bench::mounts::Mount;
 use expressfs_bench::s3::{KEY, SECRET, client, emulator_admin, pattern};
 use expressfs_emulator::{Emulator, EmulatorConfig};
 
-const BUCKET: &str = "soak--use1-az4--x-s3";
+const DIRECTORY_BUCKET: &str = "soak--use1-az4--x-s3";
+const GENERAL_BUCKET: &str = "soak-general";
 const MIB: usize = 1024 * 1024;
 
 #[derive(Parser, Debug)]
@@ -40,6 +42,13 @@ struct Args {
     readers: usize,
     #[arg(long, default_value = "target/release/expressfs")]
     expressfs: PathBuf,
+    /// Soak a general-purpose bucket (rename is a copy and a delete there) instead of a directory bucket
+    #[arg(long)]
+    general_purpose: bool,
+    /// Mix in faults no client absorbs (HTTP 418, not retried), so failed writes, commits and patches happen
+    /// and what they leave behind is checked
+    #[arg(long)]
+    loud_faults: bool,
 }
 
 /// Small xorshift generator for choosing operations (no need for a crate).
@@ -61,6 +70,10 @@ struct Counters {
     writes_ok: AtomicU64,
     writes_failed: AtomicU64,
     deletes: AtomicU64,
+    commits_ok: AtomicU64,
+    commits_failed: AtomicU64,
+    patches_ok: AtomicU64,
+    patches_failed: AtomicU64,
     listings_ok: AtomicU64,
     listings_failed: AtomicU64,
     violations: Mutex<Vec<String>>,
@@ -72,6 +85,24 @@ impl Counters {
         self.violations.lock().unwrap().push(what);
     }
 }
+
+/// What an acknowledged key must hold: a pattern (by seed and length) or, once patched, the bytes themselves.
+#[derive(Clone)]
+enum Expect {
+    Pattern(u64, usize),
+    Bytes(Arc<Vec<u8>>),
+}
+
+impl Expect {
+    fn bytes(&self) -> Vec<u8> {
+        match self {
+            Expect::Pattern(seed, len) => pattern(*seed, *len),
+            Expect::Bytes(b) => b.to_vec(),
+        }
+    }
+}
+
+type Acked = Mutex<HashMap<String, Expect>>;
 
 /// One admin request to the emulator; an unreachable emulator is an error here (the soak needs its answers).
 fn admin(emu: &Emulator, method: &str, path: &str, body: &str) -> Result<String> {
@@ -129,20 +160,14 @@ fn read_back(path: &Path) -> Option<std::io::Result<Vec<u8>>> {
 
 /// Writes, overwrites and deletes files in `out/`; remembers what each key must hold (by the seed of its
 /// content) once the write was acknowledged.
-fn writer(
-    mnt: &Path,
-    seed: u64,
-    stop: &AtomicBool,
-    c: &Counters,
-    acked: &Mutex<HashMap<String, (u64, usize)>>,
-) {
+fn writer(mnt: &Path, seed: u64, stop: &AtomicBool, c: &Counters, acked: &Acked) {
     let mut rng = Rng(seed | 1);
     let mut n = 0u64;
     while !stop.load(Ordering::Relaxed) {
         n += 1;
         let name = format!("out/w-{:02}", rng.below(16));
         let path = mnt.join(&name);
-        let before = acked.lock().unwrap().get(&name).copied();
+        let before = acked.lock().unwrap().get(&name).cloned();
         if before.is_some() && rng.below(10) == 0 {
             match std::fs::remove_file(&path) {
                 Ok(()) => {
@@ -169,7 +194,7 @@ fn writer(
                 acked
                     .lock()
                     .unwrap()
-                    .insert(name.clone(), (content_seed, len));
+                    .insert(name.clone(), Expect::Pattern(content_seed, len));
                 match read_back(&path) {
                     Some(Ok(got)) if got == data => {}
                     Some(Ok(got)) => c.violation(format!(
@@ -187,11 +212,14 @@ fn writer(
                 c.writes_failed.fetch_add(1, Ordering::Relaxed);
                 // The key holds the old object or nothing: never a part of the new one.
                 if let Some(Ok(got)) = read_back(&path) {
-                    let old = before.map(|(s, l)| pattern(s, l));
+                    let old = before.map(|e| e.bytes());
                     if old.as_deref() != Some(&got[..]) {
                         c.violation(format!(
-                            "{name}: failed write left {} bytes that are not the previous object",
-                            got.len()
+                            "{name}: failed write left {} bytes that are not the previous object ({}); \
+                             the failed write's own bytes: {}",
+                            got.len(),
+                            old.map_or("none".to_string(), |o| format!("{} bytes", o.len())),
+                            got == data
                         ));
                     }
                 }
@@ -199,6 +227,138 @@ fn writer(
             }
         }
     }
+}
+
+/// The checkpoint patterns, on names of its own (`out/c-N`) so what each must hold is known: write a
+/// temporary file and rename it over the last commit (Orbax, `torch.save` through a temporary name), or patch a
+/// committed file in place (open without truncating, write at an offset, fsync: h5py, sqlite).
+fn checkpointer(mnt: &Path, seed: u64, stop: &AtomicBool, c: &Counters, acked: &Acked) {
+    let mut rng = Rng(seed | 1);
+    let mut n = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        n += 1;
+        let name = format!("out/c-{}", rng.below(8));
+        let before = acked.lock().unwrap().get(&name).cloned();
+        match before {
+            Some(old) if rng.below(3) == 0 => patch(mnt, &name, old, &mut rng, c, acked),
+            before => commit(mnt, &name, before, seed * 1_000_000 + n, &mut rng, c, acked),
+        }
+    }
+}
+
+/// Writes `name`'s next version under a temporary name, then renames it over `name`.
+fn commit(
+    mnt: &Path,
+    name: &str,
+    before: Option<Expect>,
+    content_seed: u64,
+    rng: &mut Rng,
+    c: &Counters,
+    acked: &Acked,
+) {
+    let len = 1 + rng.below(2 * MIB as u64) as usize;
+    let new = Expect::Pattern(content_seed, len);
+    let data = new.bytes();
+    let (path, tmp) = (
+        mnt.join(name),
+        mnt.join(format!("{name}.tmp-{content_seed}")),
+    );
+    if write_file(&tmp, &data).is_err() {
+        c.commits_failed.fetch_add(1, Ordering::Relaxed);
+        let _ = std::fs::remove_file(&tmp);
+        return;
+    }
+    if std::fs::rename(&tmp, &path).is_err() {
+        c.commits_failed.fetch_add(1, Ordering::Relaxed);
+        settle(&path, name, before, new, c, acked);
+        let _ = std::fs::remove_file(&tmp);
+        return;
+    }
+    c.commits_ok.fetch_add(1, Ordering::Relaxed);
+    acked.lock().unwrap().insert(name.to_string(), new);
+    match read_back(&path) {
+        Some(Ok(got)) if got == data => {}
+        Some(Ok(got)) => c.violation(format!(
+            "{name}: {} bytes after the rename, not the {} committed",
+            got.len(),
+            data.len()
+        )),
+        Some(Err(e)) => c.violation(format!("{name}: not found after the rename: {e}")),
+        None => {}
+    }
+    if std::fs::symlink_metadata(&tmp).is_ok() {
+        c.violation(format!("{}: still there after its rename", tmp.display()));
+    }
+}
+
+/// Overwrites a few bytes of a committed `name` at a random offset (perhaps past its end) and fsyncs.
+fn patch(mnt: &Path, name: &str, before: Expect, rng: &mut Rng, c: &Counters, acked: &Acked) {
+    use std::os::unix::fs::FileExt;
+    let path = mnt.join(name);
+    let old = before.bytes();
+    let at = rng.below(old.len() as u64 + 1) as usize;
+    let chunk = pattern(rng.below(u64::MAX), 1 + rng.below(64 * 1024) as usize);
+    let mut data = old;
+    if data.len() < at + chunk.len() {
+        data.resize(at + chunk.len(), 0);
+    }
+    data[at..at + chunk.len()].copy_from_slice(&chunk);
+    let new = Expect::Bytes(Arc::new(data));
+    let written = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&path)
+        .and_then(|f| {
+            f.write_all_at(&chunk, at as u64)?;
+            f.sync_all()
+        });
+    if written.is_err() {
+        c.patches_failed.fetch_add(1, Ordering::Relaxed);
+        settle(&path, name, Some(before), new, c, acked);
+        return;
+    }
+    c.patches_ok.fetch_add(1, Ordering::Relaxed);
+    let expected = new.bytes();
+    acked.lock().unwrap().insert(name.to_string(), new);
+    match read_back(&path) {
+        Some(Ok(got)) if got == expected => {}
+        Some(Ok(got)) => c.violation(format!(
+            "{name}: {} bytes after a patch, not the {} patched",
+            got.len(),
+            expected.len()
+        )),
+        Some(Err(e)) => c.violation(format!("{name}: not found after a patch: {e}")),
+        None => {}
+    }
+}
+
+/// After a commit or patch that failed loudly, `name` must hold the version before (or nothing, if there was
+/// none) or the new one, whole. Which one is not promised (an upload may still land after the error), so the
+/// name is no longer checked at the end.
+fn settle(
+    path: &Path,
+    name: &str,
+    before: Option<Expect>,
+    new: Expect,
+    c: &Counters,
+    acked: &Acked,
+) {
+    match read_back(path) {
+        Some(Ok(got)) => {
+            let is_before = before.as_ref().is_some_and(|b| got == b.bytes());
+            if !is_before && got != new.bytes() {
+                c.violation(format!(
+                    "{name}: a failed commit or patch left {} bytes, neither the version before nor the new one",
+                    got.len()
+                ));
+            }
+        }
+        Some(Err(_)) if before.is_some() => c.violation(format!(
+            "{name}: a failed commit or patch lost the version before"
+        )),
+        _ => {}
+    }
+    acked.lock().unwrap().remove(name);
 }
 
 fn lister(mnt: &Path, expected: usize, stop: &AtomicBool, c: &Counters) {
@@ -230,10 +390,15 @@ fn main() -> Result<()> {
     let args = Args::parse();
     // SAFETY: set before any thread starts.
     unsafe { std::env::set_var("AWS_EC2_METADATA_DISABLED", "true") };
+    let bucket = if args.general_purpose {
+        GENERAL_BUCKET
+    } else {
+        DIRECTORY_BUCKET
+    };
     let data_dir = tempfile::Builder::new().prefix("soak-emu-").tempdir()?;
     let emu = Emulator::start_background(EmulatorConfig {
         data_dir: data_dir.path().to_path_buf(),
-        buckets: vec![BUCKET.into()],
+        buckets: vec![bucket.into()],
         access_key: KEY.into(),
         secret_key: SECRET.into(),
         ttfb: Duration::from_millis(2),
@@ -257,7 +422,7 @@ fn main() -> Result<()> {
         for (key, body) in &files {
             client
                 .put_object()
-                .bucket(BUCKET)
+                .bucket(bucket)
                 .key(key)
                 .body(body.to_vec().into())
                 .send()
@@ -269,13 +434,19 @@ fn main() -> Result<()> {
     let (mut daemon, _) = Mount::expressfs(
         &args.expressfs,
         &emu.endpoint_url(),
-        BUCKET,
+        bucket,
         &["--allow-delete", "--allow-overwrite"],
     )?;
     let root = daemon.root().to_path_buf();
     std::fs::create_dir_all(root.join("out"))?;
+    // The default mix is the kinds a client is expected to absorb by retrying.
+    let kinds = if args.loud_faults {
+        r#""internal-error","slow-down","reset-before-body","reset-mid-body","truncated-body","latency-spike","expired-token","unexpected-status""#
+    } else {
+        ""
+    };
     let faults = format!(
-        r#"{{"rate":{},"seed":{},"operations":[],"kinds":[]}}"#,
+        r#"{{"rate":{},"seed":{},"operations":[],"kinds":[{kinds}]}}"#,
         args.fault_rate, args.seed
     );
     admin(&emu, "POST", "/_emulator/faults", &faults)?;
@@ -294,6 +465,11 @@ fn main() -> Result<()> {
         let (m, s, c, a) = (root.clone(), stop.clone(), counters.clone(), acked.clone());
         let seed = args.seed;
         workers.push(std::thread::spawn(move || writer(&m, seed, &s, &c, &a)));
+        let (m, s, c, a) = (root.clone(), stop.clone(), counters.clone(), acked.clone());
+        let seed = args.seed * 31 + 7;
+        workers.push(std::thread::spawn(move || {
+            checkpointer(&m, seed, &s, &c, &a)
+        }));
         let (m, s, c, n) = (root.clone(), stop.clone(), counters.clone(), files.len());
         workers.push(std::thread::spawn(move || lister(&m, n, &s, &c)));
     }
@@ -339,12 +515,12 @@ fn main() -> Result<()> {
     // Every acknowledged write must be in the bucket, exactly (checked without the mount and without faults).
     let acked = acked.lock().unwrap().clone();
     rt.block_on(async {
-        for (name, (seed, len)) in &acked {
-            let got = client.get_object().bucket(BUCKET).key(name).send().await;
+        for (name, expect) in &acked {
+            let got = client.get_object().bucket(bucket).key(name).send().await;
             match got {
                 Ok(o) => {
                     let body = o.body.collect().await?.into_bytes();
-                    if body[..] != pattern(*seed, *len)[..] {
+                    if body[..] != expect.bytes()[..] {
                         counters.violation(format!(
                             "{name}: bucket holds other bytes than acknowledged"
                         ));
@@ -358,7 +534,7 @@ fn main() -> Result<()> {
     let uploads = admin(
         &emu,
         "GET",
-        &format!("/_emulator/uploads?bucket={BUCKET}"),
+        &format!("/_emulator/uploads?bucket={bucket}"),
         "",
     )?;
     drop(daemon);
@@ -383,8 +559,20 @@ fn report(
     );
     let injected: serde_json::Value = serde_json::from_str(injected).unwrap_or_default();
     println!(
-        "## Soak: {} min, fault rate {}, seed {}",
-        args.minutes, args.fault_rate, args.seed
+        "## Soak: {} min, fault rate {}{}, seed {}, {}",
+        args.minutes,
+        args.fault_rate,
+        if args.loud_faults {
+            " (loud faults mixed in)"
+        } else {
+            ""
+        },
+        args.seed,
+        if args.general_purpose {
+            "general-purpose bucket"
+        } else {
+            "directory bucket"
+        }
     );
     println!();
     println!("| measure | value |");
@@ -414,6 +602,21 @@ fn report(
         c.writes_failed.load(Ordering::Relaxed).to_string(),
     );
     line("deletes", c.deletes.load(Ordering::Relaxed).to_string());
+    let pair = |ok: &AtomicU64, failed: &AtomicU64| {
+        format!(
+            "{} / {}",
+            ok.load(Ordering::Relaxed),
+            failed.load(Ordering::Relaxed)
+        )
+    };
+    line(
+        "commits (temporary file renamed over the last) ok / failed loudly",
+        pair(&c.commits_ok, &c.commits_failed),
+    );
+    line(
+        "patches in place (fsync ok) ok / failed loudly",
+        pair(&c.patches_ok, &c.patches_failed),
+    );
     line(
         "listings ok / failed",
         format!(
