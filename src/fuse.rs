@@ -16,7 +16,7 @@ use fuser::{
 use tracing::{Instrument, Span, debug, debug_span, info, warn};
 
 use crate::fs::attrs::StoredAttrs;
-use crate::fs::{Attr, FileKind, FsError, FsResult, OpenMode, S3Filesystem};
+use crate::fs::{Attr, FileKind, FsError, FsResult, KernelNotice, OpenMode, S3Filesystem};
 
 /// Mount-level options decided by the CLI.
 #[derive(Debug, Clone)]
@@ -890,13 +890,30 @@ fn push_to_page_cache(notifier: &OnceLock<fuser::Notifier>, ino: INodeNo, bytes:
     }
 }
 
-/// Has the kernel drop its cached attributes of `ino` (FUSE_NOTIFY_INVAL_INODE with a negative offset: the
-/// attributes only, no page is touched, so this may run while a request of the same inode is answered).
-fn forget_attributes(notifier: &OnceLock<fuser::Notifier>, ino: INodeNo) {
-    if let Some(notifier) = notifier.get()
-        && let Err(e) = notifier.inval_inode(ino, -1, 0)
-    {
-        debug!(ino = ino.0, error = %e, "the kernel did not drop an inode's attributes");
+/// Passes a [`KernelNotice`] on. Attributes: FUSE_NOTIFY_INVAL_INODE with a negative offset drops them and
+/// touches no page, so it may run while a request on the same inode is being answered. A name: the kernel
+/// takes the directory's lock to drop it, which a request it is serving in that directory may hold while
+/// waiting for us, so that notice goes from a thread of its own.
+fn tell_kernel(notifier: &Arc<OnceLock<fuser::Notifier>>, notice: KernelNotice) {
+    let Some(kernel) = notifier.get() else {
+        return;
+    };
+    match notice {
+        KernelNotice::Attributes(ino) => {
+            if let Err(e) = kernel.inval_inode(INodeNo(ino), -1, 0) {
+                debug!(ino, error = %e, "the kernel did not drop an inode's attributes");
+            }
+        }
+        KernelNotice::NameGone { parent, name } => {
+            let notifier = Arc::clone(notifier);
+            std::thread::spawn(move || {
+                if let Some(kernel) = notifier.get()
+                    && let Err(e) = kernel.inval_entry(INodeNo(parent), name.as_ref())
+                {
+                    debug!(parent, name, error = %e, "the kernel did not drop a name");
+                }
+            });
+        }
     }
 }
 
@@ -918,7 +935,7 @@ pub fn mount(
     let notifier = Arc::new(OnceLock::new());
     {
         let notifier = Arc::clone(&notifier);
-        fs.on_stale_attributes(move |ino| forget_attributes(&notifier, INodeNo(ino)));
+        fs.on_kernel_notice(move |notice| tell_kernel(&notifier, notice));
     }
     let adapter = Adapter {
         fs,

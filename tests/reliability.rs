@@ -479,7 +479,7 @@ fn full_cache_and_staging_disk() {
 }
 
 /// A write the service refuses leaves the file as the bucket holds it: through a new open, the old object,
-/// whole and at its old size, never the failed writer's size or bytes. (A soak on a general-purpose bucket
+/// whole and at its old size, never the failed writer's size or bytes; a new file leaves no name. (A soak on a general-purpose bucket
 /// read back the first bytes of the old object, cut at the failed writer's size.)
 #[test]
 fn a_refused_overwrite_leaves_the_old_file_visible() {
@@ -536,6 +536,30 @@ fn a_refused_overwrite_leaves_the_old_file_visible() {
                 got.len()
             );
         }
+        // A new file whose upload is refused leaves no name behind.
+        let fresh = mount.path().join("never.bin");
+        let written = (|| -> std::io::Result<()> {
+            let mut f = std::fs::File::create(&fresh)?;
+            f.write_all(&pattern(33, MIB))?;
+            f.sync_all()
+        })();
+        assert!(
+            written.is_err(),
+            "{bucket}: the new file's upload was refused"
+        );
+        // The kernel is told from a thread of its own (it takes the directory's lock): allow it a moment,
+        // far less than the 60 s it would otherwise keep the name.
+        let deadline = std::time::Instant::now() + Duration::from_secs(2);
+        while fresh.exists() && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert_eq!(
+            std::fs::metadata(&fresh)
+                .map(|m| m.len())
+                .map_err(|e| e.kind()),
+            Err(std::io::ErrorKind::NotFound),
+            "{bucket}: a new file that never reached the bucket"
+        );
         admin_post(&emu, "/_emulator/faults", &faults_json(0.0, 0, &[], &[]));
         assert_eq!(
             get(&emu, &bucket, "ckpt.bin").map(|b| sha256_hex(&b)),

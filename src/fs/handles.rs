@@ -28,7 +28,9 @@ use super::inode::{Kind, Node, Stat};
 use super::read::Reader;
 use super::superblock::check_name;
 use super::write::{Writer, WriterOptions};
-use super::{Attr, DirEntry, FsError, FsResult, OpenMode, Opened, S3Filesystem, names, preload};
+use super::{
+    Attr, DirEntry, FsError, FsResult, KernelNotice, OpenMode, Opened, S3Filesystem, names, preload,
+};
 use crate::s3::WriteCondition;
 use staging::SharedStaged;
 pub use staging::StagedFiles;
@@ -1047,25 +1049,37 @@ impl S3Filesystem {
         let parent = node.parent();
         if node.is_local() && !node.is_being_written() {
             let name = node.name().to_string();
-            table.detach(parent, &name);
+            // Unless its writer's failure took the name away already and a new file has it now.
+            table.detach_if(parent, &name, ino);
         }
         drop(table);
         self.sb.invalidate_listing(parent);
         if restored {
-            self.attributes_went_stale(ino);
+            self.tell_kernel(KernelNotice::Attributes(ino));
         }
     }
 
     /// A streaming writer failed: its bytes will never reach the bucket (its error stays for its fsync and
-    /// close), so the file is at once what the bucket holds again, for stat and for the next open.
+    /// close), so the file is at once what the bucket holds again, for stat and for the next open; a file
+    /// made here that never got there has no name any more.
     fn stream_writer_failed(&self, ino: u64, counted: &WriterMark) {
-        let restored = self
-            .sb
-            .table()
-            .get_mut(ino)
-            .is_some_and(|node| counted.abandoned(node));
-        if restored {
-            self.attributes_went_stale(ino);
+        let mut table = self.sb.table();
+        let Some(node) = table.get_mut(ino) else {
+            return;
+        };
+        if !counted.abandoned(node) {
+            return;
+        }
+        let gone = (node.is_local() && !node.is_being_written())
+            .then(|| (node.parent(), node.name().to_string()));
+        if let Some((parent, name)) = &gone {
+            table.detach_if(*parent, name, ino);
+        }
+        drop(table);
+        self.tell_kernel(KernelNotice::Attributes(ino));
+        if let Some((parent, name)) = gone {
+            self.sb.invalidate_listing(parent);
+            self.tell_kernel(KernelNotice::NameGone { parent, name });
         }
     }
 }

@@ -144,6 +144,15 @@ pub struct DirEntry {
     pub name: String,
 }
 
+/// What the kernel may cache that a write which never reached the bucket made wrong.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KernelNotice {
+    /// The inode's attributes: the writer had changed its size.
+    Attributes(u64),
+    /// A name made here whose file never got to the bucket: it is gone.
+    NameGone { parent: u64, name: String },
+}
+
 /// An open file handle and how the kernel should cache its bytes.
 #[derive(Debug)]
 pub struct Opened {
@@ -198,8 +207,8 @@ pub struct S3Filesystem {
     read_ahead: Arc<read_ahead::ReadAheadShare>,
     /// First opens' preloads not stored yet: another open or a truncation of the inode voids them.
     preloads: preload::Preloads,
-    /// Tells the kernel to forget the attributes it caches of an inode (set by the FUSE adapter).
-    stale_attributes: OnceLock<Box<dyn Fn(u64) + Send + Sync>>,
+    /// Tells the kernel to forget what it caches of an inode or a name (set by the FUSE adapter).
+    kernel_notices: OnceLock<Box<dyn Fn(KernelNotice) + Send + Sync>>,
 }
 
 impl S3Filesystem {
@@ -223,7 +232,7 @@ impl S3Filesystem {
             keep_budget,
             read_ahead,
             preloads: preload::Preloads::default(),
-            stale_attributes: OnceLock::new(),
+            kernel_notices: OnceLock::new(),
         }
     }
 
@@ -282,15 +291,15 @@ impl S3Filesystem {
         )
     }
 
-    /// How to tell the kernel that the attributes it caches of an inode are wrong: a write that never reached
-    /// the bucket had changed the file's size. Set once, by whoever serves the kernel.
-    pub fn on_stale_attributes(&self, tell: impl Fn(u64) + Send + Sync + 'static) {
-        let _ = self.stale_attributes.set(Box::new(tell));
+    /// How to tell the kernel that something it caches is wrong now (see [`KernelNotice`]). Set once, by
+    /// whoever serves the kernel.
+    pub fn on_kernel_notice(&self, tell: impl Fn(KernelNotice) + Send + Sync + 'static) {
+        let _ = self.kernel_notices.set(Box::new(tell));
     }
 
-    fn attributes_went_stale(&self, ino: u64) {
-        if let Some(tell) = self.stale_attributes.get() {
-            tell(ino);
+    fn tell_kernel(&self, notice: KernelNotice) {
+        if let Some(tell) = self.kernel_notices.get() {
+            tell(notice);
         }
     }
 
