@@ -86,18 +86,40 @@ impl Counters {
     }
 }
 
-/// What an acknowledged key must hold: a pattern (by seed and length) or, once patched, the bytes themselves.
+/// What a key must hold: a pattern (by seed and length), or once patched the bytes themselves; after a
+/// commit or patch that failed, any of the versions it could have left, or perhaps nothing.
 #[derive(Clone)]
 enum Expect {
+    Absent,
     Pattern(u64, usize),
     Bytes(Arc<Vec<u8>>),
+    OneOf(Vec<Expect>),
 }
 
 impl Expect {
-    fn bytes(&self) -> Vec<u8> {
+    /// The bytes, when exactly one version is possible.
+    fn exact(&self) -> Option<Vec<u8>> {
         match self {
-            Expect::Pattern(seed, len) => pattern(*seed, *len),
-            Expect::Bytes(b) => b.to_vec(),
+            Expect::Pattern(seed, len) => Some(pattern(*seed, *len)),
+            Expect::Bytes(b) => Some(b.to_vec()),
+            Expect::Absent | Expect::OneOf(_) => None,
+        }
+    }
+
+    fn matches(&self, got: &[u8]) -> bool {
+        match self {
+            Expect::Absent => false,
+            Expect::Pattern(seed, len) => got.len() == *len && got == &pattern(*seed, *len)[..],
+            Expect::Bytes(b) => got == &b[..],
+            Expect::OneOf(all) => all.iter().any(|e| e.matches(got)),
+        }
+    }
+
+    fn allows_missing(&self) -> bool {
+        match self {
+            Expect::Absent => true,
+            Expect::OneOf(all) => all.iter().any(Expect::allows_missing),
+            _ => false,
         }
     }
 }
@@ -212,13 +234,11 @@ fn writer(mnt: &Path, seed: u64, stop: &AtomicBool, c: &Counters, acked: &Acked)
                 c.writes_failed.fetch_add(1, Ordering::Relaxed);
                 // The key holds the old object or nothing: never a part of the new one.
                 if let Some(Ok(got)) = read_back(&path) {
-                    let old = before.map(|e| e.bytes());
-                    if old.as_deref() != Some(&got[..]) {
+                    if !before.as_ref().is_some_and(|b| b.matches(&got)) {
                         c.violation(format!(
-                            "{name}: failed write left {} bytes that are not the previous object ({}); \
+                            "{name}: failed write left {} bytes that are not the previous object; \
                              the failed write's own bytes: {}",
                             got.len(),
-                            old.map_or("none".to_string(), |o| format!("{} bytes", o.len())),
                             got == data
                         ));
                     }
@@ -238,10 +258,15 @@ fn checkpointer(mnt: &Path, seed: u64, stop: &AtomicBool, c: &Counters, acked: &
     while !stop.load(Ordering::Relaxed) {
         n += 1;
         let name = format!("out/c-{}", rng.below(8));
-        let before = acked.lock().unwrap().get(&name).cloned();
-        match before {
-            Some(old) if rng.below(3) == 0 => patch(mnt, &name, old, &mut rng, c, acked),
-            before => commit(mnt, &name, before, seed * 1_000_000 + n, &mut rng, c, acked),
+        let before = acked
+            .lock()
+            .unwrap()
+            .get(&name)
+            .cloned()
+            .unwrap_or(Expect::Absent);
+        match before.exact() {
+            Some(old) if rng.below(3) == 0 => patch(mnt, &name, before, old, &mut rng, c, acked),
+            _ => commit(mnt, &name, before, seed * 1_000_000 + n, &mut rng, c, acked),
         }
     }
 }
@@ -250,7 +275,7 @@ fn checkpointer(mnt: &Path, seed: u64, stop: &AtomicBool, c: &Counters, acked: &
 fn commit(
     mnt: &Path,
     name: &str,
-    before: Option<Expect>,
+    before: Expect,
     content_seed: u64,
     rng: &mut Rng,
     c: &Counters,
@@ -258,7 +283,7 @@ fn commit(
 ) {
     let len = 1 + rng.below(2 * MIB as u64) as usize;
     let new = Expect::Pattern(content_seed, len);
-    let data = new.bytes();
+    let data = pattern(content_seed, len);
     let (path, tmp) = (
         mnt.join(name),
         mnt.join(format!("{name}.tmp-{content_seed}")),
@@ -292,10 +317,17 @@ fn commit(
 }
 
 /// Overwrites a few bytes of a committed `name` at a random offset (perhaps past its end) and fsyncs.
-fn patch(mnt: &Path, name: &str, before: Expect, rng: &mut Rng, c: &Counters, acked: &Acked) {
+fn patch(
+    mnt: &Path,
+    name: &str,
+    before: Expect,
+    old: Vec<u8>,
+    rng: &mut Rng,
+    c: &Counters,
+    acked: &Acked,
+) {
     use std::os::unix::fs::FileExt;
     let path = mnt.join(name);
-    let old = before.bytes();
     let at = rng.below(old.len() as u64 + 1) as usize;
     let chunk = pattern(rng.below(u64::MAX), 1 + rng.below(64 * 1024) as usize);
     let mut data = old;
@@ -303,6 +335,7 @@ fn patch(mnt: &Path, name: &str, before: Expect, rng: &mut Rng, c: &Counters, ac
         data.resize(at + chunk.len(), 0);
     }
     data[at..at + chunk.len()].copy_from_slice(&chunk);
+    let expected = data.clone();
     let new = Expect::Bytes(Arc::new(data));
     let written = std::fs::OpenOptions::new()
         .read(true)
@@ -314,11 +347,10 @@ fn patch(mnt: &Path, name: &str, before: Expect, rng: &mut Rng, c: &Counters, ac
         });
     if written.is_err() {
         c.patches_failed.fetch_add(1, Ordering::Relaxed);
-        settle(&path, name, Some(before), new, c, acked);
+        settle(&path, name, before, new, c, acked);
         return;
     }
     c.patches_ok.fetch_add(1, Ordering::Relaxed);
-    let expected = new.bytes();
     acked.lock().unwrap().insert(name.to_string(), new);
     match read_back(&path) {
         Some(Ok(got)) if got == expected => {}
@@ -332,33 +364,24 @@ fn patch(mnt: &Path, name: &str, before: Expect, rng: &mut Rng, c: &Counters, ac
     }
 }
 
-/// After a commit or patch that failed loudly, `name` must hold the version before (or nothing, if there was
-/// none) or the new one, whole. Which one is not promised (an upload may still land after the error), so the
-/// name is no longer checked at the end.
-fn settle(
-    path: &Path,
-    name: &str,
-    before: Option<Expect>,
-    new: Expect,
-    c: &Counters,
-    acked: &Acked,
-) {
+/// After a commit or patch that failed loudly, `name` must hold the version before (or nothing, if there may
+/// have been none) or the new one, whole. Which one is not promised (a staged file's upload may still land
+/// at its release), so from then on either is accepted.
+fn settle(path: &Path, name: &str, before: Expect, new: Expect, c: &Counters, acked: &Acked) {
     match read_back(path) {
-        Some(Ok(got)) => {
-            let is_before = before.as_ref().is_some_and(|b| got == b.bytes());
-            if !is_before && got != new.bytes() {
-                c.violation(format!(
-                    "{name}: a failed commit or patch left {} bytes, neither the version before nor the new one",
-                    got.len()
-                ));
-            }
-        }
-        Some(Err(_)) if before.is_some() => c.violation(format!(
+        Some(Ok(got)) if !before.matches(&got) && !new.matches(&got) => c.violation(format!(
+            "{name}: a failed commit or patch left {} bytes, neither the version before nor the new one",
+            got.len()
+        )),
+        Some(Err(_)) if !before.allows_missing() => c.violation(format!(
             "{name}: a failed commit or patch lost the version before"
         )),
         _ => {}
     }
-    acked.lock().unwrap().remove(name);
+    acked
+        .lock()
+        .unwrap()
+        .insert(name.to_string(), Expect::OneOf(vec![before, new]));
 }
 
 fn lister(mnt: &Path, expected: usize, stop: &AtomicBool, c: &Counters) {
@@ -520,12 +543,13 @@ fn main() -> Result<()> {
             match got {
                 Ok(o) => {
                     let body = o.body.collect().await?.into_bytes();
-                    if body[..] != expect.bytes()[..] {
+                    if !expect.matches(&body) {
                         counters.violation(format!(
                             "{name}: bucket holds other bytes than acknowledged"
                         ));
                     }
                 }
+                Err(_) if expect.allows_missing() => {}
                 Err(e) => counters.violation(format!("{name}: acknowledged write missing: {e}")),
             }
         }
