@@ -233,15 +233,15 @@ fn writer(mnt: &Path, seed: u64, stop: &AtomicBool, c: &Counters, acked: &Acked)
             Err(_) => {
                 c.writes_failed.fetch_add(1, Ordering::Relaxed);
                 // The key holds the old object or nothing: never a part of the new one.
-                if let Some(Ok(got)) = read_back(&path) {
-                    if !before.as_ref().is_some_and(|b| b.matches(&got)) {
-                        c.violation(format!(
-                            "{name}: failed write left {} bytes that are not the previous object; \
-                             the failed write's own bytes: {}",
-                            got.len(),
-                            got == data
-                        ));
-                    }
+                if let Some(Ok(got)) = read_back(&path)
+                    && !before.as_ref().is_some_and(|b| b.matches(&got))
+                {
+                    c.violation(format!(
+                        "{name}: failed write left {} bytes that are not the previous object; \
+                         the failed write's own bytes: {}",
+                        got.len(),
+                        got == data
+                    ));
                 }
                 // The name's state is unknown now only if it was never acknowledged; keep the expectation.
             }
