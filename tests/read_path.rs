@@ -301,24 +301,20 @@ fn session_refresh_keeps_mount_reading() {
     assert!(i >= 40);
 }
 
-/// `--memory-target` bounds what parallel sequential readers hold: with 64 MiB for four readers that would
-/// each prefetch 64 MiB, windows shrink, the bytes stay exact and the daemon's peak RSS stays well below
-/// what four full windows would take.
-#[test]
-fn memory_target_bounds_parallel_readers() {
-    let bucket = fresh_bucket(true, "memtarget");
+/// A fresh directory bucket holding four shards `shard-N.tar` of `len` bytes (contents from `seed` on).
+fn bucket_of_shards(tag: &str, seed: u64, len: usize) -> (String, Vec<(String, Vec<u8>)>) {
+    let bucket = fresh_bucket(true, tag);
     let files: Vec<(String, Vec<u8>)> = (0..4)
-        .map(|i| {
-            (
-                format!("shard-{i}.tar"),
-                pattern(700 + i, 96 * 1024 * 1024 + 11),
-            )
-        })
+        .map(|i| (format!("shard-{i}.tar"), pattern(seed + i, len)))
         .collect();
     put_many(emulator(), &bucket, files.clone());
-    let mount = Mount::new(&bucket, &["--memory-target", "64", "--max-prefetch", "64M"]);
+    (bucket, files)
+}
+
+/// Reads every file through `mount` at once, one thread each, and checks their bytes.
+fn read_all_at_once(mount: &Mount, files: &[(String, Vec<u8>)]) {
     std::thread::scope(|s| {
-        for (name, data) in &files {
+        for (name, data) in files {
             let path = mount.path().join(name);
             s.spawn(move || {
                 let got = std::fs::read(&path).unwrap();
@@ -326,6 +322,16 @@ fn memory_target_bounds_parallel_readers() {
             });
         }
     });
+}
+
+/// `--memory-target` bounds what parallel sequential readers hold: with 64 MiB for four readers that would
+/// each prefetch 64 MiB, windows shrink, the bytes stay exact and the daemon's peak RSS stays well below
+/// what four full windows would take.
+#[test]
+fn memory_target_bounds_parallel_readers() {
+    let (bucket, files) = bucket_of_shards("memtarget", 700, 96 * 1024 * 1024 + 11);
+    let mount = Mount::new(&bucket, &["--memory-target", "64", "--max-prefetch", "64M"]);
+    read_all_at_once(&mount, &files);
     let peak = mount.peak_rss_mib();
     eprintln!("daemon peak RSS with --memory-target 64: {peak} MiB");
     // Four full 64 MiB windows alone would be 256 MiB; the budget keeps buffers near 64 MiB + the parts
@@ -340,16 +346,7 @@ fn memory_target_bounds_parallel_readers() {
 /// glibc's free pages. Left alone, a burst like this one stayed resident for as long as the mount lived.
 #[test]
 fn an_idle_mount_gives_its_buffers_memory_back() {
-    let bucket = fresh_bucket(true, "idlemem");
-    let files: Vec<(String, Vec<u8>)> = (0..4)
-        .map(|i| {
-            (
-                format!("shard-{i}.tar"),
-                pattern(900 + i, 48 * 1024 * 1024 + 7),
-            )
-        })
-        .collect();
-    put_many(emulator(), &bucket, files.clone());
+    let (bucket, files) = bucket_of_shards("idlemem", 900, 48 * 1024 * 1024 + 7);
     let addr = free_metrics_addr();
     // Ticks of 300 ms: quiet for about a second before the memory goes back (5 s ticks in a release build).
     let mount = Mount::with_env(
@@ -357,15 +354,7 @@ fn an_idle_mount_gives_its_buffers_memory_back() {
         &["--metrics-addr", &addr],
         &[("EXPRESSFS_TEST_IDLE_TICK_MS", "300")],
     );
-    std::thread::scope(|s| {
-        for (name, data) in &files {
-            let path = mount.path().join(name);
-            s.spawn(move || {
-                let got = std::fs::read(&path).unwrap();
-                assert!(got == *data, "{name}: wrong bytes");
-            });
-        }
-    });
+    read_all_at_once(&mount, &files);
     let busy = mount.rss_mib();
     let releases = || daemon_metric(&addr, "expressfs_idle_memory_releases_total");
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);

@@ -682,29 +682,53 @@ fn get_resumes_after_broken_bodies() {
     }
 }
 
-#[test]
-fn expired_sessions_are_replaced() {
-    let bucket = common::directory_bucket("expired");
-    let emu = common::start_emulator(EmulatorConfig {
-        buckets: vec![bucket.clone()],
+/// An emulator of its own for `bucket` that answers 30% of the `operations` with ExpiredToken.
+fn emulator_expiring_tokens(bucket: &str, seed: u64, operations: &[&str]) -> Emulator {
+    common::start_emulator(EmulatorConfig {
+        buckets: vec![bucket.to_string()],
         faults: FaultConfig {
             rate: 0.3,
-            seed: 5,
-            operations: vec!["GetObject".into()],
+            seed,
+            operations: operations.iter().map(|o| o.to_string()).collect(),
             kinds: vec!["expired-token".into()],
         },
         ..Default::default()
-    });
-    let c = client(&emu, &bucket);
-    let data = common::pattern(12, 300_000);
+    })
+}
+
+/// Puts 300,000 bytes (seed `seed`) at "obj" and checks `reads` random ranged reads of them.
+fn put_and_read_back(c: &SdkClient, seed: u64, reads: usize) {
+    let data = common::pattern(seed, 300_000);
     block(async {
         let etag = c
             .put_object("obj", Bytes::from(data.clone()), WriteCondition::None)
             .await
             .unwrap()
             .etag;
-        check_random_reads(&c, "obj", &data, &etag, 40, 9).await;
+        check_random_reads(c, "obj", &data, &etag, reads, seed).await;
     });
+}
+
+/// How many faults the emulator injected, by operation.
+fn injected_by_operation(emu: &Emulator) -> std::collections::BTreeMap<String, u64> {
+    let (status, body) = common::admin_get(emu, "/_emulator/faults");
+    assert_eq!(status, 200, "{body}");
+    let report: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let mut by_op = std::collections::BTreeMap::new();
+    for item in report["injected"].as_array().unwrap() {
+        *by_op
+            .entry(item["operation"].as_str().unwrap().to_string())
+            .or_default() += item["count"].as_u64().unwrap();
+    }
+    by_op
+}
+
+#[test]
+fn expired_sessions_are_replaced() {
+    let bucket = common::directory_bucket("expired");
+    let emu = emulator_expiring_tokens(&bucket, 5, &["GetObject"]);
+    let c = client(&emu, &bucket);
+    put_and_read_back(&c, 12, 40);
     assert!(
         c.counters().session_renewals > 0,
         "no session was ever rejected, the test tested nothing"
@@ -717,21 +741,8 @@ fn expired_sessions_are_replaced() {
 #[test]
 fn expired_credentials_on_a_general_purpose_bucket_are_retried() {
     let bucket = common::general_bucket("expiredgp");
-    let emu = common::start_emulator(EmulatorConfig {
-        buckets: vec![bucket.clone()],
-        faults: FaultConfig {
-            rate: 0.3,
-            seed: 17,
-            operations: vec![
-                "GetObject".into(),
-                "HeadObject".into(),
-                "ListObjectsV2".into(),
-                "PutObject".into(),
-            ],
-            kinds: vec!["expired-token".into()],
-        },
-        ..Default::default()
-    });
+    let operations = ["GetObject", "HeadObject", "ListObjectsV2", "PutObject"];
+    let emu = emulator_expiring_tokens(&bucket, 17, &operations);
     let c = client(&emu, &bucket);
     let data = common::pattern(14, 300_000);
     block(async {
@@ -761,19 +772,10 @@ fn expired_credentials_on_a_general_purpose_bucket_are_retried() {
         }
         check_random_reads(&c, "obj9", &data, &etag, 40, 5).await;
     });
-    let (status, body) = common::admin_get(&emu, "/_emulator/faults");
-    assert_eq!(status, 200, "{body}");
-    let report: serde_json::Value = serde_json::from_str(&body).unwrap();
-    let ops: std::collections::BTreeSet<&str> = report["injected"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|i| i["operation"].as_str().unwrap())
-        .collect();
-    assert_eq!(
-        ops.len(),
-        4,
-        "every operation met an expired token at least once: {body}"
+    let injected = injected_by_operation(&emu);
+    assert!(
+        operations.iter().all(|op| injected.contains_key(*op)),
+        "every operation met an expired token at least once: {injected:?}"
     );
 }
 
@@ -783,39 +785,13 @@ fn expired_credentials_on_a_general_purpose_bucket_are_retried() {
 #[test]
 fn an_expired_token_answer_to_create_session_is_retried() {
     let bucket = common::directory_bucket("expiredcs");
-    let emu = common::start_emulator(EmulatorConfig {
-        buckets: vec![bucket.clone()],
-        faults: FaultConfig {
-            rate: 0.3,
-            seed: 11,
-            operations: vec!["GetObject".into(), "CreateSession".into()],
-            kinds: vec!["expired-token".into()],
-        },
-        ..Default::default()
-    });
+    let emu = emulator_expiring_tokens(&bucket, 11, &["GetObject", "CreateSession"]);
     let c = client(&emu, &bucket);
-    let data = common::pattern(13, 300_000);
-    block(async {
-        let etag = c
-            .put_object("obj", Bytes::from(data.clone()), WriteCondition::None)
-            .await
-            .unwrap()
-            .etag;
-        check_random_reads(&c, "obj", &data, &etag, 60, 3).await;
-    });
-    let (status, body) = common::admin_get(&emu, "/_emulator/faults");
-    assert_eq!(status, 200, "{body}");
-    let report: serde_json::Value = serde_json::from_str(&body).unwrap();
-    let refused_sessions: u64 = report["injected"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|i| i["operation"] == "CreateSession")
-        .map(|i| i["count"].as_u64().unwrap())
-        .sum();
+    put_and_read_back(&c, 13, 60);
+    let injected = injected_by_operation(&emu);
     assert!(
-        refused_sessions > 0,
-        "no CreateSession was refused, the test tested nothing: {body}"
+        injected.contains_key("CreateSession"),
+        "no CreateSession was refused, the test tested nothing: {injected:?}"
     );
 }
 

@@ -301,16 +301,7 @@ fn commit(
     }
     c.commits_ok.fetch_add(1, Ordering::Relaxed);
     acked.lock().unwrap().insert(name.to_string(), new);
-    match read_back(&path) {
-        Some(Ok(got)) if got == data => {}
-        Some(Ok(got)) => c.violation(format!(
-            "{name}: {} bytes after the rename, not the {} committed",
-            got.len(),
-            data.len()
-        )),
-        Some(Err(e)) => c.violation(format!("{name}: not found after the rename: {e}")),
-        None => {}
-    }
+    check_read_back(&path, name, &data, "a commit", c);
     if std::fs::symlink_metadata(&tmp).is_ok() {
         c.violation(format!("{}: still there after its rename", tmp.display()));
     }
@@ -352,14 +343,19 @@ fn patch(
     }
     c.patches_ok.fetch_add(1, Ordering::Relaxed);
     acked.lock().unwrap().insert(name.to_string(), new);
-    match read_back(&path) {
+    check_read_back(&path, name, &expected, "a patch", c);
+}
+
+/// Reads `path` back after `what` succeeded: it must hold exactly `expected`.
+fn check_read_back(path: &Path, name: &str, expected: &[u8], what: &str, c: &Counters) {
+    match read_back(path) {
         Some(Ok(got)) if got == expected => {}
         Some(Ok(got)) => c.violation(format!(
-            "{name}: {} bytes after a patch, not the {} patched",
+            "{name}: {} bytes after {what}, not the {} it wrote",
             got.len(),
             expected.len()
         )),
-        Some(Err(e)) => c.violation(format!("{name}: not found after a patch: {e}")),
+        Some(Err(e)) => c.violation(format!("{name}: not found after {what}: {e}")),
         None => {}
     }
 }
