@@ -392,7 +392,6 @@ impl InodeTable {
         ino
     }
 
-    /// Forgets the name `parent/name` (the node lives on while the kernel still references it).
     /// [`InodeTable::detach`], only if `name` still stands for `ino`.
     pub fn detach_if(&mut self, parent: u64, name: &str, ino: u64) {
         if self.children.get(&(parent, name.to_string())) == Some(&ino) {
@@ -400,6 +399,7 @@ impl InodeTable {
         }
     }
 
+    /// Forgets the name `parent/name` (the node lives on while the kernel still references it).
     pub fn detach(&mut self, parent: u64, name: &str) -> Option<u64> {
         let ino = self.children.remove(&(parent, name.to_string()))?;
         if self
