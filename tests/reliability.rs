@@ -568,3 +568,60 @@ fn a_refused_overwrite_leaves_the_old_file_visible() {
         );
     }
 }
+
+/// A file fsynced, then changed again by the same descriptor, whose last upload is refused: once its handle is
+/// gone it is what its fsync left in the bucket, not the size of the refused change.
+#[test]
+fn a_refused_change_after_fsync_leaves_the_fsynced_file() {
+    let bucket = fresh_bucket(true, "refusedafterfsync");
+    let emu = start_emulator(EmulatorConfig {
+        buckets: vec![bucket.clone()],
+        ..Default::default()
+    });
+    let mount = Mount::on(
+        &emu,
+        &bucket,
+        &["--allow-overwrite", "--metadata-ttl", "60"],
+    );
+    let path = mount.path().join("log.bin");
+    let first = pattern(41, MIB + 9);
+    let mut f = std::fs::File::create(&path).unwrap();
+    f.write_all(&first).unwrap();
+    f.sync_all().unwrap();
+    let uploads = [
+        "PutObject",
+        "CreateMultipartUpload",
+        "UploadPart",
+        "CompleteMultipartUpload",
+    ];
+    let (status, answer) = admin_post(
+        &emu,
+        "/_emulator/faults",
+        &faults_json(1.0, 1, &uploads, &["unexpected-status"]),
+    );
+    assert_eq!(status, 200, "{answer}");
+    // The same descriptor goes on writing (it becomes a staged file); its close and release cannot upload.
+    let more = (|| -> std::io::Result<()> {
+        f.write_all(&pattern(42, 2 * MIB))?;
+        f.sync_all()
+    })();
+    assert!(more.is_err(), "the change after fsync was refused");
+    drop(f);
+    // The release (after close, asynchronous) gives the file back to what the bucket holds.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while std::fs::metadata(&path).unwrap().len() != first.len() as u64
+        && std::time::Instant::now() < deadline
+    {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(
+        std::fs::metadata(&path).unwrap().len(),
+        first.len() as u64,
+        "the size its fsync uploaded"
+    );
+    assert!(
+        std::fs::read(&path).unwrap() == first,
+        "the bytes its fsync uploaded"
+    );
+    admin_post(&emu, "/_emulator/faults", &faults_json(0.0, 0, &[], &[]));
+}

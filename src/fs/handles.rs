@@ -327,10 +327,8 @@ impl S3Filesystem {
                     if let WriteState::Stream(w) = &mut *state
                         && w.truncate(size)
                     {
-                        let new_size = w.size();
-                        if let Some(n) = self.sb.table().get_mut(ino) {
-                            n.set_size(new_size);
-                        }
+                        // A writer fsynced before is busy again: counted before its size changes.
+                        self.note_written(ino, counted, w.size());
                     } else {
                         let shared = self
                             .stage_writer(ino, owner, &mut state, counted, false)
@@ -871,8 +869,15 @@ impl S3Filesystem {
                 return Ok(n);
             }
             _ => {
-                self.stage_writer(ino, &handle, &mut state, counted, true)
-                    .await?
+                let staged = self
+                    .stage_writer(ino, &handle, &mut state, counted, true)
+                    .await;
+                if let (Err(_), WriteState::Stream(w)) = (&staged, &*state)
+                    && w.is_failed()
+                {
+                    self.stream_writer_failed(ino, counted);
+                }
+                staged?
             }
         };
         drop(state);
@@ -900,8 +905,9 @@ impl S3Filesystem {
 
     fn note_written(&self, ino: u64, counted: &WriterMark, size: u64) {
         if let Some(node) = self.sb.table().get_mut(ino) {
-            node.record_write(size);
+            // Counted first: a writer that starts again keeps aside what the bucket holds.
             counted.wrote(node);
+            node.record_write(size);
         }
     }
 
@@ -1047,15 +1053,21 @@ impl S3Filesystem {
             None => counted.abandoned(node),
         };
         let parent = node.parent();
+        let mut gone = None;
         if node.is_local() && !node.is_being_written() {
             let name = node.name().to_string();
             // Unless its writer's failure took the name away already and a new file has it now.
-            table.detach_if(parent, &name, ino);
+            if table.detach_if(parent, &name, ino) {
+                gone = Some(name);
+            }
         }
         drop(table);
         self.sb.invalidate_listing(parent);
         if restored {
             self.tell_kernel(KernelNotice::Attributes(ino));
+        }
+        if let Some(name) = gone {
+            self.tell_kernel(KernelNotice::NameGone { parent, name });
         }
     }
 
@@ -1072,9 +1084,7 @@ impl S3Filesystem {
         }
         let gone = (node.is_local() && !node.is_being_written())
             .then(|| (node.parent(), node.name().to_string()));
-        if let Some((parent, name)) = &gone {
-            table.detach_if(*parent, name, ino);
-        }
+        let gone = gone.filter(|(parent, name)| table.detach_if(*parent, name, ino));
         drop(table);
         self.tell_kernel(KernelNotice::Attributes(ino));
         if let Some((parent, name)) = gone {

@@ -392,11 +392,13 @@ impl InodeTable {
         ino
     }
 
-    /// [`InodeTable::detach`], only if `name` still stands for `ino`.
-    pub fn detach_if(&mut self, parent: u64, name: &str, ino: u64) {
-        if self.children.get(&(parent, name.to_string())) == Some(&ino) {
+    /// [`InodeTable::detach`], only if `name` still stands for `ino`; whether it did.
+    pub fn detach_if(&mut self, parent: u64, name: &str, ino: u64) -> bool {
+        let stands = self.children.get(&(parent, name.to_string())) == Some(&ino);
+        if stands {
             self.detach(parent, name);
         }
+        stands
     }
 
     /// Forgets the name `parent/name` (the node lives on while the kernel still references it).

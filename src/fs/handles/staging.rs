@@ -267,8 +267,9 @@ impl S3Filesystem {
     /// counts the file as a writer until its upload.
     pub(super) fn note_staged(&self, ino: u64, shared: &SharedStaged, size: u64) {
         if let Some(n) = self.sb.table().get_mut(ino) {
-            n.record_write(size);
+            // Counted first: the node keeps aside what the bucket holds before the size changes.
             shared.counted.wrote(n);
+            n.record_write(size);
         }
     }
 

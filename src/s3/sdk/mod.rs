@@ -287,12 +287,25 @@ impl SdkClient {
         (session.generation, session.client.clone())
     }
 
-    /// Drops the S3 Express session of `generation` by replacing the SDK client (its session cache goes with
-    /// it). Concurrent callers that saw the same stale session replace it only once.
+    /// Drops the credentials of `generation` by replacing the SDK client: an S3 Express session (its cache
+    /// goes with the client), or on a general-purpose bucket the provider's cached credentials. Concurrent
+    /// callers that saw the same stale ones replace them only once.
     fn renew_session(&self, generation: u64) {
         let mut session = self.session.write().unwrap_or_else(|e| e.into_inner());
         if session.generation == generation {
-            session.client = aws_sdk_s3::Client::from_conf(self.sdk_config.clone());
+            session.client = if self.config.is_directory_bucket {
+                // The session cache goes with the client; the long-term credentials stay good.
+                aws_sdk_s3::Client::from_conf(self.sdk_config.clone())
+            } else {
+                // The rejected credentials are the provider's: a cache of its own makes the new client ask
+                // the provider again instead of signing with the same cached ones.
+                let config = self
+                    .sdk_config
+                    .to_builder()
+                    .identity_cache(aws_sdk_s3::config::IdentityCache::lazy().build())
+                    .build();
+                aws_sdk_s3::Client::from_conf(config)
+            };
             session.generation += 1;
             self.session_renewals.fetch_add(1, Ordering::Relaxed);
         }
