@@ -70,9 +70,10 @@ pub fn tick() -> Duration {
     if cfg!(debug_assertions)
         && let Some(ms) = std::env::var("EXPRESSFS_TEST_IDLE_TICK_MS")
             .ok()
-            .and_then(|v| v.parse().ok())
+            .and_then(|v| v.parse::<u64>().ok())
     {
-        return Duration::from_millis(ms);
+        // At least a millisecond: a zero tick would spin.
+        return Duration::from_millis(ms.max(1));
     }
     TICK
 }

@@ -478,6 +478,22 @@ fn full_cache_and_staging_disk() {
     assert!(std::fs::read(mount.path().join("big.bin")).unwrap() == data);
 }
 
+/// Has `emu` answer every upload request (single PUT or multipart) with HTTP 418, which no client retries.
+fn refuse_every_upload(emu: &expressfs_emulator::Emulator) {
+    let uploads = [
+        "PutObject",
+        "CreateMultipartUpload",
+        "UploadPart",
+        "CompleteMultipartUpload",
+    ];
+    let (status, answer) = admin_post(
+        emu,
+        "/_emulator/faults",
+        &faults_json(1.0, 1, &uploads, &["unexpected-status"]),
+    );
+    assert_eq!(status, 200, "{answer}");
+}
+
 /// A write the service refuses leaves the file as the bucket holds it: through a new open, the old object,
 /// whole and at its old size, never the failed writer's size or bytes; a new file leaves no name. (A soak on a general-purpose bucket
 /// read back the first bytes of the old object, cut at the failed writer's size.)
@@ -498,18 +514,7 @@ fn a_refused_overwrite_leaves_the_old_file_visible() {
         );
         let path = mount.path().join("ckpt.bin");
         assert!(std::fs::read(&path).unwrap() == old, "{bucket}: first read");
-        let uploads = [
-            "PutObject",
-            "CreateMultipartUpload",
-            "UploadPart",
-            "CompleteMultipartUpload",
-        ];
-        let (status, answer) = admin_post(
-            &emu,
-            "/_emulator/faults",
-            &faults_json(1.0, 1, &uploads, &["unexpected-status"]),
-        );
-        assert_eq!(status, 200, "{answer}");
+        refuse_every_upload(&emu);
         // Shorter than the old object in one PUT, longer in parts.
         for new_len in [MIB + 3, 9 * MIB + 1] {
             let new = pattern(32, new_len);
@@ -588,18 +593,7 @@ fn a_refused_change_after_fsync_leaves_the_fsynced_file() {
     let mut f = std::fs::File::create(&path).unwrap();
     f.write_all(&first).unwrap();
     f.sync_all().unwrap();
-    let uploads = [
-        "PutObject",
-        "CreateMultipartUpload",
-        "UploadPart",
-        "CompleteMultipartUpload",
-    ];
-    let (status, answer) = admin_post(
-        &emu,
-        "/_emulator/faults",
-        &faults_json(1.0, 1, &uploads, &["unexpected-status"]),
-    );
-    assert_eq!(status, 200, "{answer}");
+    refuse_every_upload(&emu);
     // The same descriptor goes on writing (it becomes a staged file); its close and release cannot upload.
     let more = (|| -> std::io::Result<()> {
         f.write_all(&pattern(42, 2 * MIB))?;
