@@ -619,3 +619,74 @@ fn a_refused_change_after_fsync_leaves_the_fsynced_file() {
     );
     admin_post(&emu, "/_emulator/faults", &faults_json(0.0, 0, &[], &[]));
 }
+
+/// A descriptor whose upload failed, still open (its fsync said EIO; or a dup of it keeps its release from
+/// coming), does not pass its failure on: a new open of the file starts from what the bucket holds and can
+/// write it, by truncating it or by changing it in place. The failed descriptor keeps its own error.
+#[test]
+fn a_failed_writer_still_open_leaves_the_next_open_alone() {
+    for directory in [true, false] {
+        let bucket = fresh_bucket(directory, "failedstillopen");
+        let emu = start_emulator(EmulatorConfig {
+            buckets: vec![bucket.clone()],
+            ..Default::default()
+        });
+        let old = pattern(51, MIB + 7);
+        put(&emu, &bucket, "state.bin", old.clone());
+        let mount = Mount::on(
+            &emu,
+            &bucket,
+            &["--allow-overwrite", "--metadata-ttl", "60"],
+        );
+        let path = mount.path().join("state.bin");
+        refuse_every_upload(&emu);
+        let mut failed = std::fs::File::create(&path).unwrap();
+        failed.write_all(&pattern(52, 2 * MIB)).unwrap();
+        assert!(failed.sync_all().is_err(), "every upload was refused");
+        admin_post(&emu, "/_emulator/faults", &faults_json(0.0, 0, &[], &[]));
+
+        let rewritten = pattern(53, MIB + 1);
+        let mut again = std::fs::File::create(&path).expect("a new truncating open");
+        again.write_all(&rewritten).unwrap();
+        again.sync_all().expect("the new descriptor's upload");
+        drop(again);
+        assert!(
+            std::fs::read(&path).unwrap() == rewritten,
+            "the new open's bytes"
+        );
+
+        let mut patch = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .expect("a new open that changes the file in place");
+        std::io::Seek::seek(&mut patch, std::io::SeekFrom::Start(10)).unwrap();
+        patch.write_all(b"patched").unwrap();
+        patch.sync_all().expect("the patch's upload");
+        drop(patch);
+        let mut expected = rewritten.clone();
+        expected[10..17].copy_from_slice(b"patched");
+        // truncate(2) by name goes to a live handle or to the bucket, not to the failed one.
+        nix::unistd::truncate(&path, 100).expect("truncate by name");
+        expected.truncate(100);
+
+        assert!(
+            failed
+                .write_all(b"more")
+                .and_then(|()| failed.sync_all())
+                .is_err(),
+            "the failed descriptor keeps its error"
+        );
+        drop(failed);
+        std::thread::sleep(Duration::from_millis(300));
+        assert!(
+            std::fs::read(&path).unwrap() == expected,
+            "the failed descriptor's release changes nothing"
+        );
+        assert_eq!(
+            get(&emu, &bucket, "state.bin").map(|b| sha256_hex(&b)),
+            Some(sha256_hex(&expected)),
+            "the bucket holds the patched file"
+        );
+    }
+}

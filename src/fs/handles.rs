@@ -242,11 +242,6 @@ impl HandleTable {
             .collect()
     }
 
-    /// A write handle open on `ino`, if any.
-    fn writer_for(&self, ino: u64) -> Option<Arc<Handle>> {
-        self.writers_of(ino).into_iter().next()
-    }
-
     pub fn len(&self) -> usize {
         self.open().len()
     }
@@ -270,7 +265,7 @@ impl S3Filesystem {
         }
         let handle = match fh {
             Some(fh) => Some(self.handles.get(fh)?),
-            None => self.handles.writer_for(ino),
+            None => self.live_writer_for(ino).await,
         };
         if self.config.preserve_metadata && !change.is_empty() {
             let change = change.of_regular_file();
@@ -509,20 +504,13 @@ impl S3Filesystem {
             }
             // Being written by a streaming writer: its bytes move to a staged file both handles share. A
             // reader of a file whose writer has uploaded everything reads the bucket, as any other reader.
-            let Some(writer) = (mode.write || node.is_being_written())
-                .then(|| self.handles.writer_for(ino))
-                .flatten()
-            else {
-                break;
+            let writers = if mode.write || node.is_being_written() {
+                self.handles.writers_of(ino)
+            } else {
+                Vec::new()
             };
-            let (_, state, counted) = writer.as_writer().expect("a write handle");
-            {
-                let mut state = state.lock().await;
-                // Released while we waited for its lock: its state is final, nothing to stage from it.
-                if self.handles.is_open(&writer) {
-                    self.stage_writer(ino, &writer, &mut state, counted, false)
-                        .await?;
-                }
+            if !self.stage_a_live_writer(ino, writers).await? {
+                break;
             }
             // Joined at the top of the next round. FUSE sends release after close(2) has returned: the
             // writer, or the staged file made from it, may go with its last release meanwhile, and then what
@@ -641,6 +629,39 @@ impl S3Filesystem {
             self.note_staged(ino, &shared, 0);
         }
         self.staged_handle(ino, shared, mode, pid)
+    }
+
+    /// A write handle open on `ino` whose bytes may still reach the bucket, if any: one whose upload failed
+    /// keeps its error to itself.
+    async fn live_writer_for(&self, ino: u64) -> Option<Arc<Handle>> {
+        for writer in self.handles.writers_of(ino) {
+            let (_, state, _) = writer.as_writer().expect("a write handle");
+            if !matches!(&*state.lock().await, WriteState::Stream(w) if w.is_failed()) {
+                return Some(writer);
+            }
+        }
+        None
+    }
+
+    /// Stages the first of `writers` (write handles of `ino`) whose bytes may still reach the bucket, for a
+    /// new open to share. True when the file changed meanwhile (staged, or a writer released while we waited
+    /// for its lock), so the caller looks at it again. A writer whose upload failed is passed over: it keeps
+    /// its error to itself, and as its bytes never get there, the new open starts from what the bucket holds.
+    async fn stage_a_live_writer(&self, ino: u64, writers: Vec<Arc<Handle>>) -> FsResult<bool> {
+        for writer in writers {
+            let (_, state, counted) = writer.as_writer().expect("a write handle");
+            let mut state = state.lock().await;
+            if !self.handles.is_open(&writer) {
+                return Ok(true);
+            }
+            if matches!(&*state, WriteState::Stream(w) if w.is_failed()) {
+                continue;
+            }
+            self.stage_writer(ino, &writer, &mut state, counted, false)
+                .await?;
+            return Ok(true);
+        }
+        Ok(false)
     }
 
     /// An existing object opened for writing: O_TRUNC streams a new version; O_APPEND with
