@@ -8,10 +8,11 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime};
 
 use fuser::{
-    Config, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
-    InitFlags, IoctlFlags, KernelConfig, LockOwner, MountOption, OpenFlags, RenameFlags, ReplyAttr,
-    ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl,
-    ReplyOpen, ReplyStatfs, ReplyWrite, Request, SessionACL, TimeOrNow, WriteFlags,
+    Config, CopyFileRangeFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags,
+    Generation, INodeNo, InitFlags, IoctlFlags, KernelConfig, LockOwner, MountOption, OpenFlags,
+    RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty,
+    ReplyEntry, ReplyIoctl, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request,
+    SessionACL, TimeOrNow, WriteFlags,
 };
 use tracing::{Instrument, Span, debug, debug_span, info, warn};
 
@@ -775,6 +776,103 @@ impl Filesystem for Adapter {
         tracing::trace!(ino = ino.0, cmd, out_size, "ioctl refused (ENOTTY)");
         reply.error(Errno::ENOTTY)
     }
+
+    // What the mount does not offer, answered as fuser's defaults answer but without their WARN line, which
+    // reads as a fault in the daemon's log: `cp` asks for SEEK_DATA and copy_file_range, `ls` and a write
+    // ask for extended attributes. ENOSYS is remembered by the kernel for the mount's lifetime (the callers
+    // then get EOPNOTSUPP, or the kernel's own lseek and copy), so each costs one request per mount.
+
+    fn getxattr(&self, _req: &Request, ino: INodeNo, _name: &OsStr, _size: u32, reply: ReplyXattr) {
+        not_offered("getxattr", ino, reply, Errno::ENOSYS, ReplyXattr::error);
+    }
+
+    fn listxattr(&self, _req: &Request, ino: INodeNo, _size: u32, reply: ReplyXattr) {
+        not_offered("listxattr", ino, reply, Errno::ENOSYS, ReplyXattr::error);
+    }
+
+    fn setxattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _name: &OsStr,
+        _value: &[u8],
+        _flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
+        not_offered("setxattr", ino, reply, Errno::ENOSYS, ReplyEmpty::error);
+    }
+
+    fn removexattr(&self, _req: &Request, ino: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
+        not_offered("removexattr", ino, reply, Errno::ENOSYS, ReplyEmpty::error);
+    }
+
+    fn lseek(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _offset: i64,
+        _whence: i32,
+        reply: ReplyLseek,
+    ) {
+        not_offered("lseek", ino, reply, Errno::ENOSYS, ReplyLseek::error);
+    }
+
+    fn copy_file_range(
+        &self,
+        _req: &Request,
+        ino_in: INodeNo,
+        _fh_in: FileHandle,
+        _offset_in: u64,
+        _ino_out: INodeNo,
+        _fh_out: FileHandle,
+        _offset_out: u64,
+        _len: u64,
+        _flags: CopyFileRangeFlags,
+        reply: ReplyWrite,
+    ) {
+        not_offered(
+            "copy_file_range",
+            ino_in,
+            reply,
+            Errno::ENOSYS,
+            ReplyWrite::error,
+        );
+    }
+
+    /// Hard links: an object has one key (SEMANTICS).
+    fn link(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _newparent: INodeNo,
+        _newname: &OsStr,
+        reply: ReplyEntry,
+    ) {
+        not_offered("link", ino, reply, Errno::EPERM, ReplyEntry::error);
+    }
+
+    /// Device files, FIFOs and sockets have no object to be (regular files come through `create`).
+    fn mknod(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        _name: &OsStr,
+        _mode: u32,
+        _umask: u32,
+        _rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        not_offered("mknod", parent, reply, Errno::EPERM, ReplyEntry::error);
+    }
+}
+
+/// Answers a request for something the mount does not offer: counted, logged at debug.
+fn not_offered<R>(op: &'static str, ino: INodeNo, reply: R, errno: Errno, error: fn(R, Errno)) {
+    crate::metrics::fuse_request(op);
+    debug!(op, ino = ino.0, ?errno, "not offered by the mount");
+    error(reply, errno)
 }
 
 /// A live mount. Dropping it unmounts.

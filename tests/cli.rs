@@ -260,6 +260,77 @@ fn python_open_and_read_work_and_its_tty_check_logs_no_warning() {
     assert!(refused.is_some_and(|n| n >= 3), "{refused:?} in:\n{log}");
 }
 
+/// What the mount does not offer gets its answer quietly: extended attributes (ENOTSUP), hard links and FIFOs
+/// (EPERM); `cp`, which asks for SEEK_DATA and copy_file_range first, copies through the kernel's own way. None
+/// of it leaves a WARN line in the daemon's log.
+#[test]
+fn what_the_mount_does_not_offer_is_refused_quietly() {
+    let bucket = fresh_bucket(true, "notoffered");
+    let data = common::pattern(4, 300_000);
+    put(emulator(), &bucket, "a.bin", data.clone());
+    let mount = common::Mount::new(&bucket, &[]);
+    let file = mount.path().join("a.bin");
+    let c_path = std::ffi::CString::new(file.as_os_str().as_encoded_bytes()).unwrap();
+    let name = c"user.note";
+    for _ in 0..2 {
+        let mut value = [0u8; 64];
+        // SAFETY: valid C strings and a buffer of the length given.
+        let got = unsafe {
+            libc::getxattr(
+                c_path.as_ptr(),
+                name.as_ptr(),
+                value.as_mut_ptr().cast(),
+                value.len(),
+            )
+        };
+        assert_eq!(got, -1);
+        assert_eq!(
+            std::io::Error::last_os_error().raw_os_error(),
+            Some(libc::EOPNOTSUPP)
+        );
+        // SAFETY: as above.
+        let set =
+            unsafe { libc::setxattr(c_path.as_ptr(), name.as_ptr(), b"x".as_ptr().cast(), 1, 0) };
+        assert_eq!(set, -1);
+        assert_eq!(
+            std::io::Error::last_os_error().raw_os_error(),
+            Some(libc::EOPNOTSUPP)
+        );
+        // SAFETY: a null buffer of length 0 asks for the size only.
+        let listed = unsafe { libc::listxattr(c_path.as_ptr(), std::ptr::null_mut(), 0) };
+        assert_eq!(listed, -1);
+        assert_eq!(
+            std::io::Error::last_os_error().raw_os_error(),
+            Some(libc::EOPNOTSUPP)
+        );
+    }
+    let linked = std::fs::hard_link(&file, mount.path().join("b.bin"));
+    assert_eq!(linked.map_err(|e| e.raw_os_error()), Err(Some(libc::EPERM)));
+    let fifo = nix::unistd::mkfifo(
+        &mount.path().join("fifo"),
+        nix::sys::stat::Mode::from_bits_truncate(0o644),
+    );
+    assert_eq!(fifo, Err(nix::errno::Errno::EPERM));
+    let copy = mount.path().join("copy.bin");
+    let cp = Command::new("cp")
+        .arg(&file)
+        .arg(&copy)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(
+        cp.status.success(),
+        "{}",
+        String::from_utf8_lossy(&cp.stderr)
+    );
+    assert!(std::fs::read(&copy).unwrap() == data, "cp's copy");
+    assert!(!mount.path().join("b.bin").exists() && !mount.path().join("fifo").exists());
+    let (status, _, log) = mount.unmount_with_log();
+    assert_eq!(status.code(), Some(0), "{log}");
+    let warned: Vec<&str> = log.lines().filter(|l| l.contains("WARN")).collect();
+    assert!(warned.is_empty(), "{warned:#?}");
+}
+
 fn find_daemon(bucket: &str) -> Option<i32> {
     for entry in std::fs::read_dir("/proc").ok()? {
         let entry = entry.ok()?;
