@@ -1,7 +1,8 @@
 //! The property test of `src/fs/model_test.rs`, shorter, through a real mount and the emulator: random
-//! sequences of creates, writes, edits of existing files, truncates, several descriptors on one file, reads,
-//! unlinks, renames of files and of the directory, symlinks and listings, compared with the model of
-//! `expressfs::fs::model_ops`. One mount per bucket kind; each case works in a fresh directory.
+//! sequences of creates, writes, edits of existing files, writes the bucket refuses, truncates, several
+//! descriptors on one file, reads, unlinks, renames of files and of the directory, symlinks and listings,
+//! compared with the model of `expressfs::fs::model_ops`. One mount per bucket kind; each case works in a fresh
+//! directory.
 
 mod common;
 
@@ -12,8 +13,9 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use common::{Mount, fresh_bucket};
+use common::{Mount, fresh_bucket, refuse_every_upload, set_faults, start_emulator};
 use expressfs::fs::model_ops::{DIR_NAMES, FILES, LINKS, Model, Op, op};
+use expressfs_emulator::{Emulator, EmulatorConfig};
 use proptest::prelude::*;
 
 fn listing(dir: &Path) -> Vec<String> {
@@ -54,7 +56,17 @@ fn read_all(f: &File) -> Vec<u8> {
     }
 }
 
-fn run(root: &Path, ops: Vec<Op>) {
+/// What the mount holds under `path`: its bytes, or None if there is no such file.
+fn held(path: &Path) -> Option<Vec<u8>> {
+    match std::fs::read(path) {
+        Ok(bytes) => Some(bytes),
+        Err(e) if e.kind() == ErrorKind::NotFound => None,
+        Err(e) => panic!("read {}: {e}", path.display()),
+    }
+}
+
+/// `settle`: longer than the daemon holds a release back.
+fn run(emu: &Emulator, root: &Path, ops: Vec<Op>, settle: std::time::Duration) {
     let mut model = Model::default();
     std::fs::create_dir(root).unwrap();
     std::fs::create_dir(root.join(model.dir_name())).unwrap();
@@ -67,6 +79,53 @@ fn run(root: &Path, ops: Vec<Op>) {
                 }
                 close(f);
                 model.files.insert(FILES[file], data);
+            }
+            Op::Refused {
+                file,
+                data,
+                edit_at,
+                then,
+            } => {
+                let path = root.join(model.path(FILES[file]));
+                let must_fail = model.refused_must_fail(file, &data, edit_at);
+                refuse_every_upload(emu);
+                let f = match edit_at {
+                    None => File::create(&path).unwrap(),
+                    Some(_) => open_rw(&path),
+                };
+                let wrote = f.write_all_at(&data, edit_at.unwrap_or(0));
+                let synced = f.sync_all();
+                assert!(
+                    !must_fail || wrote.is_err() || synced.is_err(),
+                    "{}: an upload went through",
+                    FILES[file]
+                );
+                if let Some(then) = then {
+                    set_faults(emu, 0.0, 0, &[], &[]);
+                    let mut again = File::create(&path).expect("a new open past the failed one");
+                    again.write_all(&then).unwrap();
+                    close(again);
+                    model.files.insert(FILES[file], then);
+                }
+                // Its close may say the error again. A staged file's release (after close, asynchronous)
+                // tries the upload once more: the refusals last until the file is what the model says.
+                // Each look opens the file, and an open handle keeps a staged file alive: looks come no
+                // faster than releases are let through, or they would keep it alive for ever.
+                drop(f);
+                let want = model.files.get(FILES[file]).cloned();
+                let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+                while held(&path) != want && std::time::Instant::now() < deadline {
+                    std::thread::sleep(settle);
+                }
+                set_faults(emu, 0.0, 0, &[], &[]);
+                let got = held(&path);
+                assert!(
+                    got == want,
+                    "{} after a refused write: {:?} bytes, the model {:?}",
+                    FILES[file],
+                    got.as_ref().map(Vec::len),
+                    want.as_ref().map(Vec::len)
+                );
             }
             Op::Edit { file, offset, data } => {
                 let f = open_rw(&root.join(model.path(FILES[file])));
@@ -197,13 +256,23 @@ fn run(root: &Path, ops: Vec<Op>) {
 /// release, in which the file may be opened, renamed or unlinked again.
 fn random_operations_on(directory: bool, cases: u32, release_delay_ms: Option<u32>) {
     // The mount lives in this test (not in a static) so it is unmounted when the test ends.
+    // An emulator of its own: its refusals of uploads (`Op::Refused`) must reach no other test.
     let bucket = fresh_bucket(directory, "model");
+    let emu = start_emulator(EmulatorConfig {
+        buckets: vec![bucket.clone()],
+        ..Default::default()
+    });
     let delay = release_delay_ms.map(|ms| ms.to_string());
     let env: Vec<(&str, &str)> = delay
         .iter()
         .map(|ms| ("EXPRESSFS_TEST_RELEASE_DELAY_MS", ms.as_str()))
         .collect();
-    let mount = Mount::with_env(&bucket, &["--allow-overwrite", "--allow-delete"], &env);
+    let mount = Mount::on_with_env(
+        &emu,
+        &bucket,
+        &["--allow-overwrite", "--allow-delete"],
+        &env,
+    );
     if release_delay_ms.is_some() {
         assert!(
             mount.log().contains("every release is held back"),
@@ -211,6 +280,7 @@ fn random_operations_on(directory: bool, cases: u32, release_delay_ms: Option<u3
             mount.log()
         );
     }
+    let settle = std::time::Duration::from_millis(u64::from(release_delay_ms.unwrap_or(0)) + 20);
     let case = AtomicUsize::new(0);
     let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
         cases,
@@ -218,7 +288,7 @@ fn random_operations_on(directory: bool, cases: u32, release_delay_ms: Option<u3
     });
     let result = runner.run(&proptest::collection::vec(op(), 1..25), |ops| {
         let n = case.fetch_add(1, Ordering::Relaxed);
-        run(&mount.path().join(format!("case-{n}")), ops);
+        run(&emu, &mount.path().join(format!("case-{n}")), ops, settle);
         Ok(())
     });
     if let Err(e) = result {

@@ -8,27 +8,12 @@ use std::io::{Read, Write};
 use std::time::Duration;
 
 use common::{
-    Mount, admin_get, admin_post, emulator_stat, fresh_bucket, get, pattern, put, put_many,
-    sha256_hex, start_emulator,
+    Mount, admin_get, admin_post, emulator_stat, faults_json, fresh_bucket, get, pattern, put,
+    put_many, refuse_every_upload, set_faults, sha256_hex, start_emulator,
 };
 use expressfs_emulator::EmulatorConfig;
 
 const MIB: usize = 1024 * 1024;
-
-/// The body of `POST /_emulator/faults` (empty `operations` or `kinds` mean all).
-fn faults_json(rate: f64, seed: u64, operations: &[&str], kinds: &[&str]) -> String {
-    let list = |v: &[&str]| {
-        v.iter()
-            .map(|s| format!("{s:?}"))
-            .collect::<Vec<_>>()
-            .join(",")
-    };
-    format!(
-        r#"{{"rate":{rate},"seed":{seed},"operations":[{}],"kinds":[{}]}}"#,
-        list(operations),
-        list(kinds)
-    )
-}
 
 /// A bucket on an emulator of the test's own, so the faults it injects reach no other test.
 fn own_emulator(tag: &str) -> (String, expressfs_emulator::Emulator) {
@@ -116,7 +101,7 @@ fn faults_never_produce_wrong_bytes() {
             }
             f.sync_all()
         })();
-        admin_post(&emu, "/_emulator/faults", &faults_json(0.0, 0, &[], &[]));
+        set_faults(&emu, 0.0, 0, &[], &[]);
         let stored = get(&emu, &bucket, &format!("out-{seed}.bin"));
         match result {
             Ok(()) => {
@@ -299,7 +284,7 @@ fn malformed_answers_and_odd_statuses_fail_loudly_and_lose_nothing() {
         "a completion that failed inside a 200"
     );
 
-    admin_post(&emu, "/_emulator/faults", &faults_json(0.0, 0, &[], &[]));
+    set_faults(&emu, 0.0, 0, &[], &[]);
     assert!(
         get(&emu, &bucket, "dir/new.bin").is_none(),
         "nothing partial under the key"
@@ -478,22 +463,6 @@ fn full_cache_and_staging_disk() {
     assert!(std::fs::read(mount.path().join("big.bin")).unwrap() == data);
 }
 
-/// Has `emu` answer every upload request (single PUT or multipart) with HTTP 418, which no client retries.
-fn refuse_every_upload(emu: &expressfs_emulator::Emulator) {
-    let uploads = [
-        "PutObject",
-        "CreateMultipartUpload",
-        "UploadPart",
-        "CompleteMultipartUpload",
-    ];
-    let (status, answer) = admin_post(
-        emu,
-        "/_emulator/faults",
-        &faults_json(1.0, 1, &uploads, &["unexpected-status"]),
-    );
-    assert_eq!(status, 200, "{answer}");
-}
-
 /// A write the service refuses leaves the file as the bucket holds it: through a new open, the old object,
 /// whole and at its old size, never the failed writer's size or bytes; a new file leaves no name. (A soak on a general-purpose bucket
 /// read back the first bytes of the old object, cut at the failed writer's size.)
@@ -565,7 +534,7 @@ fn a_refused_overwrite_leaves_the_old_file_visible() {
             Err(std::io::ErrorKind::NotFound),
             "{bucket}: a new file that never reached the bucket"
         );
-        admin_post(&emu, "/_emulator/faults", &faults_json(0.0, 0, &[], &[]));
+        set_faults(&emu, 0.0, 0, &[], &[]);
         assert_eq!(
             get(&emu, &bucket, "ckpt.bin").map(|b| sha256_hex(&b)),
             Some(sha256_hex(&old)),
@@ -617,7 +586,7 @@ fn a_refused_change_after_fsync_leaves_the_fsynced_file() {
         std::fs::read(&path).unwrap() == first,
         "the bytes its fsync uploaded"
     );
-    admin_post(&emu, "/_emulator/faults", &faults_json(0.0, 0, &[], &[]));
+    set_faults(&emu, 0.0, 0, &[], &[]);
 }
 
 /// A descriptor whose upload failed, still open (its fsync said EIO; or a dup of it keeps its release from
@@ -643,7 +612,7 @@ fn a_failed_writer_still_open_leaves_the_next_open_alone() {
         let mut failed = std::fs::File::create(&path).unwrap();
         failed.write_all(&pattern(52, 2 * MIB)).unwrap();
         assert!(failed.sync_all().is_err(), "every upload was refused");
-        admin_post(&emu, "/_emulator/faults", &faults_json(0.0, 0, &[], &[]));
+        set_faults(&emu, 0.0, 0, &[], &[]);
 
         let rewritten = pattern(53, MIB + 1);
         let mut again = std::fs::File::create(&path).expect("a new truncating open");

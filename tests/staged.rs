@@ -65,22 +65,6 @@ fn bucket_name(directory: bool, tag: &str) -> String {
     }
 }
 
-fn set_faults(emu: &Emulator, rate: f64, seed: u64, ops: &[&str], kinds: &[&str]) {
-    let list = |v: &[&str]| {
-        v.iter()
-            .map(|s| format!("{s:?}"))
-            .collect::<Vec<_>>()
-            .join(",")
-    };
-    let body = format!(
-        r#"{{"rate":{rate},"seed":{seed},"operations":[{}],"kinds":[{}]}}"#,
-        list(ops),
-        list(kinds)
-    );
-    let (status, answer) = admin_post(emu, "/_emulator/faults", &body);
-    assert_eq!(status, 200, "{answer}");
-}
-
 fn open_uploads(emu: &Emulator, bucket: &str) -> String {
     let (status, body) = admin_get(emu, &format!("/_emulator/uploads?bucket={bucket}"));
     assert_eq!(status, 200, "{body}");

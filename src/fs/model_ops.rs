@@ -28,6 +28,16 @@ pub enum Op {
         offset: u64,
         data: Vec<u8>,
     },
+    /// A Write (`edit_at` None) or an Edit at `edit_at`, in one piece, while the bucket refuses every
+    /// upload: its fsync or close fails, and the file stays what it was (a new file leaves no name). With
+    /// `then`, once the refusals stop and while the failed descriptor is still open, a new O_TRUNC open
+    /// writes `then` and closes; the failed descriptor is closed last.
+    Refused {
+        file: usize,
+        data: Vec<u8>,
+        edit_at: Option<u64>,
+        then: Option<Vec<u8>>,
+    },
     /// truncate(2) of a closed file.
     Truncate {
         file: usize,
@@ -77,6 +87,13 @@ pub fn op() -> impl Strategy<Value = Op> {
             .prop_map(|(file, data, chunk)| Op::Write { file, data, chunk }),
         2 => (0..5usize, 0..4000u64, bytes(2000))
             .prop_map(|(file, offset, data)| Op::Edit { file, offset, data }),
+        1 => (
+            0..5usize,
+            bytes(3000),
+            proptest::option::of(0..4000u64),
+            proptest::option::of(bytes(2000))
+        )
+            .prop_map(|(file, data, edit_at, then)| Op::Refused { file, data, edit_at, then }),
         1 => (0..5usize, 0..5000u64).prop_map(|(file, size)| Op::Truncate { file, size }),
         1 => (
             0..5usize,
@@ -105,6 +122,12 @@ pub struct Model {
 }
 
 impl Model {
+    /// Whether a [`Op::Refused`] has anything to upload, and so must fail: it creates the file, replaces
+    /// it, or writes bytes into it (a write of nothing into an existing file changes nothing).
+    pub fn refused_must_fail(&self, file: usize, data: &[u8], edit_at: Option<u64>) -> bool {
+        !self.files.contains_key(FILES[file]) || edit_at.is_none() || !data.is_empty()
+    }
+
     /// The path (relative to the test's root) of a logical name.
     pub fn path(&self, logical: &str) -> String {
         match logical.strip_prefix("d/") {

@@ -11,7 +11,7 @@ use super::model_ops::{DIR_NAMES, FILES, LINKS, Model, Op, op};
 use super::test_support::RW;
 use super::{FsConfig, FsError, OpenMode, ROOT_INO, S3Filesystem};
 use crate::s3::ObjectClient;
-use crate::s3::fake::FakeClient;
+use crate::s3::fake::{FakeClient, Op as FakeOp, transient};
 
 async fn parent_of(fs: &S3Filesystem, path: &str) -> (u64, String) {
     match path.split_once('/') {
@@ -40,6 +40,57 @@ async fn open_rw(fs: &S3Filesystem, path: &str) -> u64 {
 async fn close(fs: &S3Filesystem, fh: u64) {
     fs.flush(fh, 0).await.unwrap();
     fs.release(fh).await.unwrap();
+}
+
+/// An O_TRUNC open of `path`, created if missing.
+async fn open_truncating(fs: &S3Filesystem, path: &str) -> u64 {
+    let (parent, name) = parent_of(fs, path).await;
+    match fs.sb.lookup(parent, &name).await {
+        Ok(a) => {
+            let mode = OpenMode {
+                write: true,
+                truncate: true,
+                ..Default::default()
+            };
+            fs.open(a.ino, mode, 0).await.unwrap().fh
+        }
+        Err(FsError::NotFound) => fs.create(parent, &name, 0).await.unwrap().1,
+        Err(e) => panic!("lookup of {path}: {e}"),
+    }
+}
+
+/// Every kind of upload fails from now (`refuse`) or no more (`!refuse`).
+fn refuse_uploads(fake: &FakeClient, refuse: bool) {
+    for op in [
+        FakeOp::Put,
+        FakeOp::Append,
+        FakeOp::CreateUpload,
+        FakeOp::UploadPart,
+        FakeOp::UploadPartCopy,
+        FakeOp::CompleteUpload,
+    ] {
+        let n = if refuse { u64::MAX } else { 0 };
+        fake.faults().fail_next(op, n, transient());
+    }
+}
+
+/// What the file system holds under `path` now: its bytes, or None if it has no such file.
+async fn held(fs: &S3Filesystem, path: &str) -> Option<Vec<u8>> {
+    let (parent, name) = parent_of(fs, path).await;
+    let a = match fs.sb.lookup(parent, &name).await {
+        Ok(a) => a,
+        Err(FsError::NotFound) => return None,
+        Err(e) => panic!("lookup of {path}: {e}"),
+    };
+    let read = OpenMode {
+        read: true,
+        ..Default::default()
+    };
+    let fh = fs.open(a.ino, read, 0).await.unwrap().fh;
+    let got = fs.read(fh, 0, 100_000).await.unwrap();
+    fs.release(fh).await.unwrap();
+    assert_eq!(a.size, got.len() as u64, "size of {path}");
+    Some(got.to_vec())
 }
 
 async fn check_bytes(fs: &S3Filesystem, fh: u64, want: &[u8], what: &str) {
@@ -92,6 +143,46 @@ async fn run(ops: Vec<Op>) {
                 }
                 close(&fs, fh).await;
                 model.files.insert(FILES[file], data);
+            }
+            Op::Refused {
+                file,
+                data,
+                edit_at,
+                then,
+            } => {
+                let path = model.path(FILES[file]);
+                let must_fail = model.refused_must_fail(file, &data, edit_at);
+                refuse_uploads(&fake, true);
+                let fh = match edit_at {
+                    None => open_truncating(&fs, &path).await,
+                    Some(_) => open_rw(&fs, &path).await,
+                };
+                let wrote = fs.write(fh, edit_at.unwrap_or(0), &data).await;
+                let synced = fs.fsync(fh).await;
+                assert!(
+                    !must_fail || wrote.is_err() || synced.is_err(),
+                    "{path}: an upload went through"
+                );
+                if let Some(then) = then {
+                    refuse_uploads(&fake, false);
+                    let again = open_truncating(&fs, &path).await;
+                    fs.write(again, 0, &then).await.unwrap();
+                    close(&fs, again).await;
+                    model.files.insert(FILES[file], then);
+                }
+                // The failed descriptor's close may say its error again (a staged file's close tries its
+                // upload once more: still refused without `then`); what the file holds is checked below.
+                let _ = fs.flush(fh, 0).await;
+                let _ = fs.release(fh).await;
+                refuse_uploads(&fake, false);
+                let want = model.files.get(FILES[file]).cloned();
+                let got = held(&fs, &path).await;
+                assert!(
+                    got == want,
+                    "{path} after a refused write: {:?} bytes, the model {:?}",
+                    got.as_ref().map(Vec::len),
+                    want.as_ref().map(Vec::len)
+                );
             }
             Op::Edit { file, offset, data } => {
                 let fh = open_rw(&fs, &model.path(FILES[file])).await;

@@ -258,6 +258,11 @@ impl Mount {
         Mount::start(emu, bucket, args, &[])
     }
 
+    /// [`Mount::on`] with extra environment variables for the daemon.
+    pub fn on_with_env(emu: &Emulator, bucket: &str, args: &[&str], env: &[(&str, &str)]) -> Mount {
+        Mount::start(emu, bucket, args, env)
+    }
+
     fn start(emu: &Emulator, bucket: &str, args: &[&str], env: &[(&str, &str)]) -> Mount {
         let dir = tempfile::Builder::new()
             .prefix("expressfs-mnt-")
@@ -502,6 +507,42 @@ pub fn admin_get(emu: &Emulator, path: &str) -> (u16, String) {
 
 pub fn admin_post(emu: &Emulator, path: &str, body: &str) -> (u16, String) {
     admin(emu, "POST", path, body)
+}
+
+/// The body of `POST /_emulator/faults` (empty `operations` or `kinds` mean all).
+pub fn faults_json(rate: f64, seed: u64, operations: &[&str], kinds: &[&str]) -> String {
+    let list = |v: &[&str]| {
+        v.iter()
+            .map(|s| format!("{s:?}"))
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    format!(
+        r#"{{"rate":{rate},"seed":{seed},"operations":[{}],"kinds":[{}]}}"#,
+        list(operations),
+        list(kinds)
+    )
+}
+
+/// Sets `emu`'s fault plan (rate 0 clears it).
+pub fn set_faults(emu: &Emulator, rate: f64, seed: u64, operations: &[&str], kinds: &[&str]) {
+    let (status, answer) = admin_post(
+        emu,
+        "/_emulator/faults",
+        &faults_json(rate, seed, operations, kinds),
+    );
+    assert_eq!(status, 200, "{answer}");
+}
+
+/// Every upload `emu` is sent is answered with a status no client retries, until the faults are cleared.
+pub fn refuse_every_upload(emu: &Emulator) {
+    let uploads = [
+        "PutObject",
+        "CreateMultipartUpload",
+        "UploadPart",
+        "CompleteMultipartUpload",
+    ];
+    set_faults(emu, 1.0, 1, &uploads, &["unexpected-status"]);
 }
 
 /// Requests of one operation (`GetObject`, `HeadObject`, ...) the shared emulator served for `bucket`.
