@@ -853,24 +853,40 @@ impl Filesystem for Adapter {
         not_offered("link", ino, reply, Errno::EPERM, ReplyEntry::error);
     }
 
-    /// Device files, FIFOs and sockets have no object to be (regular files come through `create`).
+    /// A regular file (mknod(2), `os.mknod`) becomes an empty object; device files, FIFOs and sockets have
+    /// no object to be.
     fn mknod(
         &self,
-        _req: &Request,
+        req: &Request,
         parent: INodeNo,
-        _name: &OsStr,
-        _mode: u32,
-        _umask: u32,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
         _rdev: u32,
         reply: ReplyEntry,
     ) {
-        not_offered("mknod", parent, reply, Errno::EPERM, ReplyEntry::error);
+        if mode & libc::S_IFMT != libc::S_IFREG {
+            not_offered("mknod", parent, reply, Errno::EPERM, ReplyEntry::error);
+            return;
+        }
+        let pid = req.pid();
+        let owner = StoredAttrs {
+            mode: Some(libc::S_IFREG | (mode & !umask & 0o7777)),
+            uid: Some(req.uid()),
+            gid: Some(req.gid()),
+            ..StoredAttrs::default()
+        };
+        let span = debug_span!("mknod", parent = parent.0, name = %name.to_string_lossy());
+        let (fs, name) = (Arc::clone(&self.fs), name_str(name));
+        let work = async move { fs.mknod_file(parent.0, &name?, pid, owner).await };
+        self.serve("mknod", span, reply, work, self.entry());
     }
 }
 
-/// Answers a request for something the mount does not offer: counted, logged at debug.
+/// Answers a request for something the mount does not offer: counted (with its errno), logged at debug.
 fn not_offered<R>(op: &'static str, ino: INodeNo, reply: R, errno: Errno, error: fn(R, Errno)) {
     crate::metrics::fuse_request(op);
+    crate::metrics::fuse_error(op, errno.code());
     debug!(op, ino = ino.0, ?errno, "not offered by the mount");
     error(reply, errno)
 }

@@ -261,7 +261,7 @@ fn python_open_and_read_work_and_its_tty_check_logs_no_warning() {
 }
 
 /// What the mount does not offer gets its answer quietly: extended attributes (ENOTSUP), hard links and FIFOs
-/// (EPERM); `cp`, which asks for SEEK_DATA and copy_file_range first, copies through the kernel's own way. None
+/// (EPERM), while mknod(2) of a regular file makes an empty object; `cp`, which asks for SEEK_DATA and copy_file_range first, copies through the kernel's own way. None
 /// of it leaves a WARN line in the daemon's log.
 #[test]
 fn what_the_mount_does_not_offer_is_refused_quietly() {
@@ -306,6 +306,17 @@ fn what_the_mount_does_not_offer_is_refused_quietly() {
     }
     let linked = std::fs::hard_link(&file, mount.path().join("b.bin"));
     assert_eq!(linked.map_err(|e| e.raw_os_error()), Err(Some(libc::EPERM)));
+    // mknod(2) of a regular file is an empty object.
+    let made = mount.path().join("made");
+    nix::sys::stat::mknod(
+        &made,
+        nix::sys::stat::SFlag::S_IFREG,
+        nix::sys::stat::Mode::from_bits_truncate(0o640),
+        0,
+    )
+    .expect("mknod of a regular file");
+    assert_eq!(std::fs::metadata(&made).unwrap().len(), 0);
+    assert_eq!(common::get(emulator(), &bucket, "made"), Some(Vec::new()));
     let fifo = nix::unistd::mkfifo(
         &mount.path().join("fifo"),
         nix::sys::stat::Mode::from_bits_truncate(0o644),

@@ -280,7 +280,8 @@ fn random_operations_on(directory: bool, cases: u32, release_delay_ms: Option<u3
             mount.log()
         );
     }
-    let settle = std::time::Duration::from_millis(u64::from(release_delay_ms.unwrap_or(0)) + 20);
+    let settle =
+        std::time::Duration::from_millis(2 * u64::from(release_delay_ms.unwrap_or(0)) + 50);
     let case = AtomicUsize::new(0);
     let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
         cases,

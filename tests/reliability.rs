@@ -591,7 +591,8 @@ fn a_refused_change_after_fsync_leaves_the_fsynced_file() {
 
 /// A descriptor whose upload failed, still open (its fsync said EIO; or a dup of it keeps its release from
 /// coming), does not pass its failure on: a new open of the file starts from what the bucket holds and can
-/// write it, by truncating it or by changing it in place. The failed descriptor keeps its own error.
+/// write it, by truncating it or by changing it in place. The failed descriptor keeps its own error, and its
+/// ftruncate changes nobody's file.
 #[test]
 fn a_failed_writer_still_open_leaves_the_next_open_alone() {
     for directory in [true, false] {
@@ -602,10 +603,17 @@ fn a_failed_writer_still_open_leaves_the_next_open_alone() {
         });
         let old = pattern(51, MIB + 7);
         put(&emu, &bucket, "state.bin", old.clone());
+        let metrics = common::free_metrics_addr();
         let mount = Mount::on(
             &emu,
             &bucket,
-            &["--allow-overwrite", "--metadata-ttl", "60"],
+            &[
+                "--allow-overwrite",
+                "--metadata-ttl",
+                "60",
+                "--metrics-addr",
+                &metrics,
+            ],
         );
         let path = mount.path().join("state.bin");
         refuse_every_upload(&emu);
@@ -631,6 +639,11 @@ fn a_failed_writer_still_open_leaves_the_next_open_alone() {
             .expect("a new open that changes the file in place");
         std::io::Seek::seek(&mut patch, std::io::SeekFrom::Start(10)).unwrap();
         patch.write_all(b"patched").unwrap();
+        // The failed descriptor cannot cut the file the new one is changing (a staged file both could reach).
+        assert!(
+            failed.set_len(3).is_err(),
+            "ftruncate of the failed descriptor"
+        );
         patch.sync_all().expect("the patch's upload");
         drop(patch);
         let mut expected = rewritten.clone();
@@ -647,7 +660,21 @@ fn a_failed_writer_still_open_leaves_the_next_open_alone() {
             "the failed descriptor keeps its error"
         );
         drop(failed);
-        std::thread::sleep(Duration::from_millis(300));
+        // Its release comes after close(2) returns: wait until every handle opened is released.
+        let requests = |op: &str| {
+            common::daemon_metric(
+                &metrics,
+                &format!("expressfs_fuse_requests_total{{op=\"{op}\"}}"),
+            )
+        };
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while requests("release") < requests("open") + requests("create") {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{bucket}: a release never came"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
         assert!(
             std::fs::read(&path).unwrap() == expected,
             "the failed descriptor's release changes nothing"

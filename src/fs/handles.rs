@@ -219,7 +219,14 @@ impl HandleTable {
 
     /// Still in the table (not released).
     fn is_open(&self, handle: &Arc<Handle>) -> bool {
-        self.open().values().any(|h| Arc::ptr_eq(h, handle))
+        self.holds(handle)
+    }
+
+    /// [`Self::is_open`] for a handle borrowed from its `Arc`.
+    fn holds(&self, handle: &Handle) -> bool {
+        self.open()
+            .values()
+            .any(|h| std::ptr::eq(h.as_ref(), handle))
     }
 
     /// Every write handle open on `ino`.
@@ -267,6 +274,17 @@ impl S3Filesystem {
             Some(fh) => Some(self.handles.get(fh)?),
             None => self.live_writer_for(ino).await,
         };
+        // A descriptor whose upload failed keeps its error for every call, and changes nothing: not its own
+        // file, and not a staged file that later opens share.
+        if let Some(Handle::Write { state, .. }) = handle.as_deref()
+            && let WriteState::Stream(w) = &*state.lock().await
+            && let Some(e) = w.failure()
+        {
+            return Err(e.clone());
+        }
+        // A writer found by name may be released while we wait for its lock: then the file is a closed
+        // one, and the change is made again as for a closed file.
+        let released = |owner: &Handle| fh.is_none() && !self.handles.holds(owner);
         if self.config.preserve_metadata && !change.is_empty() {
             let change = change.of_regular_file();
             let node = self.sb.node(ino)?;
@@ -279,8 +297,13 @@ impl S3Filesystem {
             // Open for writing: the attributes ride on its upload, and stat shows them meanwhile.
             let open = match (staged, handle.as_deref()) {
                 (Some(result), _) => result.map(|()| true)?,
-                (None, Some(Handle::Write { state, .. })) => {
-                    if let WriteState::Stream(w) = &mut *state.lock().await {
+                (None, Some(owner @ Handle::Write { state, .. })) => {
+                    let mut state = state.lock().await;
+                    if released(owner) {
+                        drop(state);
+                        return Box::pin(self.setattr(ino, size, None, change)).await;
+                    }
+                    if let WriteState::Stream(w) = &mut *state {
                         w.set_attrs(change);
                         // Everything written is uploaded already (closed, its release not in yet, or
                         // fsynced): the metadata copy goes now, as for a closed file. Left to the release,
@@ -319,6 +342,12 @@ impl S3Filesystem {
                 (Some(result), _) => result?,
                 (None, Some(owner @ Handle::Write { state, counted, .. })) => {
                     let mut state = state.lock().await;
+                    if released(owner) {
+                        // (The attributes are done already.)
+                        drop(state);
+                        let cut = self.setattr(ino, Some(size), None, StoredAttrs::default());
+                        return Box::pin(cut).await;
+                    }
                     if let WriteState::Stream(w) = &mut *state
                         && w.truncate(size)
                     {
@@ -632,11 +661,12 @@ impl S3Filesystem {
     }
 
     /// A write handle open on `ino` whose bytes may still reach the bucket, if any: one whose upload failed
-    /// keeps its error to itself.
+    /// keeps its error to itself, and one released while we waited for its lock is gone.
     async fn live_writer_for(&self, ino: u64) -> Option<Arc<Handle>> {
         for writer in self.handles.writers_of(ino) {
             let (_, state, _) = writer.as_writer().expect("a write handle");
-            if !matches!(&*state.lock().await, WriteState::Stream(w) if w.is_failed()) {
+            let failed = matches!(&*state.lock().await, WriteState::Stream(w) if w.is_failed());
+            if !failed && self.handles.is_open(&writer) {
                 return Some(writer);
             }
         }
@@ -740,6 +770,22 @@ impl S3Filesystem {
     }
 
     /// [`Self::create`] by `owner` (the creator's mode, uid and gid, kept with `--preserve-metadata`).
+    /// mknod(2) of a regular file: an empty object, uploaded at once, since no handle is left open to
+    /// upload it later.
+    pub async fn mknod_file(
+        &self,
+        parent: u64,
+        name: &str,
+        pid: u32,
+        owner: StoredAttrs,
+    ) -> FsResult<Attr> {
+        let (created, fh) = self.create_as(parent, name, pid, owner).await?;
+        let flushed = self.flush(fh, pid).await;
+        let released = self.release(fh).await;
+        flushed.and(released)?;
+        self.sb.getattr(created.ino).await
+    }
+
     pub async fn create_as(
         &self,
         parent: u64,

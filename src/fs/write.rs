@@ -557,7 +557,11 @@ impl Writer {
     /// The object version this writer last uploaded, when everything written is in it: a rename copies
     /// only that version, so the writer can carry on from the copy ([`Self::moved`]).
     pub fn pinned_version(&self) -> Option<&str> {
-        match (&self.uploaded, self.dirty || self.discarded) {
+        // A failed writer uploads nothing more: it has no version to keep in sync with.
+        match (
+            &self.uploaded,
+            self.dirty || self.discarded || self.failed.is_some(),
+        ) {
             (Some(put), false) => Some(&put.etag),
             _ => None,
         }
@@ -579,6 +583,11 @@ impl Writer {
 
     pub fn is_failed(&self) -> bool {
         self.failed.is_some()
+    }
+
+    /// The upload failure every later call on this handle returns.
+    pub fn failure(&self) -> Option<&FsError> {
+        self.failed.as_ref()
     }
 }
 
@@ -648,6 +657,20 @@ mod tests {
         assert_eq!(fake.object("ckpt").unwrap(), data);
         assert!(budget.refused() >= 4);
         assert_eq!(budget.used(), 0);
+    }
+
+    /// After an fsync the writer is in sync with the version it uploaded (a rename pins that version);
+    /// once a later upload fails it uploads nothing more, and pins nothing.
+    #[tokio::test]
+    async fn a_failed_writer_pins_no_version() {
+        let fake = Arc::new(FakeClient::new("b", true));
+        let mut w = Writer::new(fake.clone(), "k".into(), opts(None));
+        w.write(0, b"first").await.unwrap();
+        w.commit().await.unwrap();
+        assert!(w.pinned_version().is_some());
+        w.refuse(FsError::Io("staging refused".into()));
+        assert!(w.failure().is_some());
+        assert_eq!(w.pinned_version(), None);
     }
 
     #[tokio::test]
