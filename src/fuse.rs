@@ -242,6 +242,16 @@ impl Adapter {
     }
 }
 
+/// The attributes a regular file made by `req` starts with: its mode less the umask, its caller's uid and gid.
+fn new_file_owner(req: &Request, mode: u32, umask: u32) -> StoredAttrs {
+    StoredAttrs {
+        mode: Some(libc::S_IFREG | (mode & !umask & 0o7777)),
+        uid: Some(req.uid()),
+        gid: Some(req.gid()),
+        ..StoredAttrs::default()
+    }
+}
+
 fn ok(reply: ReplyEmpty, (): ()) {
     reply.ok()
 }
@@ -465,12 +475,7 @@ impl Filesystem for Adapter {
         reply: ReplyCreate,
     ) {
         let pid = req.pid();
-        let owner = StoredAttrs {
-            mode: Some(0o100_000 | (mode & !umask & 0o7777)),
-            uid: Some(req.uid()),
-            gid: Some(req.gid()),
-            ..StoredAttrs::default()
-        };
+        let owner = new_file_owner(req, mode, umask);
         let span = debug_span!("create", parent = parent.0, name = %name.to_string_lossy());
         let (fs, name) = (Arc::clone(&self.fs), name_str(name));
         let work = async move {
@@ -870,12 +875,7 @@ impl Filesystem for Adapter {
             return;
         }
         let pid = req.pid();
-        let owner = StoredAttrs {
-            mode: Some(libc::S_IFREG | (mode & !umask & 0o7777)),
-            uid: Some(req.uid()),
-            gid: Some(req.gid()),
-            ..StoredAttrs::default()
-        };
+        let owner = new_file_owner(req, mode, umask);
         let span = debug_span!("mknod", parent = parent.0, name = %name.to_string_lossy());
         let (fs, name) = (Arc::clone(&self.fs), name_str(name));
         let work = async move { fs.mknod_file(parent.0, &name?, pid, owner).await };

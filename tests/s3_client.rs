@@ -795,21 +795,12 @@ fn an_expired_token_answer_to_create_session_is_retried() {
     );
 }
 
-/// FaultConfig as JSON without pulling serde_json into the root crate's dev-dependencies.
+/// FaultConfig as the body of `POST /_emulator/faults`.
 fn serde_json_string(f: &FaultConfig) -> String {
-    let list = |v: &[String]| {
-        v.iter()
-            .map(|s| format!("{s:?}"))
-            .collect::<Vec<_>>()
-            .join(",")
-    };
-    format!(
-        r#"{{"rate":{},"seed":{},"operations":[{}],"kinds":[{}]}}"#,
-        f.rate,
-        f.seed,
-        list(&f.operations),
-        list(&f.kinds)
-    )
+    fn strs(v: &[String]) -> Vec<&str> {
+        v.iter().map(String::as_str).collect()
+    }
+    common::faults_json(f.rate, f.seed, &strs(&f.operations), &strs(&f.kinds))
 }
 
 /// The GetObject requests the emulator recorded for `bucket`.
