@@ -235,3 +235,50 @@ fn drop_page_cache(path: &Path) {
     };
     assert_eq!(rc, 0);
 }
+
+/// rsync and its kind look a name up, find nothing, then create it, or rename a temporary file onto it. Within
+/// the negative TTL that lookup's answer stands: the create and the rename ask the bucket nothing more, and
+/// the bucket still ends up holding the right bytes under the right names.
+#[test]
+fn making_a_name_a_lookup_just_found_missing_asks_nothing_more() {
+    for directory in [true, false] {
+        let bucket = fresh_bucket(directory, "newname");
+        put(emulator(), &bucket, "d/old.bin", b"old".to_vec());
+        let mount = Mount::new(
+            &bucket,
+            &[
+                "--metadata-ttl",
+                "60",
+                "--allow-overwrite",
+                "--allow-delete",
+            ],
+        );
+        let dir = mount.path().join("d");
+        assert!(dir.join("old.bin").exists());
+        let (temp, name) = (dir.join(".new.bin.XyZ123"), dir.join("new.bin"));
+        assert!(
+            !temp.exists() && !name.exists(),
+            "{bucket}: looked up, missing"
+        );
+        let before = Requests::of(&bucket);
+        fs::write(&temp, b"fresh bytes").unwrap();
+        fs::rename(&temp, &name).unwrap();
+        let spent = Requests::of(&bucket).since(before);
+        assert_eq!(
+            (spent.gets, spent.heads, spent.lists),
+            (0, 0, 0),
+            "{bucket}: {spent:?} besides the upload and the move"
+        );
+        assert_eq!(op_count(&bucket, "PutObject"), 2, "{bucket}");
+        assert_eq!(
+            get(emulator(), &bucket, "d/new.bin"),
+            Some(b"fresh bytes".to_vec()),
+            "{bucket}"
+        );
+        assert_eq!(
+            get(emulator(), &bucket, "d/.new.bin.XyZ123"),
+            None,
+            "{bucket}"
+        );
+    }
+}

@@ -200,16 +200,42 @@ impl Superblock {
     /// [`Self::resolve`] without asking for a link: for a create or a mkdir, which the kernel sends only
     /// after its lookup (links included) found nothing, so that a new file or directory costs no more
     /// requests than it did. A link made meanwhile by another client is then shadowed (the file or the
-    /// directory wins).
+    /// directory wins). Nothing is asked while that lookup's answer is trusted ([`Self::known_missing`]).
     pub async fn resolve_file_or_dir(
         &self,
         parent: &Node,
         name: &str,
     ) -> FsResult<Option<(Kind, Stat)>> {
+        if self.known_missing(parent.ino(), name) {
+            return Ok(None);
+        }
         Ok(self
             .resolve_with_target(parent, name, false, false, Hint::default())
             .await?
             .map(|(kind, stat, _)| (kind, stat)))
+    }
+
+    /// [`Self::resolve`] of a name about to be made (a link, or a rename's destination): nothing is asked
+    /// while a lookup's "missing" is trusted ([`Self::known_missing`]).
+    pub async fn resolve_new_name(
+        &self,
+        parent: &Node,
+        name: &str,
+    ) -> FsResult<Option<(Kind, Stat)>> {
+        if self.known_missing(parent.ino(), name) {
+            return Ok(None);
+        }
+        self.resolve(parent, name, false).await
+    }
+
+    /// A lookup found nothing under `parent/name` within the negative TTL, and nothing was made or listed
+    /// under it since. A name about to be made then trusts that answer for as long as the kernel trusts its
+    /// own negative entry (rsync, for one, looks a name up just before it creates or renames onto it). Its
+    /// upload or move is still conditional on nothing being there, unless `--allow-overwrite` lets it
+    /// replace what another client made meanwhile, as it would replace it a moment later anyway.
+    fn known_missing(&self, parent: u64, name: &str) -> bool {
+        self.table().child(parent, name).is_none()
+            && self.negative.is_missing(parent, name, Instant::now())
     }
 
     /// [`Self::resolve`], with a link's target when the name is a link; `links`: ask for the link at all.

@@ -103,7 +103,7 @@ impl Superblock {
         }
         let key = kind.key(from_dir.key(), name);
         let destination = kind.key(to_dir.key(), new_name);
-        let condition = match self.resolve(to_dir, new_name, false).await? {
+        let condition = match self.resolve_new_name(to_dir, new_name).await? {
             Some((Kind::Directory, _)) => return Err(FsError::IsADirectory),
             // Two objects under different names: replacing one by the other is not one request.
             Some((found, _)) if found != kind => {
@@ -180,7 +180,7 @@ impl Superblock {
         if self.table().writing_under(&prefix) {
             return Err(FsError::Busy("a file in the directory is being written"));
         }
-        match self.resolve(to_dir, new_name, false).await? {
+        match self.resolve_new_name(to_dir, new_name).await? {
             Some((Kind::File | Kind::Symlink, _)) => return Err(FsError::NotADirectory),
             Some((Kind::Directory, _)) if no_replace => return Err(FsError::Exists),
             Some((Kind::Directory, _)) => {
