@@ -237,8 +237,9 @@ fn drop_page_cache(path: &Path) {
 }
 
 /// rsync and its kind look a name up, find nothing, then create it, or rename a temporary file onto it. Within
-/// the negative TTL that lookup's answer stands: the create and the rename ask the bucket nothing more, and
-/// the bucket still ends up holding the right bytes under the right names.
+/// the negative TTL that lookup's answer stands: the create and the rename ask the bucket only whether a
+/// directory appeared under the name meanwhile (one LIST each), and the bucket ends up holding the right
+/// bytes under the right names. A directory that did appear is still refused.
 #[test]
 fn making_a_name_a_lookup_just_found_missing_asks_nothing_more() {
     for directory in [true, false] {
@@ -266,7 +267,7 @@ fn making_a_name_a_lookup_just_found_missing_asks_nothing_more() {
         let spent = Requests::of(&bucket).since(before);
         assert_eq!(
             (spent.gets, spent.heads, spent.lists),
-            (0, 0, 0),
+            (0, 0, 2),
             "{bucket}: {spent:?} besides the upload and the move"
         );
         assert_eq!(op_count(&bucket, "PutObject"), 2, "{bucket}");
@@ -280,5 +281,23 @@ fn making_a_name_a_lookup_just_found_missing_asks_nothing_more() {
             None,
             "{bucket}"
         );
+        // Names found missing, then made directories by another client.
+        let (file, target) = (dir.join("file"), dir.join("target"));
+        assert!(!file.exists() && !target.exists());
+        put(emulator(), &bucket, "d/file/inside", b"x".to_vec());
+        put(emulator(), &bucket, "d/target/inside", b"y".to_vec());
+        let created = fs::File::create(&file).map(|_| ());
+        assert_eq!(
+            created.map_err(|e| e.raw_os_error()),
+            Err(Some(libc::EEXIST)),
+            "{bucket}: a file over a directory made meanwhile"
+        );
+        let moved = fs::rename(&name, &target);
+        assert_eq!(
+            moved.map_err(|e| e.raw_os_error()),
+            Err(Some(libc::EISDIR)),
+            "{bucket}: a rename onto a directory made meanwhile"
+        );
+        assert_eq!(fs::read(&name).unwrap(), b"fresh bytes", "{bucket}");
     }
 }

@@ -200,14 +200,14 @@ impl Superblock {
     /// [`Self::resolve`] without asking for a link: for a create or a mkdir, which the kernel sends only
     /// after its lookup (links included) found nothing, so that a new file or directory costs no more
     /// requests than it did. A link made meanwhile by another client is then shadowed (the file or the
-    /// directory wins). Nothing is asked while that lookup's answer is trusted ([`Self::known_missing`]).
+    /// directory wins). See [`Self::resolve_new_file`] for a name a lookup just found missing.
     pub async fn resolve_file_or_dir(
         &self,
         parent: &Node,
         name: &str,
     ) -> FsResult<Option<(Kind, Stat)>> {
-        if self.known_missing(parent.ino(), name) {
-            return Ok(None);
+        if let Some(found) = self.resolve_new_file(parent, name).await? {
+            return Ok(found);
         }
         Ok(self
             .resolve_with_target(parent, name, false, false, Hint::default())
@@ -215,27 +215,27 @@ impl Superblock {
             .map(|(kind, stat, _)| (kind, stat)))
     }
 
-    /// [`Self::resolve`] of a name about to be made (a link, or a rename's destination): nothing is asked
-    /// while a lookup's "missing" is trusted ([`Self::known_missing`]).
-    pub async fn resolve_new_name(
+    /// What a new file's name needs asked when a lookup found it missing within the negative TTL (nothing
+    /// made or listed under it since; rsync looks each name up just before it creates or renames onto it):
+    /// only whether a directory appeared there meanwhile, which would hide the file. An object that appeared
+    /// meanwhile is left to the upload's or the move's own condition (If-None-Match, unless
+    /// `--allow-overwrite` lets it replace what it would replace a moment later anyway). `None`: no such
+    /// lookup, ask everything.
+    pub async fn resolve_new_file(
         &self,
         parent: &Node,
         name: &str,
-    ) -> FsResult<Option<(Kind, Stat)>> {
-        if self.known_missing(parent.ino(), name) {
+    ) -> FsResult<Option<Option<(Kind, Stat)>>> {
+        let known_missing = self.table().child(parent.ino(), name).is_none()
+            && self.negative.is_missing(parent.ino(), name, Instant::now());
+        if !known_missing {
             return Ok(None);
         }
-        self.resolve(parent, name, false).await
-    }
-
-    /// A lookup found nothing under `parent/name` within the negative TTL, and nothing was made or listed
-    /// under it since. A name about to be made then trusts that answer for as long as the kernel trusts its
-    /// own negative entry (rsync, for one, looks a name up just before it creates or renames onto it). Its
-    /// upload or move is still conditional on nothing being there, unless `--allow-overwrite` lets it
-    /// replace what another client made meanwhile, as it would replace it a moment later anyway.
-    fn known_missing(&self, parent: u64, name: &str) -> bool {
-        self.table().child(parent, name).is_none()
-            && self.negative.is_missing(parent, name, Instant::now())
+        let key = names::file_key(parent.key(), name);
+        let is_dir = self
+            .is_prefix(parent, name, &format!("{key}/"), None)
+            .await?;
+        Ok(Some(is_dir.then(|| (Kind::Directory, Stat::directory()))))
     }
 
     /// [`Self::resolve`], with a link's target when the name is a link; `links`: ask for the link at all.

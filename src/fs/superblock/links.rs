@@ -56,7 +56,7 @@ impl Superblock {
             .table()
             .child(parent, name)
             .is_some_and(|n| n.is_pending())
-            || self.resolve_new_name(&parent_node, name).await?.is_some()
+            || self.resolve(&parent_node, name, false).await?.is_some()
         {
             return Err(FsError::Exists);
         }

@@ -70,21 +70,22 @@ impl Superblock {
         if parent == new_parent && name == new_name {
             return Ok(Repinned::new());
         }
-        let repinned = match kind {
+        let moved = match kind {
             Kind::File | Kind::Symlink => {
                 let renamed = (node, kind, asked_size);
                 let to = (to_dir, new_name);
                 self.rename_object(&from_dir, name, to, renamed, no_replace, pins)
-                    .await?
+                    .await
             }
             Kind::Directory => {
                 let to = (to_dir, new_name);
                 self.rename_dir(&from_dir, name, to, node, no_replace, pins)
-                    .await?
+                    .await
             }
         };
+        // Whatever the outcome: a move that failed midway may have left objects under the new name.
         self.negative.forget(new_parent, new_name);
-        Ok(repinned)
+        moved
     }
 
     /// A file or a link: one object (a link is its object `name.rclonelink`, see `links.rs`).
@@ -103,7 +104,11 @@ impl Superblock {
         }
         let key = kind.key(from_dir.key(), name);
         let destination = kind.key(to_dir.key(), new_name);
-        let condition = match self.resolve_new_name(to_dir, new_name).await? {
+        let found = match self.resolve_new_file(to_dir, new_name).await? {
+            Some(found) => found,
+            None => self.resolve(to_dir, new_name, false).await?,
+        };
+        let condition = match found {
             Some((Kind::Directory, _)) => return Err(FsError::IsADirectory),
             // Two objects under different names: replacing one by the other is not one request.
             Some((found, _)) if found != kind => {
@@ -180,7 +185,7 @@ impl Superblock {
         if self.table().writing_under(&prefix) {
             return Err(FsError::Busy("a file in the directory is being written"));
         }
-        match self.resolve_new_name(to_dir, new_name).await? {
+        match self.resolve(to_dir, new_name, false).await? {
             Some((Kind::File | Kind::Symlink, _)) => return Err(FsError::NotADirectory),
             Some((Kind::Directory, _)) if no_replace => return Err(FsError::Exists),
             Some((Kind::Directory, _)) => {
