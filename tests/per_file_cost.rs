@@ -241,7 +241,7 @@ fn drop_page_cache(path: &Path) {
 /// directory appeared under the name meanwhile (one LIST each), and the bucket ends up holding the right
 /// bytes under the right names. A directory that did appear is still refused.
 #[test]
-fn making_a_name_a_lookup_just_found_missing_asks_nothing_more() {
+fn making_a_name_a_lookup_just_found_missing_asks_only_for_a_directory() {
     for directory in [true, false] {
         let bucket = fresh_bucket(directory, "newname");
         put(emulator(), &bucket, "d/old.bin", b"old".to_vec());
