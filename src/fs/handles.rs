@@ -218,12 +218,7 @@ impl HandleTable {
     }
 
     /// Still in the table (not released).
-    fn is_open(&self, handle: &Arc<Handle>) -> bool {
-        self.holds(handle)
-    }
-
-    /// [`Self::is_open`] for a handle borrowed from its `Arc`.
-    fn holds(&self, handle: &Handle) -> bool {
+    fn is_open(&self, handle: &Handle) -> bool {
         self.open()
             .values()
             .any(|h| std::ptr::eq(h.as_ref(), handle))
@@ -284,7 +279,7 @@ impl S3Filesystem {
         }
         // A writer found by name may be released while we wait for its lock: then the file is a closed
         // one, and the change is made again as for a closed file.
-        let released = |owner: &Handle| fh.is_none() && !self.handles.holds(owner);
+        let released = |owner: &Handle| fh.is_none() && !self.handles.is_open(owner);
         if self.config.preserve_metadata && !change.is_empty() {
             let change = change.of_regular_file();
             let node = self.sb.node(ino)?;
@@ -769,7 +764,6 @@ impl S3Filesystem {
             .await
     }
 
-    /// [`Self::create`] by `owner` (the creator's mode, uid and gid, kept with `--preserve-metadata`).
     /// mknod(2) of a regular file: an empty object, uploaded at once, since no handle is left open to
     /// upload it later.
     pub async fn mknod_file(
@@ -786,6 +780,7 @@ impl S3Filesystem {
         self.sb.getattr(created.ino).await
     }
 
+    /// [`Self::create`] by `owner` (the creator's mode, uid and gid, kept with `--preserve-metadata`).
     pub async fn create_as(
         &self,
         parent: u64,
