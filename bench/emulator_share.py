@@ -31,14 +31,7 @@ def connector_read(endpoint, keys):
     client = S3Client("us-east-1", endpoint=endpoint, s3client_config=S3ClientConfig(force_path_style=True))
     for key in keys:
         reader = client.get_object(BUCKET, key, reader_constructor=S3ReaderConstructor.sequential())
-        n = 0
-        while True:
-            b = reader.read(MIB)
-            if not b:
-                break
-            n += len(b)
-        if n != SIZE:
-            raise SystemExit(f"{key}: {n} bytes, expected {SIZE}")
+        sp.read_whole(reader, SIZE, key)
 
 
 def run(who, binary, endpoint, work, emu, syscalls):

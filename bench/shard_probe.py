@@ -30,17 +30,22 @@ def stat_of(pid):
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"), int(fields[7])
 
 
+def read_whole(reader, expect, what):
+    """Reads `reader` to its end in 1 MiB reads; exits unless it held `expect` bytes."""
+    n = 0
+    while True:
+        b = reader.read(MIB)
+        if not b:
+            break
+        n += len(b)
+    if n != expect:
+        raise SystemExit(f"{what}: {n} bytes, expected {expect}")
+
+
 def read_share(paths, expect):
     for p in paths:
-        n = 0
         with open(p, "rb", buffering=0) as f:
-            while True:
-                b = f.read(MIB)
-                if not b:
-                    break
-                n += len(b)
-        if n != expect:
-            raise SystemExit(f"{p}: {n} bytes, expected {expect}")
+            read_whole(f, expect, p)
 
 
 def peak_rss_mib(pid):

@@ -13,9 +13,9 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use common::{Mount, fresh_bucket, refuse_every_upload, set_faults, start_emulator};
+use common::{Mount, own_emulator, refuse_every_upload, set_faults};
 use expressfs::fs::model_ops::{DIR_NAMES, FILES, LINKS, Model, Op, op};
-use expressfs_emulator::{Emulator, EmulatorConfig};
+use expressfs_emulator::Emulator;
 use proptest::prelude::*;
 
 fn listing(dir: &Path) -> Vec<String> {
@@ -257,11 +257,7 @@ fn run(emu: &Emulator, root: &Path, ops: Vec<Op>, settle: std::time::Duration) {
 fn random_operations_on(directory: bool, cases: u32, release_delay_ms: Option<u32>) {
     // The mount lives in this test (not in a static) so it is unmounted when the test ends.
     // An emulator of its own: its refusals of uploads (`Op::Refused`) must reach no other test.
-    let bucket = fresh_bucket(directory, "model");
-    let emu = start_emulator(EmulatorConfig {
-        buckets: vec![bucket.clone()],
-        ..Default::default()
-    });
+    let (bucket, emu) = own_emulator(directory, "model");
     let delay = release_delay_ms.map(|ms| ms.to_string());
     let env: Vec<(&str, &str)> = delay
         .iter()

@@ -8,22 +8,11 @@ use std::io::{Read, Write};
 use std::time::Duration;
 
 use common::{
-    Mount, admin_get, admin_post, emulator_stat, faults_json, fresh_bucket, get, pattern, put,
-    put_many, refuse_every_upload, set_faults, sha256_hex, start_emulator,
+    Mount, admin_get, admin_post, emulator_stat, faults_json, fresh_bucket, get, own_emulator,
+    pattern, put, put_many, refuse_every_upload, set_faults, sha256_hex,
 };
-use expressfs_emulator::EmulatorConfig;
 
 const MIB: usize = 1024 * 1024;
-
-/// A bucket on an emulator of the test's own, so the faults it injects reach no other test.
-fn own_emulator(tag: &str) -> (String, expressfs_emulator::Emulator) {
-    let bucket = fresh_bucket(true, tag);
-    let emu = start_emulator(EmulatorConfig {
-        buckets: vec![bucket.clone()],
-        ..Default::default()
-    });
-    (bucket, emu)
-}
 
 /// Sizes of the fault test: CI-sized by default; `EXPRESSFS_FAULT_SCALE=full` runs the sizes (1 GiB
 /// read, 2,000 small files, 1 GiB write) and `EXPRESSFS_FAULT_SEEDS=1,2,3,4` picks the seeds.
@@ -42,7 +31,7 @@ fn fault_test_plan() -> (usize, usize, usize, Vec<u64>) {
 
 #[test]
 fn faults_never_produce_wrong_bytes() {
-    let (bucket, emu) = own_emulator("faults");
+    let (bucket, emu) = own_emulator(true, "faults");
     let (big_len, small_count, write_len, seeds) = fault_test_plan();
     let big = pattern(1, big_len);
     let small: Vec<(String, Vec<u8>)> = (0..small_count as u64)
@@ -250,7 +239,7 @@ fn fault_only(emu: &expressfs_emulator::Emulator, ops: &[&str], kinds: &[&str]) 
 /// again once the server behaves.
 #[test]
 fn malformed_answers_and_odd_statuses_fail_loudly_and_lose_nothing() {
-    let (bucket, emu) = own_emulator("malformed");
+    let (bucket, emu) = own_emulator(true, "malformed");
     let data = pattern(5, 3 * MIB + 1);
     put(&emu, &bucket, "dir/f.bin", data.clone());
     let mount = Mount::on(
@@ -308,7 +297,7 @@ fn malformed_answers_and_odd_statuses_fail_loudly_and_lose_nothing() {
 /// data, and the mount works normally afterwards.
 #[test]
 fn a_paused_server_delays_but_does_not_corrupt() {
-    let (bucket, emu) = own_emulator("pause");
+    let (bucket, emu) = own_emulator(true, "pause");
     let data = pattern(8, 20 * MIB + 3);
     put(&emu, &bucket, "f.bin", data.clone());
     let mount = Mount::on(&emu, &bucket, &["--metadata-ttl", "minimal"]);
@@ -469,11 +458,7 @@ fn full_cache_and_staging_disk() {
 #[test]
 fn a_refused_overwrite_leaves_the_old_file_visible() {
     for directory in [true, false] {
-        let bucket = fresh_bucket(directory, "refusedwrite");
-        let emu = start_emulator(EmulatorConfig {
-            buckets: vec![bucket.clone()],
-            ..Default::default()
-        });
+        let (bucket, emu) = own_emulator(directory, "refusedwrite");
         let old = pattern(31, 3 * MIB + 5);
         put(&emu, &bucket, "ckpt.bin", old.clone());
         let mount = Mount::on(
@@ -547,11 +532,7 @@ fn a_refused_overwrite_leaves_the_old_file_visible() {
 /// gone it is what its fsync left in the bucket, not the size of the refused change.
 #[test]
 fn a_refused_change_after_fsync_leaves_the_fsynced_file() {
-    let bucket = fresh_bucket(true, "refusedafterfsync");
-    let emu = start_emulator(EmulatorConfig {
-        buckets: vec![bucket.clone()],
-        ..Default::default()
-    });
+    let (bucket, emu) = own_emulator(true, "refusedafterfsync");
     let mount = Mount::on(
         &emu,
         &bucket,
@@ -596,11 +577,7 @@ fn a_refused_change_after_fsync_leaves_the_fsynced_file() {
 #[test]
 fn a_failed_writer_still_open_leaves_the_next_open_alone() {
     for directory in [true, false] {
-        let bucket = fresh_bucket(directory, "failedstillopen");
-        let emu = start_emulator(EmulatorConfig {
-            buckets: vec![bucket.clone()],
-            ..Default::default()
-        });
+        let (bucket, emu) = own_emulator(directory, "failedstillopen");
         let old = pattern(51, MIB + 7);
         put(&emu, &bucket, "state.bin", old.clone());
         let metrics = common::free_metrics_addr();

@@ -83,6 +83,16 @@ pub enum WriteState {
     Staged(Arc<SharedStaged>),
 }
 
+impl WriteState {
+    /// A streaming writer's upload failure: its bytes never reach the bucket, and it keeps the error to itself.
+    fn failure(&self) -> Option<&FsError> {
+        match self {
+            WriteState::Stream(w) => w.failure(),
+            WriteState::Staged(_) => None,
+        }
+    }
+}
+
 impl Handle {
     /// A write handle's node, state and writer mark.
     fn as_writer(&self) -> Option<(u64, &AsyncMutex<WriteState>, &WriterMark)> {
@@ -272,8 +282,7 @@ impl S3Filesystem {
         // A descriptor whose upload failed keeps its error for every call, and changes nothing: not its own
         // file, and not a staged file that later opens share.
         if let Some(Handle::Write { state, .. }) = handle.as_deref()
-            && let WriteState::Stream(w) = &*state.lock().await
-            && let Some(e) = w.failure()
+            && let Some(e) = state.lock().await.failure()
         {
             return Err(e.clone());
         }
@@ -660,7 +669,7 @@ impl S3Filesystem {
     async fn live_writer_for(&self, ino: u64) -> Option<Arc<Handle>> {
         for writer in self.handles.writers_of(ino) {
             let (_, state, _) = writer.as_writer().expect("a write handle");
-            let failed = matches!(&*state.lock().await, WriteState::Stream(w) if w.is_failed());
+            let failed = state.lock().await.failure().is_some();
             if !failed && self.handles.is_open(&writer) {
                 return Some(writer);
             }
@@ -679,7 +688,7 @@ impl S3Filesystem {
             if !self.handles.is_open(&writer) {
                 return Ok(true);
             }
-            if matches!(&*state, WriteState::Stream(w) if w.is_failed()) {
+            if state.failure().is_some() {
                 continue;
             }
             self.stage_writer(ino, &writer, &mut state, counted, false)

@@ -86,6 +86,17 @@ pub fn start_emulator(mut config: EmulatorConfig) -> Emulator {
     Emulator::start_background(config).expect("emulator starts")
 }
 
+/// A fresh bucket (a directory bucket if `directory`) on an emulator of the test's own, so the faults it
+/// injects reach no other test.
+pub fn own_emulator(directory: bool, tag: &str) -> (String, Emulator) {
+    let bucket = fresh_bucket(directory, tag);
+    let emu = start_emulator(EmulatorConfig {
+        buckets: vec![bucket.clone()],
+        ..Default::default()
+    });
+    (bucket, emu)
+}
+
 /// The emulator shared by every test of this binary.
 pub fn emulator() -> &'static Emulator {
     &EMULATOR
