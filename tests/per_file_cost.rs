@@ -301,3 +301,56 @@ fn making_a_name_a_lookup_just_found_missing_asks_only_for_a_directory() {
         assert_eq!(fs::read(&name).unwrap(), b"fresh bytes", "{bucket}");
     }
 }
+
+/// A directory made through the mount, or listed whole, knows every name it holds for the TTL: rsync's lookups
+/// of the names it is about to make (the file, then its temporary name) ask the bucket nothing, so a new file
+/// costs its create's and its rename's one-key LISTs, the upload and the move.
+#[test]
+fn names_missing_from_a_directory_made_or_listed_here_ask_nothing() {
+    for directory in [true, false] {
+        let bucket = fresh_bucket(directory, "wholedir");
+        put(emulator(), &bucket, "listed/old.bin", b"old".to_vec());
+        let mount = Mount::new(
+            &bucket,
+            &[
+                "--metadata-ttl",
+                "60",
+                "--allow-overwrite",
+                "--allow-delete",
+            ],
+        );
+        let made = mount.path().join("made");
+        fs::create_dir(&made).unwrap();
+        let listed = mount.path().join("listed");
+        assert_eq!(fs::read_dir(&listed).unwrap().count(), 1, "{bucket}");
+        let before = Requests::of(&bucket);
+        for dir in [&made, &listed] {
+            for i in 0..3 {
+                let (name, temp) = (dir.join(format!("f{i}")), dir.join(format!(".f{i}.Tmp")));
+                assert!(!name.exists() && !temp.exists(), "{bucket}");
+                fs::write(&temp, format!("bytes {i}")).unwrap();
+                fs::rename(&temp, &name).unwrap();
+            }
+        }
+        let spent = Requests::of(&bucket).since(before);
+        assert_eq!(
+            (spent.gets, spent.heads, spent.lists),
+            (0, 0, 12),
+            "{bucket}: {spent:?} besides 6 uploads and 6 moves"
+        );
+        for dir in ["made", "listed"] {
+            for i in 0..3 {
+                assert_eq!(
+                    get(emulator(), &bucket, &format!("{dir}/f{i}")),
+                    Some(format!("bytes {i}").into_bytes()),
+                    "{bucket}"
+                );
+            }
+        }
+        // What the directory knows is what the bucket holds: the old file is found, a deleted one is gone.
+        assert_eq!(fs::read(listed.join("old.bin")).unwrap(), b"old");
+        fs::remove_file(made.join("f0")).unwrap();
+        assert!(!made.join("f0").exists());
+        assert_eq!(get(emulator(), &bucket, "made/f0"), None, "{bucket}");
+    }
+}

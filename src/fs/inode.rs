@@ -98,6 +98,10 @@ pub struct Node {
     page_cache_unused: bool,
     /// A link's target, with the ETag of the object it was read from (the target is the object's body).
     link_target: Option<(String, String)>,
+    /// Directories: until when every name the bucket holds under this one is in the table (a whole listing,
+    /// or a mkdir that found the prefix empty): a name with no node here does not exist. See
+    /// [`InodeTable::know_every_name`].
+    every_name_known_until: Option<Instant>,
 }
 
 impl Node {
@@ -119,6 +123,7 @@ impl Node {
             open_versions: Vec::new(),
             page_cache_unused: true,
             link_target: None,
+            every_name_known_until: None,
         }
     }
 
@@ -392,16 +397,21 @@ impl InodeTable {
         ino
     }
 
-    /// [`InodeTable::detach`], only if `name` still stands for `ino`; whether it did.
+    /// [`InodeTable::detach`], only if `name` still stands for `ino`; whether it did. For a file whose upload
+    /// failed: an upload whose answer was lost may have landed all the same, so `parent` is listed anew
+    /// ([`Self::doubt_names`]) rather than trusted to lack the name.
     pub fn detach_if(&mut self, parent: u64, name: &str, ino: u64) -> bool {
         let stands = self.children.get(&(parent, name.to_string())) == Some(&ino);
         if stands {
             self.detach(parent, name);
+            self.doubt_names(parent);
         }
         stands
     }
 
-    /// Forgets the name `parent/name` (the node lives on while the kernel still references it).
+    /// Forgets the name `parent/name` (the node lives on while the kernel still references it), because the
+    /// bucket no longer has it (deleted, moved away, found missing) or another node takes it. A caller that
+    /// cannot say so calls [`Self::doubt_names`] too.
     pub fn detach(&mut self, parent: u64, name: &str) -> Option<u64> {
         let ino = self.children.remove(&(parent, name.to_string()))?;
         if self
@@ -436,9 +446,44 @@ impl InodeTable {
             if !named || node.expires <= Instant::now() {
                 if named {
                     self.children.remove(&slot);
+                    // The name may still exist in the bucket: its directory no longer has every name.
+                    self.doubt_names(slot.0);
                 }
                 self.nodes.remove(&ino);
             }
+        }
+    }
+
+    /// Every name the bucket holds under directory `dir` has a node in the table, and will until `until`
+    /// unless the table drops one it cannot vouch for ([`Self::doubt_names`]): from then to `until`, a name
+    /// with no node there is missing without asking. The caller puts the names in first (a whole listing sent
+    /// no earlier than `until` minus the TTLs, or a mkdir that found the prefix empty). Our own changes keep
+    /// the table true as they go: a name made here gets its node before its object exists, and one removed
+    /// loses it only once the bucket no longer has it.
+    pub fn know_every_name(&mut self, dir: u64, until: Instant) {
+        if let Some(n) = self
+            .nodes
+            .get_mut(&dir)
+            .filter(|n| n.kind == Kind::Directory)
+        {
+            n.every_name_known_until = Some(until);
+        }
+    }
+
+    /// Whether `name` under `dir` is missing by [`Self::know_every_name`]: no node, and every name known.
+    pub fn known_missing(&self, dir: u64, name: &str, now: Instant) -> bool {
+        self.child(dir, name).is_none()
+            && self
+                .nodes
+                .get(&dir)
+                .and_then(|d| d.every_name_known_until)
+                .is_some_and(|until| until > now)
+    }
+
+    /// A name under `dir` left the table while the bucket may still hold it.
+    pub fn doubt_names(&mut self, dir: u64) {
+        if let Some(n) = self.nodes.get_mut(&dir) {
+            n.every_name_known_until = None;
         }
     }
 
@@ -462,6 +507,8 @@ impl InodeTable {
     /// Moves the name `parent/name` to `new_parent/new_name`, replacing what was there.
     pub fn rename(&mut self, parent: u64, name: &str, new_parent: u64, new_name: &str) {
         let Some(ino) = self.children.remove(&(parent, name.to_string())) else {
+            // The bucket has the new name, and no node here stands for it.
+            self.doubt_names(new_parent);
             return;
         };
         self.detach(new_parent, new_name);

@@ -60,6 +60,8 @@ struct Stale {
     /// The page cache may hold the bytes of the entry: a HEAD checks it (its next open keeps those bytes).
     page_cached: bool,
     was_dir: bool,
+    /// No entry, in a directory whose every name is in the table ([`InodeTable::know_every_name`]): missing.
+    known_missing: bool,
 }
 
 pub fn check_name(name: &str) -> FsResult<()> {
@@ -163,6 +165,16 @@ impl Superblock {
         Instant::now() + self.config.metadata_ttl
     }
 
+    /// Until when a directory found whole by a request sent at `asked` may answer for names it does not hold:
+    /// as long as both its entries and a name found missing would be trusted. None when either TTL is zero.
+    fn every_name_known_until(&self, asked: Instant) -> Option<Instant> {
+        let trusted = self
+            .config
+            .metadata_ttl
+            .min(self.config.negative_metadata_ttl);
+        (!trusted.is_zero()).then(|| asked + trusted)
+    }
+
     pub fn dir_node(&self, ino: u64) -> FsResult<Node> {
         let node = self.node(ino)?;
         if node.kind() != Kind::Directory {
@@ -226,8 +238,13 @@ impl Superblock {
         parent: &Node,
         name: &str,
     ) -> FsResult<Option<Option<(Kind, Stat)>>> {
-        let known_missing = self.table().child(parent.ino(), name).is_none()
-            && self.negative.is_missing(parent.ino(), name, Instant::now());
+        let now = Instant::now();
+        let known_missing = {
+            let table = self.table();
+            table.known_missing(parent.ino(), name, now)
+                || (table.child(parent.ino(), name).is_none()
+                    && self.negative.is_missing(parent.ino(), name, now))
+        };
         if !known_missing {
             return Ok(None);
         }
@@ -335,6 +352,14 @@ impl Superblock {
             Ok(attr) => return Ok(attr),
             Err(stale) => stale,
         };
+        if stale.known_missing {
+            // Counted as a lookup answered from the listing, so that a directory still being read (or
+            // written) is listed again before what it knows expires.
+            if self.storms.note_hit(parent, now) {
+                self.list_in_background(parent_node);
+            }
+            return Err(FsError::NotFound);
+        }
         if self.negative.is_missing(parent, name, now) {
             return Err(FsError::NotFound);
         }
@@ -460,10 +485,17 @@ impl Superblock {
             }
             return Ok(attr);
         }
-        Err(node.map_or_else(Stale::default, |n| Stale {
-            page_cached: n.may_be_in_page_cache(),
-            was_dir: n.kind() == Kind::Directory,
-        }))
+        Err(node.map_or_else(
+            || Stale {
+                known_missing: table.known_missing(dir.ino(), name, now),
+                ..Stale::default()
+            },
+            |n| Stale {
+                page_cached: n.may_be_in_page_cache(),
+                was_dir: n.kind() == Kind::Directory,
+                known_missing: false,
+            },
+        ))
     }
 
     /// An open found `node` fresh, maybe with no lookup of ours before it (the kernel had the entry from a
@@ -564,6 +596,9 @@ impl Superblock {
                 name,
             });
         }
+        if trusted && let Some(until) = self.every_name_known_until(asked) {
+            table.know_every_name(dir.ino(), until);
+        }
         let listed: HashSet<String> = entries.iter().map(|e| e.name.clone()).collect();
         for (name, ino, kind) in table.local_children(dir.ino()) {
             if !listed.contains(&name) {
@@ -591,6 +626,10 @@ impl Superblock {
         let inodes = Arc::clone(&self.inodes);
         let storms = Arc::clone(&self.storms);
         let ttl = self.config.metadata_ttl;
+        let known_for = self
+            .config
+            .metadata_ttl
+            .min(self.config.negative_metadata_ttl);
         tokio::spawn(async move {
             let asked = Instant::now();
             let listed =
@@ -607,6 +646,9 @@ impl Superblock {
                         trust_listed_dir(&mut table, dir.ino(), &found, expires);
                         for (name, (kind, stat)) in found {
                             table.upsert(dir.ino(), &name, kind, stat, expires, asked);
+                        }
+                        if !known_for.is_zero() {
+                            table.know_every_name(dir.ino(), asked + known_for);
                         }
                         debug!(key = dir.key(), pages, "listed after a storm of lookups");
                         listing::Listed::Applied { pages }
@@ -663,6 +705,7 @@ impl Superblock {
         }
         check_name(name)?;
         let parent_node = self.dir_node(parent)?;
+        let asked = Instant::now();
         if self
             .table()
             .child(parent, name)
@@ -687,7 +730,13 @@ impl Superblock {
         let node = table.get_mut(ino).expect("just inserted");
         node.mark_local();
         let attr = self.attr_of(node);
+        // Nothing was under the name when it was checked: a new directory holds no names but ours.
+        if let Some(until) = self.every_name_known_until(asked) {
+            table.know_every_name(ino, until);
+        }
         drop(table);
+        // As if listed: lookups of missing names there count towards listing it again before that expires.
+        self.storms.listed(ino, 1, asked.elapsed());
         self.negative.forget(parent, name);
         Ok(attr)
     }

@@ -85,6 +85,9 @@ impl Superblock {
         };
         // Whatever the outcome: a move that failed midway may have left objects under the new name.
         self.negative.forget(new_parent, new_name);
+        if moved.is_err() {
+            self.table().doubt_names(new_parent);
+        }
         moved
     }
 
@@ -159,7 +162,9 @@ impl Superblock {
                 }
             }
             None => {
+                // The new name stands for an object the table has no node for.
                 table.detach(to_dir.ino(), new_name);
+                table.doubt_names(to_dir.ino());
             }
         }
         Ok(repinned)
@@ -227,11 +232,14 @@ impl Superblock {
             "directory renamed"
         );
         let mut table = self.table();
-        if node.is_some() {
+        if let Some(moved) = &node {
             table.rename(from_dir.ino(), name, to_dir.ino(), new_name);
             table.move_keys_under(&prefix, &new_prefix);
+            // Listed before the move, under the old prefix: asked about again.
+            table.doubt_names(moved.ino());
         } else {
             table.detach(to_dir.ino(), new_name);
+            table.doubt_names(to_dir.ino());
         }
         Ok(repinned)
     }

@@ -209,6 +209,8 @@ async fn mkdir_rmdir_and_read_only() {
 async fn a_hundred_thousand_missing_names_stay_within_the_negative_bound() {
     let mut c = config();
     c.negative_metadata_ttl = Duration::from_secs(600);
+    // No listing may answer for the names instead (a storm would list the root and know them all missing).
+    c.metadata_ttl = Duration::ZERO;
     let (fake, fs) = fs_with(&[], c, true).await;
     for i in 0..100_000 {
         let name = format!("missing-{i}");
@@ -314,4 +316,95 @@ async fn lookups_during_a_storm_listing_send_no_one_key_list() {
     // The storm's listing (one page) answers "is it a directory" for every lookup made while it was under way.
     let sent = fake.counts().since(&before);
     assert_eq!(sent.get(Op::List), 1, "{sent:?}");
+}
+
+/// A directory listed whole answers for the names it does not hold, for as long as both TTLs trust it.
+#[tokio::test]
+async fn a_listed_directory_answers_for_missing_names_without_asking() {
+    let mut c = config();
+    c.metadata_ttl = Duration::from_millis(400);
+    c.negative_metadata_ttl = Duration::from_secs(60);
+    let (fake, fs) = fs_with(&[("d/a", b"1"), ("d/s/x", b"2")], c, true).await;
+    let d = fs.sb.lookup(ROOT_INO, "d").await.unwrap();
+    let fh = fs.opendir(d.ino).unwrap();
+    assert_eq!(fs.readdir(fh, 0).await.unwrap().len(), 4);
+    let listed = fake.counts();
+    for name in ["b", "a.rclonelink", "x"] {
+        assert!(matches!(
+            fs.sb.lookup(d.ino, name).await,
+            Err(FsError::NotFound)
+        ));
+    }
+    assert_eq!(fs.sb.lookup(d.ino, "a").await.unwrap().size, 1);
+    assert_eq!(
+        fs.sb.lookup(d.ino, "s").await.unwrap().kind,
+        FileKind::Directory
+    );
+    assert_eq!(fake.counts(), listed, "answered from the listing");
+    // Another client's file is not seen until the listing expires (the shorter TTL), then it is.
+    fake.put_object("d/b", Bytes::from_static(b"late"), WriteCondition::None)
+        .await
+        .unwrap();
+    assert!(matches!(
+        fs.sb.lookup(d.ino, "b").await,
+        Err(FsError::NotFound)
+    ));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(fs.sb.lookup(d.ino, "b").await.unwrap().size, 4);
+}
+
+/// A directory we just made holds nothing but what we put in it: its lookups ask nothing.
+#[tokio::test]
+async fn a_new_directory_answers_for_missing_names_and_finds_our_own() {
+    let (fake, fs) = fs_with(&[], config(), true).await;
+    let d = fs.sb.mkdir(ROOT_INO, "new").await.unwrap();
+    let made = fake.counts();
+    assert!(matches!(
+        fs.sb.lookup(d.ino, "f").await,
+        Err(FsError::NotFound)
+    ));
+    assert_eq!(fake.counts(), made);
+    let sub = fs.sb.mkdir(d.ino, "sub").await.unwrap();
+    assert_eq!(fs.sb.lookup(d.ino, "sub").await.unwrap().ino, sub.ino);
+    // Renamed within the directory: found under its new name, gone under the old.
+    fs.sb
+        .rename(d.ino, "sub", d.ino, "moved", false, &Default::default())
+        .await
+        .unwrap();
+    assert_eq!(fs.sb.lookup(d.ino, "moved").await.unwrap().ino, sub.ino);
+    assert!(matches!(
+        fs.sb.lookup(d.ino, "sub").await,
+        Err(FsError::NotFound)
+    ));
+    // Without a negative TTL nothing is answered from what we know.
+    let mut c = config();
+    c.negative_metadata_ttl = Duration::ZERO;
+    let (fake, fs) = fs_with(&[], c, true).await;
+    let d = fs.sb.mkdir(ROOT_INO, "new").await.unwrap();
+    let made = fake.counts();
+    assert!(matches!(
+        fs.sb.lookup(d.ino, "f").await,
+        Err(FsError::NotFound)
+    ));
+    assert!(fake.counts().since(&made).total() > 0);
+}
+
+/// A name the table drops while the bucket may still have it (a renamed file the kernel forgot) makes the
+/// directory ask again: never a missing answer for a file that exists.
+#[tokio::test]
+async fn a_forgotten_name_makes_its_directory_ask_again() {
+    let (fake, fs) = fs_with(&[("d/a", b"1")], config(), true).await;
+    let d = fs.sb.lookup(ROOT_INO, "d").await.unwrap();
+    let fh = fs.opendir(d.ino).unwrap();
+    fs.readdir(fh, 0).await.unwrap();
+    let a = fs.sb.lookup(d.ino, "a").await.unwrap();
+    fs.sb
+        .rename(d.ino, "a", d.ino, "b", false, &Default::default())
+        .await
+        .unwrap();
+    // The moved node is expired; the kernel's forget drops it with its name.
+    fs.forget(a.ino, 1);
+    assert!(fs.sb.table().child(d.ino, "b").is_none());
+    assert_eq!(fs.sb.lookup(d.ino, "b").await.unwrap().size, 1);
+    assert!(fake.head_object("d/b").await.is_ok());
 }
