@@ -354,3 +354,37 @@ fn names_missing_from_a_directory_made_or_listed_here_ask_nothing() {
         assert_eq!(get(emulator(), &bucket, "made/f0"), None, "{bucket}");
     }
 }
+
+/// An open that says it will not read (O_NONBLOCK: rsync opens its temporary file so to fchmod it) starts no
+/// GET of its own; a read through it still gets the bytes.
+#[test]
+fn an_open_that_will_not_read_fetches_nothing() {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    for directory in [true, false] {
+        let bucket = fresh_bucket(directory, "noread");
+        let bytes: Vec<u8> = (0..600_000u32).map(|i| (i % 251) as u8).collect();
+        let mount = Mount::new(&bucket, &["--metadata-ttl", "60", "--allow-overwrite"]);
+        // Written here, as rsync writes its temporary file: no lookup brought its first bytes.
+        let path = mount.path().join("f.bin");
+        fs::write(&path, &bytes).unwrap();
+        let open = || {
+            fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_NONBLOCK)
+                .open(&path)
+                .unwrap()
+        };
+        let before = Requests::of(&bucket);
+        drop(open());
+        // The GET of an open would run on after it returns.
+        std::thread::sleep(Duration::from_millis(300));
+        assert_eq!(Requests::of(&bucket).since(before).gets, 0, "{bucket}");
+        let mut read = Vec::new();
+        open().read_to_end(&mut read).unwrap();
+        assert!(
+            read == bytes,
+            "{bucket}: the bytes through such a descriptor"
+        );
+    }
+}

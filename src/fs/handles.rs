@@ -604,14 +604,15 @@ impl S3Filesystem {
             .is_some_and(|n| n.open_read(&etag, bypass_page_cache));
         // A small file the kernel has never cached: its bytes go into the page cache with the answer to
         // this open, which saves the READ round trip of the first read. Otherwise its GET starts now, to run
-        // while the opener is between open(2) and read(2).
+        // while the opener is between open(2) and read(2), unless the opener said it will not read (rsync
+        // opens its temporary file O_NONBLOCK to fchmod it, `expressfs warm` to fetch it in the daemon).
         let mut preload = None;
         if let Some(reservation) = first_open.filter(|_| !bypass_page_cache) {
             preload = reader
                 .whole_small_file()
                 .await
                 .map(|bytes| reservation.with_bytes(bytes));
-        } else if !keep_cache && !mode.direct {
+        } else if !keep_cache && !mode.direct && !mode.not_for_reading {
             reader.fetch_small_file_at_open();
         }
         let fh = self.handles.add(Handle::Read {
