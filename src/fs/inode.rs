@@ -8,6 +8,7 @@ use std::time::{Instant, SystemTime};
 
 use super::attrs::StoredAttrs;
 use super::names;
+use crate::s3::UserMetadata;
 
 pub const ROOT_INO: u64 = 1;
 
@@ -102,6 +103,9 @@ pub struct Node {
     /// or a mkdir that found the prefix empty): a name with no node here does not exist. See
     /// [`InodeTable::know_every_name`].
     every_name_known_until: Option<Instant>,
+    /// The whole user metadata of the version with this ETag, as our own metadata copy wrote it: the next
+    /// chmod/utimens of that version needs no HEAD to learn it.
+    own_metadata: Option<Box<(String, UserMetadata)>>,
 }
 
 impl Node {
@@ -124,6 +128,7 @@ impl Node {
             page_cache_unused: true,
             link_target: None,
             every_name_known_until: None,
+            own_metadata: None,
         }
     }
 
@@ -243,6 +248,17 @@ impl Node {
         self.stat = Stat { attrs, ..stat };
         self.stat_at = asked;
         true
+    }
+
+    /// We wrote `metadata` as the whole user metadata of version `etag`.
+    pub fn remember_own_metadata(&mut self, etag: &str, metadata: UserMetadata) {
+        self.own_metadata = Some(Box::new((etag.to_string(), metadata)));
+    }
+
+    /// The user metadata we wrote for the version the node shows now, if we wrote it.
+    pub fn own_metadata(&self) -> Option<&UserMetadata> {
+        let (etag, metadata) = self.own_metadata.as_deref()?;
+        (self.stat.etag.as_deref() == Some(etag.as_str())).then_some(metadata)
     }
 
     /// Attributes set on a file open for writing (they go with its upload): stat shows them meanwhile.

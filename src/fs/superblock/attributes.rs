@@ -12,58 +12,73 @@ use crate::fs::{FsError, FsResult};
 use crate::s3::ClientError;
 
 impl Superblock {
-    /// Writes `change` over the attributes stored with the closed file `ino`. A HEAD reads the current
-    /// metadata (other pairs are kept) and its ETag; the copy is conditional on that ETag, so a concurrent
-    /// replacement fails it (EIO) instead of being overwritten with old bytes' metadata.
+    /// Writes `change` over the attributes stored with the closed file `ino`. The current metadata (other
+    /// pairs are kept) and ETag come from a HEAD, or, while the node is fresh and its version is our own last
+    /// metadata copy (rsync's utimensat then fchmod), from what that copy wrote. The copy is conditional on
+    /// that ETag, so a concurrent replacement fails it (EIO) instead of being overwritten with old bytes'
+    /// metadata.
     pub async fn store_attributes(&self, ino: u64, change: StoredAttrs) -> FsResult<()> {
         let node = self.node(ino)?;
         if node.kind() != Kind::File || change.is_empty() {
             return Ok(());
         }
         let key = node.key().to_string();
-        let asked = Instant::now();
-        let info = self
-            .client
-            .head_object(&key)
-            .await
-            .map_err(|e| FsError::client(&key, e))?;
         let change = change.of_regular_file();
-        // The date shown so far is kept: the copy gives the object a new Last-Modified.
-        let shown = StoredAttrs {
-            mtime: Some(info.last_modified),
-            ..StoredAttrs::default()
-        };
-        let attrs = shown
-            .overlay(StoredAttrs::from_metadata(&info.metadata))
-            .overlay(change);
-        let mut metadata = info.metadata.clone();
-        attrs.write_into(&mut metadata);
-        let put = match self
-            .client
-            .replace_metadata(&key, &metadata, &info.etag)
-            .await
-        {
-            Ok(put) => put,
-            Err(e @ ClientError::PreconditionFailed { .. }) => {
-                warn!(
-                    key,
-                    "attributes not stored: the object was replaced meanwhile"
-                );
-                return Err(FsError::client(&key, e));
+        let mut ours = node
+            .own_metadata()
+            .filter(|_| node.is_fresh(Instant::now()))
+            .zip(node.stat().etag.clone())
+            .map(|(metadata, etag)| (metadata.clone(), etag, node.stat().size, node.stat().mtime));
+        let (asked, size, mtime, attrs, metadata, put) = loop {
+            let asked = Instant::now();
+            let known = ours.is_some();
+            let (stored, etag, size, mtime) = match ours.take() {
+                Some(known) => known,
+                None => {
+                    let info = self
+                        .client
+                        .head_object(&key)
+                        .await
+                        .map_err(|e| FsError::client(&key, e))?;
+                    (info.metadata, info.etag, info.size, info.last_modified)
+                }
+            };
+            // The date shown so far is kept: the copy gives the object a new Last-Modified.
+            let shown = StoredAttrs {
+                mtime: Some(mtime),
+                ..StoredAttrs::default()
+            };
+            let attrs = shown
+                .overlay(StoredAttrs::from_metadata(&stored))
+                .overlay(change);
+            let mut metadata = stored;
+            attrs.write_into(&mut metadata);
+            match self.client.replace_metadata(&key, &metadata, &etag).await {
+                Ok(put) => break (asked, size, mtime, attrs, metadata, put),
+                // Replaced since our own copy: what is there now is asked for, as for any other version.
+                Err(ClientError::PreconditionFailed { .. }) if known => continue,
+                Err(e @ ClientError::PreconditionFailed { .. }) => {
+                    warn!(
+                        key,
+                        "attributes not stored: the object was replaced meanwhile"
+                    );
+                    return Err(FsError::client(&key, e));
+                }
+                Err(e) => return Err(FsError::client(&key, e)),
             }
-            Err(e) => return Err(FsError::client(&key, e)),
         };
         debug!(key, "attributes stored in the object's metadata");
         let expires = self.expiry();
         if let Some(n) = self.table().get_mut(ino) {
             let stat = Stat {
-                size: info.size,
-                mtime: info.last_modified,
-                etag: Some(put.etag),
+                size,
+                mtime,
+                etag: Some(put.etag.clone()),
                 attrs: Some(attrs),
             };
             if n.observe(stat, asked) {
                 n.trust_until(expires);
+                n.remember_own_metadata(&put.etag, metadata);
             }
         }
         Ok(())
