@@ -14,6 +14,7 @@ PINS=(
   "jax==0.10.2"
   "jaxlib==0.10.2"
   "orbax-checkpoint==0.12.8"
+  "safetensors==0.8.0"
   "tensorflow-cpu==2.21.0"
   "pytest==9.2.0"
   "pytest-timeout==2.4.0"

@@ -323,6 +323,73 @@ fn file_rename_on_both_bucket_kinds_and_the_overwrite_rule() {
     }
 }
 
+/// Rust's `tempfile` persists a temporary file by renaming it before closing it (safetensors' `save_file`
+/// does so): the bytes written so far are uploaded first, and what the descriptor writes after the rename
+/// lands under the new name. A streamed new file, a bigger one written in parts, and an edited (staged) one.
+#[test]
+fn a_file_renamed_before_it_is_closed_lands_under_its_new_name() {
+    for directory in [true, false] {
+        let bucket = fresh_bucket(directory, "persist");
+        put(
+            common::emulator(),
+            &bucket,
+            "old.bin",
+            b"0123456789".to_vec(),
+        );
+        let mount = Mount::new(
+            &bucket,
+            &[
+                "--allow-overwrite",
+                "--allow-delete",
+                "--write-part-size",
+                "5242880",
+            ],
+        );
+        let cases: [(&str, Vec<u8>, Option<usize>); 3] = [
+            ("small", pattern(1, 4096), None),
+            ("parts", pattern(2, 12 << 20), None),
+            ("old.bin", b"abc".to_vec(), Some(3)),
+        ];
+        for (name, bytes, at) in cases {
+            let (temp, target) = (
+                mount.path().join(name),
+                mount.path().join(format!("{name}.final")),
+            );
+            let mut f = match at {
+                None => File::create(&temp).unwrap(),
+                Some(_) => OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .open(&temp)
+                    .unwrap(),
+            };
+            f.write_all_at(&bytes, at.unwrap_or(0) as u64).unwrap();
+            fs::rename(&temp, &target).unwrap_or_else(|e| panic!("{bucket} {name}: {e}"));
+            let end = at.unwrap_or(0) + bytes.len();
+            f.write_all_at(b"tail", end as u64).unwrap();
+            drop(f);
+            let expected = match at {
+                // "012" + "abc" + "tail" over "6789".
+                Some(_) => b"012abctail".to_vec(),
+                None => [bytes.as_slice(), b"tail"].concat(),
+            };
+            let key = format!("{name}.final");
+            assert!(
+                get(common::emulator(), &bucket, &key) == Some(expected.clone()),
+                "{bucket}: {key}"
+            );
+            assert!(
+                get(common::emulator(), &bucket, name).is_none(),
+                "{bucket}: {name}"
+            );
+            assert!(
+                fs::read(&target).unwrap() == expected,
+                "{bucket}: {key} through the mount"
+            );
+        }
+    }
+}
+
 #[test]
 fn directory_rename_on_both_bucket_kinds() {
     for directory in [true, false] {

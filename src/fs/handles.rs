@@ -26,7 +26,7 @@ use tracing::debug;
 use super::attrs::StoredAttrs;
 use super::inode::{Kind, Node, Stat};
 use super::read::Reader;
-use super::superblock::check_name;
+use super::superblock::{check_key, check_name};
 use super::write::{Writer, WriterOptions};
 use super::{
     Attr, DirEntry, FsError, FsResult, KernelNotice, OpenMode, Opened, S3Filesystem, names, preload,
@@ -803,6 +803,7 @@ impl S3Filesystem {
         }
         check_name(name)?;
         let parent_node = self.sb.dir_node(parent)?;
+        check_key(&names::file_key(parent_node.key(), name))?;
         if self
             .sb
             .table()
@@ -986,10 +987,19 @@ impl S3Filesystem {
     /// fsync: everything written is durable in the bucket when this returns Ok.
     pub async fn fsync(&self, fh: u64) -> FsResult<()> {
         let handle = self.handles.get(fh)?;
+        self.commit_handle(&handle, false).await
+    }
+
+    /// Uploads what was written through `handle` and is not in the bucket yet (fsync, and a rename of its
+    /// file). `unless_failed`: a handle whose upload failed is left with its error instead of returning it.
+    pub(super) async fn commit_handle(&self, handle: &Handle, unless_failed: bool) -> FsResult<()> {
         let Some((ino, state, counted)) = handle.as_writer() else {
             return Ok(());
         };
         let mut state = state.lock().await;
+        if unless_failed && state.failure().is_some() {
+            return Ok(());
+        }
         let w = match &mut *state {
             WriteState::Staged(shared) => {
                 let shared = Arc::clone(shared);

@@ -3,6 +3,8 @@
 
 /// Longest name most Linux file systems (and our statfs) allow.
 pub const NAME_MAX: usize = 255;
+/// S3's longest object key, in bytes of UTF-8.
+pub const KEY_MAX: usize = 1024;
 
 /// True if `name` can be a directory entry: not empty, not `.`/`..`, no `/` or NUL, at most 255 bytes.
 pub fn is_valid_name(name: &str) -> bool {

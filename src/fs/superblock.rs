@@ -64,6 +64,15 @@ struct Stale {
     known_missing: bool,
 }
 
+/// A key a new object would get: one past S3's limit is refused before anything is written (the upload would
+/// fail only at close), as a local file system refuses a path too long.
+pub fn check_key(key: &str) -> FsResult<()> {
+    if key.len() > names::KEY_MAX {
+        return Err(FsError::NameTooLong);
+    }
+    Ok(())
+}
+
 pub fn check_name(name: &str) -> FsResult<()> {
     if name.len() > names::NAME_MAX {
         return Err(FsError::NameTooLong);
@@ -705,6 +714,7 @@ impl Superblock {
         }
         check_name(name)?;
         let parent_node = self.dir_node(parent)?;
+        check_key(&names::dir_prefix(parent_node.key(), name))?;
         let asked = Instant::now();
         if self
             .table()
@@ -758,16 +768,31 @@ impl Superblock {
         {
             return Err(FsError::NotEmpty);
         }
+        // Two keys: a directory made by another tool (the console, s3fs, rclone) has a marker object named
+        // like the prefix itself, which is the directory, not something in it.
         let page = self
             .client
-            .list_objects(&prefix, Some("/"), None, 1)
+            .list_objects(&prefix, Some("/"), None, 2)
             .await
             .map_err(|e| FsError::client(&prefix, e))?;
-        if !page.objects.is_empty() || !page.common_prefixes.is_empty() {
+        let marker = page.objects.iter().any(|o| o.key == prefix);
+        if page.objects.len() > usize::from(marker) || !page.common_prefixes.is_empty() {
             return Err(FsError::NotEmpty);
         }
-        if node.is_none() {
+        if node.is_none() && !marker {
             return Err(FsError::NotFound);
+        }
+        if marker {
+            if !self.config.allow_delete {
+                return Err(FsError::NotPermitted(
+                    "deleting a directory's marker object needs --allow-delete",
+                ));
+            }
+            self.client
+                .delete_object(&prefix)
+                .await
+                .map_err(|e| FsError::client(&prefix, e))?;
+            debug!(key = prefix, "directory marker deleted");
         }
         self.table().detach(parent, name);
         Ok(())

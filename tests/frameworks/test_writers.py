@@ -137,6 +137,22 @@ def test_os_replace_checkpoint_cycle(workdir):
     assert sorted(os.listdir(workdir)) == ["model.ckpt"]
 
 
+def test_safetensors_save_and_load(workdir):
+    # safetensors (Hugging Face's save_pretrained) writes a temporary file and renames it before closing it.
+    from safetensors.numpy import load_file, save_file
+
+    path = os.path.join(workdir, "model.safetensors")
+    tensors = {"w": np.arange(300_000, dtype=np.float32), "b": np.ones((7, 3), dtype=np.int64)}
+    for step in range(2):  # the second save replaces the first
+        tensors["w"] += step
+        save_file(tensors, path)
+        loaded = load_file(path)
+        assert sorted(loaded) == ["b", "w"]
+        np.testing.assert_array_equal(loaded["w"], tensors["w"])
+        np.testing.assert_array_equal(loaded["b"], tensors["b"])
+    assert sorted(os.listdir(workdir)) == ["model.safetensors"]
+
+
 def test_rename_directory(workdir):
     # What Orbax does last: STEP.orbax-checkpoint-tmp/ (a directory of files) renamed to STEP/.
     src = os.path.join(workdir, "1.tmp")

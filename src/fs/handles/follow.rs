@@ -55,6 +55,19 @@ impl S3Filesystem {
                 .await
                 .map(drop);
         };
+        // A file renamed while open with bytes not uploaded yet (Rust's tempfile `persist`, which safetensors
+        // and others use, renames before it closes): they are uploaded first, as fsync would, and the
+        // descriptors then follow the rename.
+        if kind == Kind::File {
+            for (_, handle) in self
+                .handles
+                .write_handles()
+                .into_iter()
+                .filter(|(i, _)| *i == ino)
+            {
+                self.commit_handle(&handle, true).await?;
+            }
+        }
         let replaced = replaced.filter(|r| *r != ino);
         let concerned = |candidate: u64| {
             candidate == ino

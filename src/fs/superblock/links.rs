@@ -7,7 +7,7 @@ use std::time::Instant;
 use bytes::Bytes;
 use tracing::debug;
 
-use super::{Superblock, check_name};
+use super::{Superblock, check_key, check_name};
 use crate::fs::inode::{Kind, Node, Stat};
 use crate::fs::{Attr, FsError, FsResult, names};
 use crate::s3::WriteCondition;
@@ -52,6 +52,7 @@ impl Superblock {
         // Keys are UTF-8, and so is the body rclone reads back as a path.
         let target = std::str::from_utf8(target).map_err(|_| FsError::NameNotUtf8)?;
         let parent_node = self.dir_node(parent)?;
+        check_key(&Kind::Symlink.key(parent_node.key(), name))?;
         if self
             .table()
             .child(parent, name)

@@ -18,7 +18,7 @@ use std::sync::Arc;
 use tokio::task::JoinSet;
 use tracing::{debug, warn};
 
-use super::{Superblock, check_name};
+use super::{Superblock, check_key, check_name};
 use crate::fs::inode::{Kind, Node};
 use crate::fs::{FsError, FsResult, names};
 use crate::s3::{ClientError, MAX_COPY_OBJECT_SIZE, ObjectClient, ObjectInfo, WriteCondition};
@@ -107,6 +107,7 @@ impl Superblock {
         }
         let key = kind.key(from_dir.key(), name);
         let destination = kind.key(to_dir.key(), new_name);
+        check_key(&destination)?;
         let found = match self.resolve_new_file(to_dir, new_name).await? {
             Some(found) => found,
             None => self.resolve(to_dir, new_name, false).await?,
@@ -210,6 +211,10 @@ impl Superblock {
         }
         let limit = self.config.max_rename_objects;
         let objects = self.objects_under(&prefix, limit).await?;
+        // Checked before anything moves: a key that would be too long under the new name.
+        for o in &objects {
+            check_key(&format!("{new_prefix}{}", &o.key[prefix.len()..]))?;
+        }
         if objects.len() as u64 > limit {
             warn!(
                 prefix,

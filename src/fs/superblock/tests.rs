@@ -408,3 +408,79 @@ async fn a_forgotten_name_makes_its_directory_ask_again() {
     assert_eq!(fs.sb.lookup(d.ino, "b").await.unwrap().size, 1);
     assert!(fake.head_object("d/b").await.is_ok());
 }
+
+/// A directory another tool made with a marker object (`dir/`) is empty when nothing else is under it: rmdir
+/// deletes the marker (with --allow-delete), and refuses while something is inside.
+#[tokio::test]
+async fn rmdir_of_a_directory_with_a_marker_object_deletes_the_marker() {
+    for directory in [true, false] {
+        let keys: &[(&str, &[u8])] = &[("empty/", b""), ("full/", b""), ("full/x", b"1")];
+        let mut c = config();
+        c.allow_delete = true;
+        let (fake, fs) = fs_with(keys, c, directory).await;
+        fs.sb.lookup(ROOT_INO, "empty").await.unwrap();
+        fs.sb.lookup(ROOT_INO, "full").await.unwrap();
+        assert!(matches!(
+            fs.sb.rmdir(ROOT_INO, "full").await,
+            Err(FsError::NotEmpty)
+        ));
+        fs.sb.rmdir(ROOT_INO, "empty").await.unwrap();
+        assert!(fake.object("empty/").is_none());
+        assert!(fake.object("full/").is_some());
+        assert!(matches!(
+            fs.sb.lookup(ROOT_INO, "empty").await,
+            Err(FsError::NotFound)
+        ));
+        // Without --allow-delete the marker stays, and so does the directory.
+        let (fake, fs) = fs_with(keys, config(), directory).await;
+        fs.sb.lookup(ROOT_INO, "empty").await.unwrap();
+        assert!(matches!(
+            fs.sb.rmdir(ROOT_INO, "empty").await,
+            Err(FsError::NotPermitted(_))
+        ));
+        assert!(fake.object("empty/").is_some());
+    }
+}
+
+/// A name whose key would pass S3's 1,024 bytes is refused when it is made (ENAMETOOLONG), not at close.
+#[tokio::test]
+async fn a_key_past_the_limit_is_refused_when_the_name_is_made() {
+    let mut c = config();
+    c.allow_overwrite = true;
+    let (fake, fs) = fs_with(&[("short", b"s")], c, true).await;
+    let mut dir = ROOT_INO;
+    for i in 0..4 {
+        dir = fs
+            .sb
+            .mkdir(dir, &format!("{i}{}", "d".repeat(249)))
+            .await
+            .unwrap()
+            .ino;
+    }
+    // The directory's key is 4 x 251 = 1,004 bytes: 20 more fit, 21 do not.
+    let fits = "f".repeat(20);
+    let (attr, fh) = fs.create(dir, &fits, 0).await.unwrap();
+    fs.release(fh).await.ok();
+    assert_eq!(attr.size, 0);
+    let long = "f".repeat(21);
+    assert!(matches!(
+        fs.create(dir, &long, 0).await,
+        Err(FsError::NameTooLong)
+    ));
+    assert!(matches!(fs.sb.mkdir(dir, "ab").await, Ok(_)));
+    assert!(matches!(
+        fs.sb.mkdir(dir, &"m".repeat(20)).await,
+        Err(FsError::NameTooLong)
+    ));
+    assert!(matches!(
+        fs.sb.symlink(dir, &"l".repeat(10), b"short").await,
+        Err(FsError::NameTooLong)
+    ));
+    assert!(matches!(
+        fs.sb
+            .rename(ROOT_INO, "short", dir, &long, false, &Default::default())
+            .await,
+        Err(FsError::NameTooLong)
+    ));
+    assert!(fake.object("short").is_some(), "nothing moved");
+}
