@@ -355,7 +355,7 @@ fn a_file_renamed_before_it_is_closed_lands_under_its_new_name() {
                 mount.path().join(name),
                 mount.path().join(format!("{name}.final")),
             );
-            let mut f = match at {
+            let f = match at {
                 None => File::create(&temp).unwrap(),
                 Some(_) => OpenOptions::new()
                     .read(true)

@@ -467,7 +467,7 @@ async fn a_key_past_the_limit_is_refused_when_the_name_is_made() {
         fs.create(dir, &long, 0).await,
         Err(FsError::NameTooLong)
     ));
-    assert!(matches!(fs.sb.mkdir(dir, "ab").await, Ok(_)));
+    assert!(fs.sb.mkdir(dir, "ab").await.is_ok());
     assert!(matches!(
         fs.sb.mkdir(dir, &"m".repeat(20)).await,
         Err(FsError::NameTooLong)
