@@ -319,6 +319,7 @@ impl Writer {
                 complete,
                 uploaded: Some(etag.clone()),
                 expect: WriteCondition::IfMatch(etag),
+                discarded: self.discarded,
             });
         }
         let local = match (self.tee.take(), &self.multipart) {
@@ -349,6 +350,7 @@ impl Writer {
             complete: true,
             uploaded,
             expect: self.condition.clone(),
+            discarded: self.discarded,
         })
     }
 
