@@ -1,5 +1,6 @@
 //! Staged files on real mounts: edits of existing objects, conflicts with other clients, server faults and
-//! crashes during a staged upload, what a patch costs on the wire, the size limit, and several descriptors.
+//! crashes during a staged upload, what a patch costs on the wire, the size limit, several descriptors, and
+//! files unlinked while open for writing (which go on as staged files that never upload).
 //!
 //! Each test runs in its own process under nextest, so tests that set emulator-wide faults use their own
 //! emulator and never disturb another test.
@@ -515,4 +516,209 @@ fn an_unlinked_file_stays_gone_whatever_its_descriptor_writes() {
         );
         assert!(!mount.path().join("f").exists());
     }
+}
+
+/// The flags of the sweep that found the unlinked-while-open bugs.
+const UNLINK_FLAGS: &[&str] = &["--allow-overwrite", "--allow-delete", "--preserve-metadata"];
+
+/// Every key of `bucket`, through the SDK (not the mount).
+fn keys(bucket: &str) -> Vec<String> {
+    let client = s3_client(emulator());
+    let listed = runtime()
+        .block_on(client.list_objects_v2().bucket(bucket).send())
+        .unwrap_or_else(|e| panic!("list {bucket}: {e:?}"));
+    listed
+        .contents()
+        .iter()
+        .filter_map(|o| o.key().map(str::to_string))
+        .collect()
+}
+
+/// Runs `case` on a fresh mount of each bucket kind (`--allow-delete`), with files it makes and unlinks while
+/// open; once its descriptors are closed, nothing of them may be in the bucket, in the mount, or in a new
+/// mount of the bucket.
+fn unlinked_while_open(tag: &str, args: &[&str], case: impl Fn(&std::path::Path)) {
+    for directory in [true, false] {
+        let bucket = fresh_bucket(directory, tag);
+        let mount = Mount::new(&bucket, args);
+        case(mount.path());
+        let left: Vec<String> = std::fs::read_dir(mount.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert!(
+            left.is_empty(),
+            "names came back: {left:?} (directory bucket: {directory})"
+        );
+        // The kernel sends the last releases after close(2) returns; the unmount waits for them, so what they
+        // would (wrongly) upload is in the bucket by now.
+        drop(mount);
+        let keys = keys(&bucket);
+        assert!(
+            keys.is_empty(),
+            "objects came back: {keys:?} (directory bucket: {directory})"
+        );
+        let again = Mount::new(&bucket, args);
+        assert_eq!(
+            std::fs::read_dir(again.path()).unwrap().count(),
+            0,
+            "directory bucket: {directory}"
+        );
+    }
+}
+
+/// Python's `tempfile.TemporaryFile` (O_TMPFILE is not offered): a new file unlinked at once, then written,
+/// read back from the start, and closed. The descriptor reads every byte it wrote, and no object appears.
+#[test]
+fn a_temporary_file_reads_back_what_it_wrote_after_its_unlink() {
+    unlinked_while_open("unlinktmp", UNLINK_FLAGS, |mnt| {
+        let path = mnt.join("tmpabcd1234");
+        let mut f = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .unwrap();
+        std::fs::remove_file(&path).unwrap();
+        assert!(!path.exists());
+        let data = pattern(21, 100_000);
+        f.write_all(&data).unwrap();
+        f.seek(SeekFrom::Start(0)).unwrap();
+        let mut back = Vec::new();
+        f.read_to_end(&mut back).unwrap();
+        assert!(
+            back == data,
+            "read {} bytes, not what was written",
+            back.len()
+        );
+        // Written again, in place and past the end: still read back exactly.
+        f.write_all_at(b"patched", 10).unwrap();
+        f.write_all_at(b"tail", 100_000).unwrap();
+        let mut want = data.clone();
+        want[10..17].copy_from_slice(b"patched");
+        want.extend_from_slice(b"tail");
+        let mut back = vec![0u8; want.len()];
+        f.read_exact_at(&mut back, 0).unwrap();
+        assert!(back == want);
+        assert_eq!(f.metadata().unwrap().len(), want.len() as u64);
+        close(f).unwrap();
+        assert!(!path.exists(), "the unlinked name came back");
+    });
+}
+
+/// Bytes written before the unlink, still in the writer's memory or already streamed in parts (with the
+/// local copy kept within --max-staged-file-size), read back through the descriptor after it, with what is
+/// written after it.
+#[test]
+fn a_descriptor_reads_what_it_wrote_before_the_unlink() {
+    unlinked_while_open("unlinkpread", UNLINK_FLAGS, |mnt| {
+        let small = mnt.join("w");
+        let f = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&small)
+            .unwrap();
+        f.write_all_at(b"secret", 0).unwrap();
+        std::fs::remove_file(&small).unwrap();
+        let mut back = vec![0u8; 100];
+        let n = f.read_at(&mut back, 0).unwrap();
+        assert_eq!(&back[..n], b"secret");
+        f.write_all_at(b" kept", 6).unwrap();
+        let n = f.read_at(&mut back, 0).unwrap();
+        assert_eq!(&back[..n], b"secret kept");
+        close(f).unwrap();
+
+        // Past one write part (8 MiB): the first part left for the bucket before the unlink.
+        let big = mnt.join("big");
+        let data = pattern(22, 12 * MIB);
+        let mut f = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&big)
+            .unwrap();
+        f.write_all(&data).unwrap();
+        std::fs::remove_file(&big).unwrap();
+        let mut back = vec![0u8; data.len()];
+        f.read_exact_at(&mut back, 0).unwrap();
+        assert!(back == data, "the streamed file read back wrong");
+        close(f).unwrap();
+    });
+}
+
+/// A new file unlinked before anything was written, read (nothing) and closed: no empty object appears, and
+/// the name stays gone.
+#[test]
+fn an_empty_file_unlinked_while_open_does_not_come_back_at_close() {
+    unlinked_while_open("unlinkempty", UNLINK_FLAGS, |mnt| {
+        let path = mnt.join("b");
+        let f = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .unwrap();
+        std::fs::remove_file(&path).unwrap();
+        let mut back = vec![0u8; 100];
+        assert_eq!(f.read_at(&mut back, 0).unwrap(), 0);
+        f.sync_all().unwrap();
+        close(f).unwrap();
+        assert!(!path.exists(), "the unlinked name came back");
+    });
+}
+
+/// write, fsync (the object is uploaded), unlink (it is deleted), write again, read: the descriptor reads its
+/// bytes, from before the fsync and after the unlink, and neither its fsync nor its close uploads again.
+#[test]
+fn a_file_fsynced_then_unlinked_reads_back_its_writes() {
+    unlinked_while_open("unlinkfsync", UNLINK_FLAGS, |mnt| {
+        let path = mnt.join("s");
+        let f = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .unwrap();
+        f.write_all_at(b"before", 0).unwrap();
+        f.sync_all().unwrap();
+        std::fs::remove_file(&path).unwrap();
+        f.write_all_at(b" after", 6).unwrap();
+        let mut back = vec![0u8; 100];
+        let n = f.read_at(&mut back, 0).unwrap();
+        assert_eq!(&back[..n], b"before after");
+        f.sync_all().unwrap();
+        let n = f.read_at(&mut back, 0).unwrap();
+        assert_eq!(&back[..n], b"before after");
+        close(f).unwrap();
+    });
+}
+
+/// Parts already uploaded, past --max-staged-file-size so no local copy was kept: the unlink deletes the only
+/// other copy of those bytes. A read then fails (EIO), never answers zeros or a short file; nothing appears.
+#[test]
+fn bytes_no_longer_held_after_the_unlink_read_as_an_error() {
+    let args = [UNLINK_FLAGS, &["--max-staged-file-size", "1M"]].concat();
+    unlinked_while_open("unlinklost", &args, |mnt| {
+        let path = mnt.join("huge");
+        let mut f = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .unwrap();
+        f.write_all(&pattern(23, 9 * MIB)).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        let mut back = vec![0u8; 100];
+        assert_eq!(errno_of(f.read_at(&mut back, 0)), libc::EIO);
+        // Writes go on (nothing is uploaded); reads keep failing.
+        f.write_all(b"more").unwrap();
+        assert_eq!(errno_of(f.read_at(&mut back, 0)), libc::EIO);
+        close(f).unwrap();
+    });
 }

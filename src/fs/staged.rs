@@ -77,6 +77,8 @@ pub struct Adopted {
     pub uploaded: Option<String>,
     /// The condition the next upload needs.
     pub expect: WriteCondition,
+    /// The file was unlinked while open: the staged file goes on locally and never uploads.
+    pub discarded: bool,
 }
 
 pub struct StagedFile {
@@ -149,7 +151,7 @@ impl StagedFile {
         };
         let (base, base_len, written, changed) = match from.uploaded {
             Some(etag) => (Some(Base { etag }), from.size, RangeSet::new(), false),
-            None => (None, 0, held.clone(), true),
+            None => (None, 0, held.clone(), !from.discarded),
         };
         StagedFile {
             key: key.to_string(),
@@ -162,7 +164,7 @@ impl StagedFile {
             changed,
             expect: from.expect,
             conflict: None,
-            discarded: false,
+            discarded: from.discarded,
             attrs,
             ctx,
         }

@@ -1,9 +1,10 @@
 //! Write handles. Three modes:
 //! - Stream: sequential writes from offset 0 become a multipart upload (parts of `part_size`, a few in
 //!   flight); a file smaller than one part becomes one PutObject. The object appears at fsync/close.
-//!   Anything else (a write that is not at the end, a read, a truncate, a second open) hands the bytes over
-//!   to a [`StagedFile`](super::staged::StagedFile) with [`Writer::take_for_staging`]: from memory, or from
-//!   the local copy kept of a streamed file within the staging limit.
+//!   Anything else (a write that is not at the end, a read, a truncate, a second open, any write after an
+//!   unlink) hands the bytes over to a [`StagedFile`](super::staged::StagedFile) with
+//!   [`Writer::take_for_staging`]: from memory, or from the local copy kept of a streamed file within the
+//!   staging limit.
 //! - Append (directory buckets, `--incremental-upload`): writes at the end of an existing object are sent
 //!   as PutObject with a write offset whenever a part fills up or at fsync; the file stays writable.
 //!
@@ -84,8 +85,12 @@ pub struct Writer {
     attrs_late: bool,
     /// Our last upload of this handle.
     uploaded: Option<Box<PutResult>>,
-    /// Unlinked while open: writes are taken and dropped, nothing is uploaded.
+    /// Unlinked while open: nothing is uploaded any more. The bytes stay (in memory or the local copy) until
+    /// the next write or read hands them to a staged file, where the descriptor goes on locally.
     discarded: bool,
+    /// Unlinked after bytes had left for the bucket with no local copy of them (or with staging disabled):
+    /// what was written can no longer be read back (EIO), and later writes are taken and dropped.
+    lost: bool,
 }
 
 pub struct WriterOptions {
@@ -125,6 +130,7 @@ impl Writer {
             attrs_late: false,
             uploaded: None,
             discarded: false,
+            lost: false,
         }
     }
 
@@ -164,7 +170,8 @@ impl Writer {
     /// which [`Writer::write`] then does.
     pub fn write_in_memory(&mut self, offset: u64, data: &[u8]) -> Option<u32> {
         if self.discarded {
-            return Some(data.len() as u32);
+            // Bytes still held go to a staged file first (`needs_staging`).
+            return self.lost.then(|| self.drop_write(offset, data));
         }
         let plain = matches!(self.mode, Mode::Stream | Mode::Append { .. })
             && self.failed.is_none()
@@ -184,7 +191,15 @@ impl Writer {
 
     pub async fn write(&mut self, offset: u64, data: &[u8]) -> FsResult<u32> {
         if self.discarded {
-            return Ok(data.len() as u32);
+            if self.lost {
+                return Ok(self.drop_write(offset, data));
+            }
+            // The caller stages an unlinked file before writing (`needs_staging`): taken here, the bytes
+            // would be in memory only, and never read back.
+            return Err(FsError::Io(format!(
+                "{}: a write to an unlinked file that was not staged",
+                self.key
+            )));
         }
         if let Some(e) = &self.failed {
             return Err(e.clone());
@@ -262,21 +277,43 @@ impl Writer {
     }
 
     /// The file's name was unlinked while open: the upload in progress is abandoned and nothing more is sent.
+    /// Its bytes are kept for the descriptor to read back (a staged file takes them at its next write or
+    /// read) where they still can be: all in memory (nothing has left yet), all in the local copy, or, after
+    /// an fsync of a streamed file, in that local copy or the object (whose bytes go with it, ENOENT). Parts
+    /// that left with no local copy are gone with the upload: the writer is then `lost`.
     pub async fn discard(&mut self) {
+        let kept = self.staging_dir.is_some()
+            && matches!(self.mode, Mode::Stream)
+            && (self.tee.is_some() || self.sealed || self.multipart.is_none());
         self.abort().await;
         self.discarded = true;
+        self.lost = !kept;
         self.dirty = false;
         self.attrs_late = false;
-        self.buffer = BytesMut::new();
-        self.tee = None;
+        if self.lost || self.tee.is_some() {
+            self.buffer = BytesMut::new();
+        }
+        if self.lost {
+            self.tee = None;
+        }
+    }
+
+    /// A write to a writer whose bytes are lost: nothing is kept, only the size moves (for fstat).
+    fn drop_write(&mut self, offset: u64, data: &[u8]) -> u32 {
+        if !data.is_empty() {
+            self.size = self.size.max(offset.saturating_add(data.len() as u64));
+        }
+        data.len() as u32
     }
 
     /// Whether a write at `offset` (or a read, truncate or second open, `offset` None) needs the file
-    /// staged: the stream can only take bytes at its end before it was uploaded.
+    /// staged: the stream can only take bytes at its end before it was uploaded, and an unlinked file goes on
+    /// in a staged file that never uploads (so its bytes live on local disk, not in memory).
     pub fn needs_staging(&self, offset: Option<u64>) -> bool {
-        !self.discarded
-            && matches!(self.mode, Mode::Stream)
-            && (self.sealed || offset != Some(self.size))
+        if self.discarded {
+            return !self.lost;
+        }
+        matches!(self.mode, Mode::Stream) && (self.sealed || offset != Some(self.size))
     }
 
     /// Hands the file's bytes over for staging: from memory, from the local copy of a streamed file (whose
@@ -285,6 +322,13 @@ impl Writer {
     pub async fn take_for_staging(&mut self) -> FsResult<Adopted> {
         if let Some(e) = &self.failed {
             return Err(e.clone());
+        }
+        if self.lost {
+            return Err(FsError::Io(format!(
+                "{}: unlinked while open, and its bytes were not kept (parts had left for the bucket \
+                 with no local copy, or staging is off): they can no longer be read",
+                self.key
+            )));
         }
         let refuse = |why: &str| {
             FsError::InvalidArgument(format!(
@@ -319,6 +363,7 @@ impl Writer {
                 complete,
                 uploaded: Some(etag.clone()),
                 expect: WriteCondition::IfMatch(etag),
+                discarded: self.discarded,
             });
         }
         let local = match (self.tee.take(), &self.multipart) {
@@ -349,6 +394,7 @@ impl Writer {
             complete: true,
             uploaded,
             expect: self.condition.clone(),
+            discarded: self.discarded,
         })
     }
 
@@ -409,6 +455,10 @@ impl Writer {
     pub async fn commit(&mut self) -> FsResult<Option<PutResult>> {
         if let Some(e) = &self.failed {
             return Err(e.clone());
+        }
+        // Unlinked: not even a truncation since (which dirties the file) is uploaded.
+        if self.discarded {
+            return Ok(None);
         }
         if !self.dirty {
             return match (self.attrs_late, self.uploaded.as_deref().cloned()) {
@@ -788,6 +838,48 @@ mod tests {
         w.write(7, b"!").await.unwrap();
         assert!(w.commit().await.is_err());
         assert_eq!(&fake.object("f").unwrap()[..], b"theirs");
+    }
+
+    /// Unlinked while open: what the writer still holds (in memory, or in the local copy of a streamed
+    /// file) goes on in a staged file that never uploads; parts that left with no local copy are lost, and
+    /// a read says so instead of answering what is left.
+    #[tokio::test]
+    async fn a_discarded_writer_hands_over_what_it_holds_and_refuses_what_it_lost() {
+        let fake = Arc::new(FakeClient::new("b", true));
+        let dir = tempfile::tempdir().unwrap();
+        let mut w = Writer::new(fake.clone(), "small".into(), opts(Some(dir.path().into())));
+        w.write(0, b"secret").await.unwrap();
+        w.discard().await;
+        assert!(w.needs_staging(Some(6)), "even at the end: on to disk");
+        assert_eq!(w.write_in_memory(6, b"x"), None);
+        let adopted = w.take_for_staging().await.unwrap();
+        assert!(adopted.discarded && adopted.complete);
+        assert_eq!(local_bytes(&adopted), b"secret");
+
+        let data: Vec<u8> = (0..6 * 1024 * 1024).map(|i| (i % 241) as u8).collect();
+        let mut w = Writer::new(fake.clone(), "copied".into(), opts(Some(dir.path().into())));
+        w.write(0, &data).await.unwrap();
+        w.discard().await;
+        let adopted = w.take_for_staging().await.unwrap();
+        assert!(adopted.discarded && adopted.complete);
+        assert!(local_bytes(&adopted) == data);
+
+        let over_limit = WriterOptions {
+            staging_limit: 1 << 20,
+            ..opts(Some(dir.path().into()))
+        };
+        let mut w = Writer::new(fake.clone(), "lost".into(), over_limit);
+        w.write(0, &data).await.unwrap();
+        w.discard().await;
+        assert!(matches!(w.take_for_staging().await, Err(FsError::Io(_))));
+        assert!(!w.needs_staging(Some(0)));
+        assert_eq!(w.write(w.size(), b"more").await.unwrap(), 4, "dropped");
+        assert_eq!(w.size(), data.len() as u64 + 4);
+        assert!(w.commit().await.unwrap().is_none());
+        assert_eq!(fake.open_uploads(), 0);
+        for key in ["small", "copied", "lost"] {
+            assert!(fake.object(key).is_none(), "{key} uploaded");
+        }
     }
 
     #[tokio::test]

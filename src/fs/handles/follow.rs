@@ -210,7 +210,8 @@ impl Held<'_> {
 
 impl<'a> Held<'a> {
     /// The file `ino` has no name any more (unlinked, or replaced by a rename): its held handles go on
-    /// locally and upload nothing.
+    /// locally and upload nothing (a streaming writer's bytes move to a staged file at its next write or read,
+    /// [`crate::fs::write::Writer::discard`]).
     pub(super) async fn discard(&mut self, ino: u64) {
         for (_, file) in self.staged.iter_mut().filter(|(i, _)| *i == ino) {
             file.discard();

@@ -195,6 +195,51 @@ async fn an_unlinked_file_is_not_brought_back_by_a_handle_still_open() {
     }
 }
 
+/// A new file unlinked while open for writing keeps what its descriptor wrote, before the unlink and after
+/// (Python's `TemporaryFile` creates, unlinks, then writes and reads back), and uploads nothing, not even an
+/// empty object at its close: its bytes go on in a staged file that never uploads.
+#[tokio::test]
+async fn an_unlinked_new_file_reads_back_its_writes_and_uploads_nothing() {
+    for directory in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        let (fake, fs) = fs_with(&[], overwriting(&dir), directory).await;
+        // Written before the unlink, read after it.
+        let (_, w) = fs.create(ROOT_INO, "w", 1).await.unwrap();
+        fs.write(w, 0, b"secret").await.unwrap();
+        fs.unlink(ROOT_INO, "w").await.unwrap();
+        assert_eq!(&fs.read(w, 0, 100).await.unwrap()[..], b"secret");
+        fs.write(w, 6, b" kept").await.unwrap();
+        assert_eq!(&fs.read(w, 0, 100).await.unwrap()[..], b"secret kept");
+        // Unlinked at once, then read, written and read.
+        let (_, t) = fs.create(ROOT_INO, "t", 1).await.unwrap();
+        fs.unlink(ROOT_INO, "t").await.unwrap();
+        assert!(fs.read(t, 0, 100).await.unwrap().is_empty());
+        fs.write(t, 0, b"temporary").await.unwrap();
+        assert_eq!(&fs.read(t, 0, 100).await.unwrap()[..], b"temporary");
+        // Uploaded by an fsync, deleted by the unlink, written again.
+        let (_, s) = fs.create(ROOT_INO, "s", 1).await.unwrap();
+        fs.write(s, 0, b"before").await.unwrap();
+        fs.fsync(s).await.unwrap();
+        fs.unlink(ROOT_INO, "s").await.unwrap();
+        fs.write(s, 6, b" after").await.unwrap();
+        assert_eq!(&fs.read(s, 0, 100).await.unwrap()[..], b"before after");
+        let before = fake.counts();
+        for fh in [w, t, s] {
+            fs.fsync(fh).await.unwrap();
+            fs.flush(fh, 1).await.unwrap();
+            fs.release(fh).await.unwrap();
+        }
+        assert_eq!(
+            fake.counts().since(&before).total(),
+            0,
+            "directory bucket: {directory}"
+        );
+        for key in ["w", "t", "s"] {
+            assert!(fake.object(key).is_none(), "{key} came back");
+        }
+    }
+}
+
 /// FUSE sends release after close(2) has returned, so a file opened again right after a close shares a
 /// staged file with the handle not yet released. An O_TRUNC open is a change of its own: its close uploads
 /// the emptied file. (It used to wait for the last release, the directory counted as being written until

@@ -400,6 +400,7 @@ async fn a_new_file_does_not_replace_one_created_meanwhile() {
             complete: true,
             uploaded: None,
             expect: WriteCondition::IfNoneMatch,
+            discarded: false,
         },
         None,
     );
@@ -505,6 +506,7 @@ async fn the_limit_counts_each_byte_once() {
             complete: true,
             uploaded: None,
             expect: WriteCondition::None,
+            discarded: false,
         },
         None,
     );
