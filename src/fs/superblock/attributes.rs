@@ -28,14 +28,7 @@ impl Superblock {
             .await
             .map_err(|e| FsError::client(&key, e))?;
         let change = change.of_regular_file();
-        // The date shown so far is kept: the copy gives the object a new Last-Modified.
-        let shown = StoredAttrs {
-            mtime: Some(info.last_modified),
-            ..StoredAttrs::default()
-        };
-        let attrs = shown
-            .overlay(StoredAttrs::from_metadata(&info.metadata))
-            .overlay(change);
+        let attrs = StoredAttrs::of_object(&info).overlay(change);
         let mut metadata = info.metadata.clone();
         attrs.write_into(&mut metadata);
         let put = match self
