@@ -1,12 +1,14 @@
 //! `--preserve-metadata` through a real FUSE mount on both bucket kinds: chmod, touch -d and chown kept
-//! across a remount, and `rsync -a` twice transferring nothing the second time.
+//! across a remount, `rsync -a` twice transferring nothing the second time, and the mtime a write leaves.
 
 mod common;
 
-use std::fs;
-use std::os::unix::fs::{MetadataExt, PermissionsExt, chown};
+use std::fs::{self, FileTimes, OpenOptions};
+use std::io::{Read, Write};
+use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt, chown};
 use std::path::Path;
 use std::process::Command;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use common::{Mount, fresh_bucket};
 
@@ -155,5 +157,264 @@ fn rsync_twice_transfers_nothing_the_second_time(env: &[(&str, &str)]) {
         let again = Mount::new(&bucket, FLAGS);
         let third = rsync(src.path(), &again.path().join("dst"));
         assert_eq!(transferred(&third), 0, "{third}\n{}", again.log());
+    }
+}
+
+/// 2002-03-04 05:06:07.5 UTC: an explicit time, set on an open descriptor.
+fn explicit() -> SystemTime {
+    UNIX_EPOCH + Duration::from_millis(1_015_218_367_500)
+}
+
+/// The mtime an object carries in its metadata: what a remount, or another client, reads.
+fn stored_mtime(bucket: &str, key: &str) -> SystemTime {
+    let client = common::s3_client(common::emulator());
+    let head = common::runtime()
+        .block_on(client.head_object().bucket(bucket).key(key).send())
+        .unwrap_or_else(|e| panic!("head {bucket}/{key}: {e:?}"));
+    let value = head
+        .metadata()
+        .and_then(|m| m.get("mtime"))
+        .unwrap_or_else(|| panic!("{key}: no mtime in {:?}", head.metadata()));
+    let (secs, fraction) = value.split_once('.').unwrap_or((value, ""));
+    let nanos = format!("{fraction:0<9}");
+    UNIX_EPOCH + Duration::new(secs.parse().unwrap(), nanos[..9].parse().unwrap())
+}
+
+fn shown_mtime(path: &Path) -> SystemTime {
+    fs::metadata(path).unwrap().modified().unwrap()
+}
+
+fn assert_recent(time: SystemTime, what: &str) {
+    let age = SystemTime::now()
+        .duration_since(time)
+        .unwrap_or_else(|_| panic!("{what}: {time:?} is in the future"));
+    assert!(
+        age < Duration::from_secs(120),
+        "{what}: {time:?} is not recent"
+    );
+}
+
+/// On both bucket kinds: `name` is made with four bytes and dated STAMP (as `touch -d` would), `change` runs
+/// on it, then its mtime must pass `check`, alike in the object's metadata, through this mount and after a
+/// remount: stat never shows one time while the bucket keeps another.
+fn after_change(name: &str, change: impl Fn(&Path), check: impl Fn(SystemTime, &str)) {
+    after_change_with(FLAGS, name, change, check);
+}
+
+/// [`after_change`] on mounts with `flags`.
+fn after_change_with(
+    flags: &[&str],
+    name: &str,
+    change: impl Fn(&Path),
+    check: impl Fn(SystemTime, &str),
+) {
+    for directory in [true, false] {
+        let kind = if directory { "directory" } else { "general" };
+        let bucket = fresh_bucket(directory, "mtime");
+        let mount = Mount::new(&bucket, flags);
+        let path = mount.path().join(name);
+        fs::write(&path, b"AAAA").unwrap();
+        touch_d(&path);
+        // touch(1) opens the file and sets the time on its descriptor: a staged file, uploaded at the
+        // release that follows close(2).
+        let stamp = UNIX_EPOCH + Duration::from_secs(STAMP as u64);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while stored_mtime(&bucket, name) != stamp && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert_eq!(
+            stored_mtime(&bucket, name),
+            stamp,
+            "{kind} bucket: touch -d"
+        );
+        change(&path);
+        let stored = stored_mtime(&bucket, name);
+        check(stored, &format!("{kind} bucket, stored"));
+        assert_eq!(
+            shown_mtime(&path),
+            stored,
+            "{kind} bucket: stat through the mount"
+        );
+        assert_eq!(mount.unmount().code(), Some(0));
+        let again = Mount::new(&bucket, flags);
+        assert_eq!(
+            shown_mtime(&again.path().join(name)),
+            stored,
+            "{kind} bucket: stat after a remount"
+        );
+    }
+}
+
+fn dated_stamp(time: SystemTime, what: &str) {
+    assert_eq!(
+        time,
+        UNIX_EPOCH + Duration::from_secs(STAMP as u64),
+        "{what}"
+    );
+}
+
+fn dated_explicitly(time: SystemTime, what: &str) {
+    assert_eq!(time, explicit(), "{what}");
+}
+
+/// Reading, and opening for writing without writing, leave the mtime alone.
+#[test]
+fn reads_and_opens_without_writes_keep_the_mtime() {
+    after_change(
+        "kept",
+        |path| {
+            assert_eq!(fs::read(path).unwrap(), b"AAAA");
+            drop(OpenOptions::new().write(true).open(path).unwrap());
+            drop(OpenOptions::new().append(true).open(path).unwrap());
+            let mut rw = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(path)
+                .unwrap();
+            let mut head = [0u8; 2];
+            rw.read_exact(&mut head).unwrap();
+        },
+        dated_stamp,
+    );
+}
+
+/// `dd conv=notrunc` after `touch -d`: the edit moves the mtime, so `rsync -a`'s quick check (size and
+/// mtime) sees it. While the descriptor is open, stat shows the edit's time already.
+#[test]
+fn an_edit_in_place_moves_the_mtime() {
+    after_change(
+        "edited",
+        |path| {
+            let f = OpenOptions::new().write(true).open(path).unwrap();
+            f.write_all_at(b"B", 1).unwrap();
+            assert_recent(shown_mtime(path), "stat while open");
+            drop(f);
+            assert_eq!(fs::read(path).unwrap(), b"ABAA");
+        },
+        assert_recent,
+    );
+}
+
+/// `echo more >> file` after `touch -d`: through a staged file, and with `--incremental-upload` as a native
+/// append on a directory bucket (the object keeps its old metadata, and a metadata copy follows).
+#[test]
+fn an_append_moves_the_mtime() {
+    let append = |path: &Path| {
+        let mut f = OpenOptions::new().append(true).open(path).unwrap();
+        f.write_all(b"more").unwrap();
+        drop(f);
+        assert_eq!(fs::read(path).unwrap(), b"AAAAmore");
+    };
+    after_change("appended", append, assert_recent);
+    let incremental = [FLAGS, &["--incremental-upload"]].concat();
+    after_change_with(&incremental, "appended", append, assert_recent);
+}
+
+/// A time set after the last write wins (`cp -p`, `tar -x` and rsync set times once the bytes are in).
+#[test]
+fn a_time_set_after_the_last_write_is_kept() {
+    after_change(
+        "dated",
+        |path| {
+            let f = OpenOptions::new().write(true).open(path).unwrap();
+            f.write_all_at(b"B", 1).unwrap();
+            f.set_times(FileTimes::new().set_modified(explicit()))
+                .unwrap();
+            drop(f);
+        },
+        dated_explicitly,
+    );
+    after_change(
+        "rewritten",
+        |path| {
+            let mut f = OpenOptions::new()
+                .write(true)
+                .truncate(true)
+                .open(path)
+                .unwrap();
+            f.write_all(b"new").unwrap();
+            f.set_times(FileTimes::new().set_modified(explicit()))
+                .unwrap();
+            drop(f);
+        },
+        dated_explicitly,
+    );
+}
+
+/// A write after a time was set marks the mtime for update again, as on a local disk: the time set on the
+/// descriptor (or by name while it is open) does not outlive the write.
+#[test]
+fn a_write_after_a_time_was_set_moves_the_mtime() {
+    after_change(
+        "set-then-edited",
+        |path| {
+            let f = OpenOptions::new().write(true).open(path).unwrap();
+            f.set_times(FileTimes::new().set_modified(explicit()))
+                .unwrap();
+            f.write_all_at(b"B", 1).unwrap();
+            drop(f);
+        },
+        assert_recent,
+    );
+    after_change(
+        "touched-then-edited",
+        |path| {
+            let f = OpenOptions::new().write(true).open(path).unwrap();
+            f.write_all_at(b"B", 1).unwrap();
+            touch_d(path);
+            f.write_all_at(b"C", 2).unwrap();
+            drop(f);
+        },
+        assert_recent,
+    );
+    after_change(
+        "set-then-rewritten",
+        |path| {
+            let mut f = OpenOptions::new()
+                .write(true)
+                .truncate(true)
+                .open(path)
+                .unwrap();
+            f.set_times(FileTimes::new().set_modified(explicit()))
+                .unwrap();
+            f.write_all(b"new").unwrap();
+            drop(f);
+        },
+        assert_recent,
+    );
+}
+
+/// A new file, small (one PutObject) or streamed in parts, shows the mtime its object carries: through
+/// this mount once closed, and after a remount.
+#[test]
+fn a_new_file_shows_the_mtime_it_carries() {
+    for directory in [true, false] {
+        let bucket = fresh_bucket(directory, "newmtime");
+        let mount = Mount::new(&bucket, FLAGS);
+        let files: [(&str, usize); 2] = [("small", 10), ("streamed", 20 << 20)];
+        for (name, len) in files {
+            fs::write(mount.path().join(name), common::pattern(len as u64, len)).unwrap();
+        }
+        let stored: Vec<SystemTime> = files
+            .iter()
+            .map(|(n, _)| stored_mtime(&bucket, n))
+            .collect();
+        for ((name, _), stored) in files.iter().zip(&stored) {
+            assert_recent(*stored, name);
+            assert_eq!(
+                shown_mtime(&mount.path().join(name)),
+                *stored,
+                "{name}: stat"
+            );
+        }
+        drop(mount);
+        let again = Mount::new(&bucket, FLAGS);
+        for ((name, _), stored) in files.iter().zip(&stored) {
+            assert_eq!(
+                shown_mtime(&again.path().join(name)),
+                *stored,
+                "{name}: after a remount"
+            );
+        }
     }
 }

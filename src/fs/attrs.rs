@@ -4,7 +4,7 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use crate::s3::UserMetadata;
+use crate::s3::{ObjectInfo, UserMetadata};
 
 pub const MTIME: &str = "mtime";
 pub const ATIME: &str = "atime";
@@ -73,15 +73,34 @@ impl StoredAttrs {
         }
     }
 
-    /// The user metadata an upload carries for these attributes: now as the mtime unless one was set.
-    pub fn for_upload(attrs: Option<StoredAttrs>) -> UserMetadata {
+    /// What an object shows: the attributes its metadata holds, and its Last-Modified as the mtime when the
+    /// metadata has none (a copy onto itself gives it a new Last-Modified; the date shown must not move).
+    pub fn of_object(info: &ObjectInfo) -> StoredAttrs {
+        let shown = StoredAttrs {
+            mtime: Some(info.last_modified),
+            ..StoredAttrs::default()
+        };
+        shown.overlay(StoredAttrs::from_metadata(&info.metadata))
+    }
+
+    /// Bytes changed at `when`. As on a local disk, a write marks the mtime for update, whatever was stored
+    /// or set before it; a time set after the write (utimens, overlaid) wins in turn, as `cp -p`, `tar -x`
+    /// and `rsync -a` need.
+    pub fn written_at(self, when: SystemTime) -> StoredAttrs {
+        StoredAttrs {
+            mtime: Some(when),
+            ..self
+        }
+    }
+
+    /// The user metadata an upload carries for `attrs`. An mtime not known yet (a new file, or one rewritten
+    /// with O_TRUNC, with nothing written) is the upload's time, and is kept in `attrs`: stat then shows the
+    /// time the object carries, not one of its own.
+    pub fn for_upload(attrs: Option<&mut StoredAttrs>) -> UserMetadata {
         let mut metadata = UserMetadata::new();
         if let Some(attrs) = attrs {
-            let dated = StoredAttrs {
-                mtime: Some(SystemTime::now()),
-                ..StoredAttrs::default()
-            };
-            dated.overlay(attrs).write_into(&mut metadata);
+            attrs.mtime.get_or_insert_with(SystemTime::now);
+            attrs.write_into(&mut metadata);
         }
         metadata
     }
@@ -211,5 +230,65 @@ mod tests {
             (both.mode, both.uid, both.gid),
             (Some(0o100_644), Some(2), Some(3))
         );
+    }
+
+    /// POSIX's rule for the mtime of a file written through a descriptor: a write marks it for update, a
+    /// time set after the last write wins, one set before it does not.
+    #[test]
+    fn a_write_dates_the_file_unless_a_time_is_set_after_it() {
+        let at = |secs| Some(UNIX_EPOCH + Duration::from_secs(secs));
+        let stored = StoredAttrs {
+            mode: Some(0o100_644),
+            mtime: at(946_684_800),
+            ..StoredAttrs::default()
+        };
+        let set = StoredAttrs {
+            mtime: at(1_000_000_000),
+            ..StoredAttrs::default()
+        };
+        let chmod = StoredAttrs {
+            mode: Some(0o100_600),
+            ..StoredAttrs::default()
+        };
+        let write = UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        let edited = stored.written_at(write);
+        assert_eq!((edited.mtime, edited.mode), (Some(write), stored.mode));
+        assert_eq!(stored.overlay(set).written_at(write).mtime, Some(write));
+        assert_eq!(edited.overlay(set).mtime, set.mtime);
+        assert_eq!(edited.overlay(chmod).mtime, Some(write));
+    }
+
+    #[test]
+    fn an_upload_dates_a_file_without_an_mtime_and_keeps_the_date() {
+        let mut attrs = StoredAttrs {
+            mode: Some(0o100_644),
+            ..StoredAttrs::default()
+        };
+        let before = SystemTime::now();
+        let metadata = StoredAttrs::for_upload(Some(&mut attrs));
+        assert!(attrs.mtime.is_some_and(|t| t >= before));
+        // What stat shows from now on is what the object carries, and the next upload carries it again.
+        assert_eq!(StoredAttrs::from_metadata(&metadata), attrs);
+        assert_eq!(StoredAttrs::for_upload(Some(&mut attrs)), metadata);
+        assert!(StoredAttrs::for_upload(None).is_empty());
+    }
+
+    #[test]
+    fn an_object_without_an_mtime_shows_its_last_modified() {
+        let info = |pairs: &[(&str, &str)]| ObjectInfo {
+            key: "k".into(),
+            size: 1,
+            etag: "\"e\"".into(),
+            last_modified: UNIX_EPOCH + Duration::from_secs(1_600_000_000),
+            metadata: meta(pairs),
+        };
+        let plain = StoredAttrs::of_object(&info(&[("mode", "33188")]));
+        assert_eq!(
+            plain.mtime,
+            Some(UNIX_EPOCH + Duration::from_secs(1_600_000_000))
+        );
+        assert_eq!(plain.mode, Some(0o100_644));
+        let dated = StoredAttrs::of_object(&info(&[("mtime", "5")]));
+        assert_eq!(dated.mtime, Some(UNIX_EPOCH + Duration::from_secs(5)));
     }
 }

@@ -356,14 +356,14 @@ impl S3Filesystem {
                         && w.truncate(size)
                     {
                         // A writer fsynced before is busy again: counted before its size changes.
-                        self.note_written(ino, counted, w.size());
+                        self.note_written(ino, counted, w);
                     } else {
                         let shared = self
                             .stage_writer(ino, owner, &mut state, counted, false)
                             .await?;
                         let mut file = shared.file.lock().await;
                         file.truncate(size)?;
-                        self.note_staged(ino, &shared, file.size());
+                        self.note_staged(ino, &shared, &file);
                     }
                 }
                 _ => {
@@ -407,7 +407,7 @@ impl S3Filesystem {
             .await?;
         let mut file = shared.file.lock().await;
         file.fallocate(offset, len, mode)?;
-        self.note_staged(ino, &shared, file.size());
+        self.note_staged(ino, &shared, &file);
         handle_wrote(&handle);
         Ok(())
     }
@@ -660,7 +660,7 @@ impl S3Filesystem {
                 let _ = self.release_staged(ino, shared).await;
                 return Err(e);
             }
-            self.note_staged(ino, &shared, 0);
+            self.note_staged(ino, &shared, &file);
         }
         self.staged_handle(ino, shared, mode, pid)
     }
@@ -938,7 +938,7 @@ impl S3Filesystem {
                     self.stream_writer_failed(ino, counted);
                 }
                 let n = written?;
-                self.note_written(ino, counted, w.size());
+                self.note_written(ino, counted, w);
                 return Ok(n);
             }
             _ => {
@@ -956,7 +956,7 @@ impl S3Filesystem {
         drop(state);
         let mut file = shared.file.lock().await;
         let n = file.write(offset, data)?;
-        self.note_staged(ino, &shared, file.size());
+        self.note_staged(ino, &shared, &file);
         handle_wrote(&handle);
         Ok(n)
     }
@@ -972,15 +972,16 @@ impl S3Filesystem {
             return None;
         };
         let n = w.write_in_memory(offset, data)?;
-        self.note_written(ino, counted, w.size());
+        self.note_written(ino, counted, w);
         Some(n)
     }
 
-    fn note_written(&self, ino: u64, counted: &WriterMark, size: u64) {
+    /// The streaming writer `w` took bytes (or a cut): stat shows its size and mtime.
+    fn note_written(&self, ino: u64, counted: &WriterMark, w: &Writer) {
         if let Some(node) = self.sb.table().get_mut(ino) {
             // Counted first: a writer that starts again keeps aside what the bucket holds.
             counted.wrote(node);
-            node.record_write(size);
+            node.record_write(w.size(), w.mtime());
         }
     }
 

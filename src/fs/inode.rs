@@ -227,10 +227,15 @@ impl Node {
         self.stat.size = size;
     }
 
-    /// Bytes were written: size and mtime as the writer has them.
-    pub fn record_write(&mut self, size: u64) {
+    /// Bytes were written: size and mtime as the writer has them. `dated`: with `--preserve-metadata`, the
+    /// mtime the writer's upload is to carry, which stat shows in place of the one stored with the old bytes
+    /// (none yet: now, until the upload dates it).
+    pub fn record_write(&mut self, size: u64, dated: Option<SystemTime>) {
         self.stat.size = size;
-        self.stat.mtime = SystemTime::now();
+        self.stat.mtime = dated.unwrap_or_else(SystemTime::now);
+        if let Some(attrs) = &mut self.stat.attrs {
+            attrs.mtime = dated;
+        }
     }
 
     /// Takes `stat` from the bucket's answer to a request sent at `asked`, unless it is stale: the file is
@@ -775,11 +780,11 @@ mod tests {
         // Two writers; the first uploads, the second fails: the file is the first one's upload.
         n.start_write();
         n.start_write();
-        n.record_write(7);
+        n.record_write(7, None);
         assert!(!n.abandon_write(), "another writer still holds bytes");
         assert_eq!(n.stat().size, 7, "the other writer's size meanwhile");
         n.record_upload(9, "v2".into());
-        n.record_write(3);
+        n.record_write(3, None);
         assert!(n.abandon_write(), "the last writer gave up");
         assert_eq!(n.stat().size, 9, "what our last upload left in the bucket");
         assert_eq!(n.stat().etag.as_deref(), Some("v2"));
@@ -792,7 +797,7 @@ mod tests {
         assert!(!n.abandon_write(), "no writer left to give up");
         assert_eq!(n.stat().size, 11);
         n.start_write();
-        n.record_write(50);
+        n.record_write(50, None);
         assert!(n.abandon_write());
         assert_eq!(n.stat().size, 11, "the failed writer's size is gone");
         assert_eq!(n.stat().etag.as_deref(), Some("v3"));

@@ -101,7 +101,8 @@ pub struct StagedFile {
     conflict: Option<FsError>,
     /// Unlinked while open: reads and writes go on locally, nothing is uploaded any more.
     discarded: bool,
-    /// With `--preserve-metadata`: what the object carries.
+    /// With `--preserve-metadata`: what the object carries (or will at the next upload). The mtime is the
+    /// base's until a write, then the last write's, or one set after it.
     attrs: Option<StoredAttrs>,
 }
 
@@ -386,6 +387,7 @@ impl StagedFile {
         self.present.insert(offset..end);
         self.written.insert(offset..end);
         self.changed = !self.discarded;
+        self.date_write();
         Ok(data.len() as u32)
     }
 
@@ -425,6 +427,7 @@ impl StagedFile {
         }
         self.size = size;
         self.changed = !self.discarded;
+        self.date_write();
         Ok(())
     }
 
@@ -474,8 +477,20 @@ impl StagedFile {
         self.attrs
     }
 
-    fn upload_metadata(&self) -> UserMetadata {
-        StoredAttrs::for_upload(self.attrs)
+    /// With `--preserve-metadata`, the mtime the object is to carry, once known: stat shows it meanwhile.
+    pub fn mtime(&self) -> Option<SystemTime> {
+        self.attrs.and_then(|a| a.mtime)
+    }
+
+    /// The bytes changed now: so does the mtime the next upload carries (see [`StoredAttrs::written_at`]).
+    fn date_write(&mut self) {
+        if let Some(attrs) = &mut self.attrs {
+            *attrs = attrs.written_at(SystemTime::now());
+        }
+    }
+
+    fn upload_metadata(&mut self) -> UserMetadata {
+        StoredAttrs::for_upload(self.attrs.as_mut())
     }
 
     /// Uploads the file if it changed: `Ok(None)` when there was nothing to do.
@@ -511,22 +526,19 @@ impl StagedFile {
 
     async fn put_whole(&mut self) -> FsResult<PutResult> {
         let body = self.read(0, self.size).await?;
+        let metadata = self.upload_metadata();
         self.ctx
             .client
-            .put_object_with_metadata(
-                &self.key,
-                body,
-                self.expect.clone(),
-                &self.upload_metadata(),
-            )
+            .put_object_with_metadata(&self.key, body, self.expect.clone(), &metadata)
             .await
             .map_err(|e| FsError::client(&self.key, e))
     }
 
     async fn put_in_parts(&mut self) -> FsResult<PutResult> {
         let client = Arc::clone(&self.ctx.client);
+        let metadata = self.upload_metadata();
         let id = client
-            .create_multipart_upload_with_metadata(&self.key, &self.upload_metadata())
+            .create_multipart_upload_with_metadata(&self.key, &metadata)
             .await
             .map_err(|e| FsError::client(&self.key, e))?;
         match self.send_parts(&id).await {

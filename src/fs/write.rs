@@ -15,6 +15,7 @@ use std::collections::VecDeque;
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::SystemTime;
 
 use bytes::{Bytes, BytesMut};
 use tokio::task::JoinHandle;
@@ -48,6 +49,8 @@ enum Mode {
 
 struct Multipart {
     id: String,
+    /// The mtime its CreateMultipartUpload carried: what the object keeps, unless a metadata copy follows.
+    mtime: Option<SystemTime>,
     next_part: i32,
     done: Vec<UploadedPart>,
     in_flight: VecDeque<JoinHandle<Result<UploadedPart, crate::s3::ClientError>>>,
@@ -78,7 +81,8 @@ pub struct Writer {
     sealed: bool,
     /// Data not yet visible in the bucket.
     dirty: bool,
-    /// With `--preserve-metadata`: the attributes the object is uploaded with (no mtime: the upload's time).
+    /// With `--preserve-metadata`: the attributes the object is uploaded with. The mtime is the last write's,
+    /// or one set after it; none yet, the upload's time.
     attrs: Option<Box<StoredAttrs>>,
     /// Attributes changed after the request carrying the metadata left (or the object is appended to, which
     /// keeps its old metadata): a metadata copy follows the upload.
@@ -185,6 +189,7 @@ impl Writer {
         self.buffer.extend_from_slice(data);
         self.size += data.len() as u64;
         self.dirty = true;
+        self.date_write();
         self.keep_local_copy(offset, data);
         Some(data.len() as u32)
     }
@@ -222,6 +227,7 @@ impl Writer {
         self.buffer.extend_from_slice(data);
         self.size += data.len() as u64;
         self.dirty = true;
+        self.date_write();
         self.keep_local_copy(offset, data);
         while self.buffer.len() >= self.part_size {
             let part = self.buffer.split_to(self.part_size).freeze();
@@ -416,13 +422,15 @@ impl Writer {
             return Ok(());
         }
         if self.multipart.is_none() {
+            let metadata = self.upload_metadata();
             let id = self
                 .client
-                .create_multipart_upload_with_metadata(&self.key, &self.upload_metadata())
+                .create_multipart_upload_with_metadata(&self.key, &metadata)
                 .await
                 .map_err(|e| FsError::client(&self.key, e))?;
             self.multipart = Some(Multipart {
                 id,
+                mtime: self.mtime(),
                 next_part: 1,
                 done: Vec::new(),
                 in_flight: VecDeque::new(),
@@ -550,8 +558,9 @@ impl Writer {
                 let result = client
                     .complete_multipart_upload(&key, &id, mp.done.clone(), self.condition.clone())
                     .await;
-                if result.is_err() {
-                    self.multipart = Some(mp);
+                match &result {
+                    Err(_) => self.multipart = Some(mp),
+                    Ok(_) => self.carried(mp.mtime),
                 }
                 result.map_err(err)
             }
@@ -585,6 +594,7 @@ impl Writer {
             self.size = 0;
             self.tee = None;
             self.dirty = true;
+            self.date_write();
             return true;
         }
         false
@@ -934,5 +944,72 @@ mod tests {
         w.write(8, b"three").await.unwrap();
         w.commit().await.unwrap();
         assert_eq!(&fake.object("log").unwrap()[..], b"one two three");
+    }
+
+    async fn stored_attrs(fake: &FakeClient, key: &str) -> StoredAttrs {
+        StoredAttrs::from_metadata(&fake.head_object(key).await.unwrap().metadata)
+    }
+
+    /// With `--preserve-metadata` the upload carries the last write's time, unless a time was set after
+    /// it; stat (the writer's `mtime`) shows what the object carries.
+    #[tokio::test]
+    async fn the_upload_carries_the_last_writes_time_unless_one_is_set_after_it() {
+        let fake = Arc::new(FakeClient::new("b", true));
+        let old = StoredAttrs {
+            mtime: Some(std::time::UNIX_EPOCH + std::time::Duration::from_secs(946_684_800)),
+            ..StoredAttrs::default()
+        };
+        let dated = || WriterOptions {
+            attrs: Some(StoredAttrs::default()),
+            ..opts(None)
+        };
+        let before = SystemTime::now();
+        let mut w = Writer::new(fake.clone(), "set-then-written".into(), dated());
+        w.set_attrs(old);
+        w.write(0, b"x").await.unwrap();
+        w.commit().await.unwrap();
+        let stored = stored_attrs(&fake, "set-then-written").await;
+        assert!(stored.mtime.is_some_and(|t| t >= before), "{stored:?}");
+        assert_eq!(stored.mtime, w.mtime());
+
+        let mut w = Writer::new(fake.clone(), "written-then-set".into(), dated());
+        w.write(0, b"x").await.unwrap();
+        w.set_attrs(old);
+        w.commit().await.unwrap();
+        assert_eq!(
+            stored_attrs(&fake, "written-then-set").await.mtime,
+            old.mtime
+        );
+        assert_eq!(w.mtime(), old.mtime);
+
+        // An append keeps the object's metadata: the copy after it carries the append's time.
+        fake.put_object("log", Bytes::from_static(b"one "), WriteCondition::None)
+            .await
+            .unwrap();
+        let mut w = Writer::append(fake.clone(), "log".into(), 4, dated());
+        w.write(4, b"two").await.unwrap();
+        w.commit().await.unwrap();
+        let stored = stored_attrs(&fake, "log").await;
+        assert!(stored.mtime.is_some_and(|t| t >= before), "{stored:?}");
+        assert_eq!(stored.mtime, w.mtime());
+    }
+
+    /// A file streamed in parts carries the time its upload started (writes after that send no metadata
+    /// copy of the whole object); the writer shows that time too, not its last write's.
+    #[tokio::test]
+    async fn a_streamed_file_shows_the_time_its_upload_carried() {
+        let fake = Arc::new(FakeClient::new("b", true));
+        let options = WriterOptions {
+            attrs: Some(StoredAttrs::default()),
+            ..opts(None)
+        };
+        let mut w = Writer::new(fake.clone(), "big".into(), options);
+        for chunk in vec![1u8; 12 * 1024 * 1024].chunks(1 << 20) {
+            w.write(w.size(), chunk).await.unwrap();
+        }
+        w.commit().await.unwrap();
+        let stored = stored_attrs(&fake, "big").await;
+        assert!(stored.mtime.is_some());
+        assert_eq!(stored.mtime, w.mtime());
     }
 }

@@ -126,7 +126,7 @@ impl S3Filesystem {
         let attrs = self
             .config
             .preserve_metadata
-            .then(|| StoredAttrs::from_metadata(&info.metadata));
+            .then(|| StoredAttrs::of_object(&info));
         let file = StagedFile::of_object(ctx, node.key(), &info, attrs)?;
         if let Some(n) = self.sb.table().get_mut(node.ino()) {
             n.observe(Stat::of(&info), asked);
@@ -253,7 +253,7 @@ impl S3Filesystem {
         let result = {
             let mut file = shared.file.lock().await;
             let result = change(&mut file);
-            self.note_staged(ino, &shared, file.size());
+            self.note_staged(ino, &shared, &file);
             result
         };
         if attached {
@@ -263,13 +263,13 @@ impl S3Filesystem {
         Some(result)
     }
 
-    /// The staged file changed to `size` bytes (the caller holds its lock): stat shows it, and the node
-    /// counts the file as a writer until its upload.
-    pub(super) fn note_staged(&self, ino: u64, shared: &SharedStaged, size: u64) {
+    /// The staged `file` of `shared` changed (the caller holds its lock): stat shows its size and mtime, and
+    /// the node counts the file as a writer until its upload.
+    pub(super) fn note_staged(&self, ino: u64, shared: &SharedStaged, file: &StagedFile) {
         if let Some(n) = self.sb.table().get_mut(ino) {
             // Counted first: the node keeps aside what the bucket holds before the size changes.
             shared.counted.wrote(n);
-            n.record_write(size);
+            n.record_write(file.size(), file.mtime());
         }
     }
 
@@ -336,8 +336,7 @@ impl S3Filesystem {
         let truncated = {
             let mut file = shared.file.lock().await;
             let r = file.truncate(size);
-            let size = file.size();
-            self.note_staged(ino, &shared, size);
+            self.note_staged(ino, &shared, &file);
             r
         };
         let uploaded = self.release_staged(ino, shared).await;

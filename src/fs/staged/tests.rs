@@ -519,3 +519,48 @@ async fn the_limit_counts_each_byte_once() {
     assert!(matches!(f.write(MIB, b"x"), Err(FsError::TooBig(_))));
     assert_eq!(f.size(), MIB);
 }
+
+/// With `--preserve-metadata` an edit in place carries the last write's time, not the one stored with the
+/// base (`touch -d` then `dd conv=notrunc`); a time set after the last write wins.
+#[tokio::test]
+async fn an_edit_carries_the_last_writes_time_unless_one_is_set_after_it() {
+    use crate::fs::attrs::StoredAttrs;
+    use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+    let s = setup(64 * MIB);
+    s.put("f", b"AAAA").await;
+    let old = StoredAttrs {
+        mtime: Some(UNIX_EPOCH + Duration::from_secs(946_684_800)),
+        ..StoredAttrs::default()
+    };
+    let open = || async {
+        let info = s.fake.head_object("f").await.unwrap();
+        StagedFile::of_object(s.ctx.clone(), "f", &info, Some(old)).unwrap()
+    };
+    let stored = || async {
+        StoredAttrs::from_metadata(&s.fake.head_object("f").await.unwrap().metadata).mtime
+    };
+
+    let before = SystemTime::now();
+    let mut f = open().await;
+    f.write(1, b"B").unwrap();
+    f.upload().await.unwrap();
+    assert!(stored().await.is_some_and(|t| t >= before));
+    assert_eq!(stored().await, f.mtime());
+
+    let mut f = open().await;
+    f.set_attrs(old);
+    f.truncate(2).unwrap();
+    f.upload().await.unwrap();
+    assert!(
+        stored().await.is_some_and(|t| t >= before),
+        "a cut is a write"
+    );
+
+    let mut f = open().await;
+    f.write(0, b"C").unwrap();
+    f.set_attrs(old);
+    f.upload().await.unwrap();
+    assert_eq!(stored().await, old.mtime);
+    assert_eq!(f.mtime(), old.mtime);
+}

@@ -1,6 +1,8 @@
 //! `--preserve-metadata` on a writer: the attributes its upload carries, and the metadata copy for those
 //! set after the upload left.
 
+use std::time::SystemTime;
+
 use super::{Mode, Writer};
 use crate::fs::attrs::StoredAttrs;
 use crate::fs::error::{FsError, FsResult};
@@ -22,16 +24,41 @@ impl Writer {
         }
     }
 
-    /// What the object is uploaded with: the attributes, and now as its mtime unless one was set.
-    pub(super) fn upload_metadata(&self) -> UserMetadata {
-        StoredAttrs::for_upload(self.attrs.as_deref().copied())
+    /// Bytes were written (or cut) now: the mtime the upload carries moves to now (see
+    /// [`StoredAttrs::written_at`]).
+    pub(super) fn date_write(&mut self) {
+        if let Some(attrs) = self.attrs.as_deref_mut() {
+            *attrs = attrs.written_at(SystemTime::now());
+        }
+    }
+
+    /// With `--preserve-metadata`, the mtime the upload is to carry, once known: stat shows it meanwhile.
+    pub fn mtime(&self) -> Option<SystemTime> {
+        self.attrs.as_deref().and_then(|a| a.mtime)
+    }
+
+    /// A multipart upload completed, carrying `mtime` since its start. Writes after the start do not send
+    /// a metadata copy (it would copy the whole object again): unless one is due anyway, the object keeps
+    /// the start's time, and so does stat.
+    pub(super) fn carried(&mut self, mtime: Option<SystemTime>) {
+        if let Some(attrs) = self.attrs.as_deref_mut()
+            && !self.attrs_late
+        {
+            attrs.mtime = mtime;
+        }
+    }
+
+    /// What the object is uploaded with: the attributes, its mtime the upload's time unless it has one.
+    pub(super) fn upload_metadata(&mut self) -> UserMetadata {
+        StoredAttrs::for_upload(self.attrs.as_deref_mut())
     }
 
     /// The metadata copy after upload `r` (conditional on its ETag), for attributes it did not carry.
     pub(super) async fn send_late_attrs(&mut self, r: PutResult) -> FsResult<PutResult> {
+        let metadata = self.upload_metadata();
         let copied = self
             .client
-            .replace_metadata(&self.key, &self.upload_metadata(), &r.etag)
+            .replace_metadata(&self.key, &metadata, &r.etag)
             .await
             .map_err(|e| FsError::client(&self.key, e))?;
         // Sent: a commit with nothing new to upload sends no copy (an append with new bytes does again).
