@@ -236,6 +236,19 @@ fn drop_page_cache(path: &Path) {
     assert_eq!(rc, 0);
 }
 
+/// A mount that may replace and delete, trusting what it knows for a minute.
+fn writable_mount(bucket: &str) -> Mount {
+    Mount::new(
+        bucket,
+        &[
+            "--metadata-ttl",
+            "60",
+            "--allow-overwrite",
+            "--allow-delete",
+        ],
+    )
+}
+
 /// rsync and its kind look a name up, find nothing, then create it, or rename a temporary file onto it. Within
 /// the negative TTL that lookup's answer stands: the create and the rename ask the bucket only whether a
 /// directory appeared under the name meanwhile (one LIST each), and the bucket ends up holding the right
@@ -245,15 +258,7 @@ fn making_a_name_a_lookup_just_found_missing_asks_only_for_a_directory() {
     for directory in [true, false] {
         let bucket = fresh_bucket(directory, "newname");
         put(emulator(), &bucket, "d/old.bin", b"old".to_vec());
-        let mount = Mount::new(
-            &bucket,
-            &[
-                "--metadata-ttl",
-                "60",
-                "--allow-overwrite",
-                "--allow-delete",
-            ],
-        );
+        let mount = writable_mount(&bucket);
         let dir = mount.path().join("d");
         assert!(dir.join("old.bin").exists());
         let (temp, name) = (dir.join(".new.bin.XyZ123"), dir.join("new.bin"));
@@ -310,15 +315,7 @@ fn names_missing_from_a_directory_made_or_listed_here_ask_nothing() {
     for directory in [true, false] {
         let bucket = fresh_bucket(directory, "wholedir");
         put(emulator(), &bucket, "listed/old.bin", b"old".to_vec());
-        let mount = Mount::new(
-            &bucket,
-            &[
-                "--metadata-ttl",
-                "60",
-                "--allow-overwrite",
-                "--allow-delete",
-            ],
-        );
+        let mount = writable_mount(&bucket);
         let made = mount.path().join("made");
         fs::create_dir(&made).unwrap();
         let listed = mount.path().join("listed");

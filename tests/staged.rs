@@ -534,6 +534,17 @@ fn keys(bucket: &str) -> Vec<String> {
         .collect()
 }
 
+/// open(O_RDWR | O_CREAT | O_TRUNC).
+fn create_rw(path: &std::path::Path) -> std::fs::File {
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(path)
+        .unwrap()
+}
+
 /// Runs `case` on a fresh mount of each bucket kind (`--allow-delete`), with files it makes and unlinks while
 /// open; once its descriptors are closed, nothing of them may be in the bucket, in the mount, or in a new
 /// mount of the bucket.
@@ -613,13 +624,7 @@ fn a_temporary_file_reads_back_what_it_wrote_after_its_unlink() {
 fn a_descriptor_reads_what_it_wrote_before_the_unlink() {
     unlinked_while_open("unlinkpread", UNLINK_FLAGS, |mnt| {
         let small = mnt.join("w");
-        let f = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&small)
-            .unwrap();
+        let f = create_rw(&small);
         f.write_all_at(b"secret", 0).unwrap();
         std::fs::remove_file(&small).unwrap();
         let mut back = vec![0u8; 100];
@@ -633,13 +638,7 @@ fn a_descriptor_reads_what_it_wrote_before_the_unlink() {
         // Past one write part (8 MiB): the first part left for the bucket before the unlink.
         let big = mnt.join("big");
         let data = pattern(22, 12 * MIB);
-        let mut f = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&big)
-            .unwrap();
+        let mut f = create_rw(&big);
         f.write_all(&data).unwrap();
         std::fs::remove_file(&big).unwrap();
         let mut back = vec![0u8; data.len()];
@@ -655,13 +654,7 @@ fn a_descriptor_reads_what_it_wrote_before_the_unlink() {
 fn an_empty_file_unlinked_while_open_does_not_come_back_at_close() {
     unlinked_while_open("unlinkempty", UNLINK_FLAGS, |mnt| {
         let path = mnt.join("b");
-        let f = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&path)
-            .unwrap();
+        let f = create_rw(&path);
         std::fs::remove_file(&path).unwrap();
         let mut back = vec![0u8; 100];
         assert_eq!(f.read_at(&mut back, 0).unwrap(), 0);
@@ -677,13 +670,7 @@ fn an_empty_file_unlinked_while_open_does_not_come_back_at_close() {
 fn a_file_fsynced_then_unlinked_reads_back_its_writes() {
     unlinked_while_open("unlinkfsync", UNLINK_FLAGS, |mnt| {
         let path = mnt.join("s");
-        let f = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&path)
-            .unwrap();
+        let f = create_rw(&path);
         f.write_all_at(b"before", 0).unwrap();
         f.sync_all().unwrap();
         std::fs::remove_file(&path).unwrap();
@@ -705,13 +692,7 @@ fn bytes_no_longer_held_after_the_unlink_read_as_an_error() {
     let args = [UNLINK_FLAGS, &["--max-staged-file-size", "1M"]].concat();
     unlinked_while_open("unlinklost", &args, |mnt| {
         let path = mnt.join("huge");
-        let mut f = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&path)
-            .unwrap();
+        let mut f = create_rw(&path);
         f.write_all(&pattern(23, 9 * MIB)).unwrap();
         std::fs::remove_file(&path).unwrap();
         let mut back = vec![0u8; 100];
