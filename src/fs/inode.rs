@@ -103,9 +103,13 @@ pub struct Node {
     /// or a mkdir that found the prefix empty): a name with no node here does not exist. See
     /// [`InodeTable::know_every_name`].
     every_name_known_until: Option<Instant>,
-    /// The whole user metadata of the version with this ETag, as our own metadata copy wrote it: the next
-    /// chmod/utimens of that version needs no HEAD to learn it.
-    own_metadata: Option<Box<(String, UserMetadata)>>,
+    /// When the table last let go of a name under this directory that the bucket may still hold: a listing
+    /// sent before then cannot vouch for every name.
+    names_doubted_at: Option<Instant>,
+    /// The whole user metadata of our own last metadata copy, with the ETag it got and the `stat_at` it set:
+    /// while nothing newer was learnt or uploaded since, the next chmod/utimens needs no HEAD to learn it.
+    /// (An ETag alone does not tell: a general-purpose bucket gives the same bytes the same ETag.)
+    own_metadata: Option<Box<(String, Instant, UserMetadata)>>,
 }
 
 impl Node {
@@ -128,6 +132,7 @@ impl Node {
             page_cache_unused: true,
             link_target: None,
             every_name_known_until: None,
+            names_doubted_at: None,
             own_metadata: None,
         }
     }
@@ -255,15 +260,18 @@ impl Node {
         true
     }
 
-    /// We wrote `metadata` as the whole user metadata of version `etag`.
+    /// Our metadata copy wrote `metadata` as the whole user metadata of version `etag`, and the node took that
+    /// version's stat from it (`observe` just accepted it).
     pub fn remember_own_metadata(&mut self, etag: &str, metadata: UserMetadata) {
-        self.own_metadata = Some(Box::new((etag.to_string(), metadata)));
+        self.own_metadata = Some(Box::new((etag.to_string(), self.stat_at, metadata)));
     }
 
-    /// The user metadata we wrote for the version the node shows now, if we wrote it.
+    /// The user metadata of the version the node shows, if our own copy wrote it and nothing was observed or
+    /// uploaded since.
     pub fn own_metadata(&self) -> Option<&UserMetadata> {
-        let (etag, metadata) = self.own_metadata.as_deref()?;
-        (self.stat.etag.as_deref() == Some(etag.as_str())).then_some(metadata)
+        let (etag, at, metadata) = self.own_metadata.as_deref()?;
+        (self.stat.etag.as_deref() == Some(etag.as_str()) && *at == self.stat_at)
+            .then_some(metadata)
     }
 
     /// Attributes set on a file open for writing (they go with its upload): stat shows them meanwhile.
@@ -481,19 +489,25 @@ impl InodeTable {
     /// no earlier than `until` minus the TTLs, or a mkdir that found the prefix empty). Our own changes keep
     /// the table true as they go: a name made here gets its node before its object exists, and one removed
     /// loses it only once the bucket no longer has it.
-    pub fn know_every_name(&mut self, dir: u64, until: Instant) {
+    ///
+    /// `asked`: when the request that found the names was sent. If the table let go of a name there since
+    /// (see [`Self::doubt_names`]), the request cannot vouch for it, and nothing is known.
+    pub fn know_every_name(&mut self, dir: u64, asked: Instant, until: Instant) {
         if let Some(n) = self
             .nodes
             .get_mut(&dir)
             .filter(|n| n.kind == Kind::Directory)
+            && n.names_doubted_at.is_none_or(|doubted| doubted < asked)
         {
             n.every_name_known_until = Some(until);
         }
     }
 
-    /// Whether `name` under `dir` is missing by [`Self::know_every_name`]: no node, and every name known.
+    /// Whether `name` under `dir` is missing by [`Self::know_every_name`]: no node, and every name known. A
+    /// link's own object name (`x.rclonelink`) is not a name listings show, so it is always asked about.
     pub fn known_missing(&self, dir: u64, name: &str, now: Instant) -> bool {
-        self.child(dir, name).is_none()
+        !name.ends_with(names::LINK_SUFFIX)
+            && self.child(dir, name).is_none()
             && self
                 .nodes
                 .get(&dir)
@@ -505,6 +519,7 @@ impl InodeTable {
     pub fn doubt_names(&mut self, dir: u64) {
         if let Some(n) = self.nodes.get_mut(&dir) {
             n.every_name_known_until = None;
+            n.names_doubted_at = Some(Instant::now());
         }
     }
 
@@ -637,6 +652,52 @@ mod tests {
         assert_eq!(n.link_target(), Some("../a"));
         assert!(n.observe(stat("e2"), Instant::now() + Duration::from_millis(1)));
         assert_eq!(n.link_target(), None, "the link was replaced");
+    }
+
+    #[test]
+    fn a_listing_sent_before_a_doubt_vouches_for_nothing() {
+        let mut t = InodeTable::new("");
+        let d = t.add(ROOT_INO, "d", Kind::Directory, later());
+        let asked = Instant::now();
+        t.know_every_name(d, asked, later());
+        assert!(t.known_missing(d, "x", Instant::now()));
+        assert!(
+            !t.known_missing(d, "x.rclonelink", Instant::now()),
+            "a link's object name"
+        );
+        t.doubt_names(d);
+        assert!(!t.known_missing(d, "x", Instant::now()));
+        // Applied after the doubt, but asked before it.
+        t.know_every_name(d, asked, later());
+        assert!(!t.known_missing(d, "x", Instant::now()));
+        std::thread::sleep(Duration::from_millis(2));
+        t.know_every_name(d, Instant::now(), later());
+        assert!(t.known_missing(d, "x", Instant::now()));
+    }
+
+    /// A general-purpose bucket gives the same bytes the same ETag: our metadata copy's metadata holds only
+    /// until something newer is learnt or uploaded, whatever the ETag says.
+    #[test]
+    fn our_own_metadata_holds_until_anything_newer() {
+        let mut t = InodeTable::new("");
+        let f = t.add(ROOT_INO, "f", Kind::File, later());
+        let n = t.get_mut(f).unwrap();
+        let stat = Stat {
+            size: 1,
+            mtime: SystemTime::UNIX_EPOCH,
+            etag: Some("e".into()),
+            attrs: None,
+        };
+        assert!(n.observe(stat.clone(), Instant::now()));
+        n.remember_own_metadata("e", UserMetadata::from([("mode".into(), "33188".into())]));
+        assert!(n.own_metadata().is_some());
+        std::thread::sleep(Duration::from_millis(2));
+        n.record_upload(1, "e".into());
+        assert!(n.own_metadata().is_none(), "an upload of the same bytes");
+        n.remember_own_metadata("e", UserMetadata::new());
+        std::thread::sleep(Duration::from_millis(2));
+        assert!(n.observe(stat, Instant::now()));
+        assert!(n.own_metadata().is_none(), "a HEAD since");
     }
 
     #[test]

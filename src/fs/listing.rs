@@ -40,14 +40,23 @@ const TRACKED_DIRS: usize = 4096;
 /// What one listing found: name → kind and attributes. A directory shadows a file of the same name.
 pub type Found = HashMap<String, (Kind, Stat)>;
 
+/// A whole listing: what it found, and whether a name stood for two things there (a directory and a file, a
+/// file and a link), of which `found` holds only the one shown. The other is in the bucket with no entry,
+/// so such a directory cannot vouch that a name it does not show is missing.
+pub struct Whole {
+    pub found: Found,
+    pub shadowed: bool,
+}
+
 /// Lists every page under `dir_key` (a prefix ending in `/`, or empty for the root), merging entries
 /// without assuming any order. With `max_pages`, gives up (None) on a directory with more pages.
 pub async fn list_all(
     client: &dyn ObjectClient,
     dir_key: &str,
     max_pages: Option<usize>,
-) -> FsResult<Option<Found>> {
+) -> FsResult<Option<Whole>> {
     let mut found = Found::new();
+    let mut shadowed = false;
     // Links are merged last: a file or directory of the same name wins whatever page it came on.
     let mut links = Found::new();
     let mut token: Option<String> = None;
@@ -63,7 +72,9 @@ pub async fn list_all(
         pages += 1;
         for prefix in &page.common_prefixes {
             if let Some(name) = names::name_of_common_prefix(dir_key, prefix) {
-                found.insert(name.to_string(), (Kind::Directory, Stat::directory()));
+                // Directory buckets may repeat a common prefix; only a file under it is shadowed.
+                let before = found.insert(name.to_string(), (Kind::Directory, Stat::directory()));
+                shadowed |= before.is_some_and(|(kind, _)| kind != Kind::Directory);
             }
         }
         for object in page.objects {
@@ -80,9 +91,12 @@ pub async fn list_all(
                 Some(link) => {
                     links.insert(link.to_string(), (Kind::Symlink, stat));
                 }
-                None => {
-                    found.entry(name.to_string()).or_insert((Kind::File, stat));
-                }
+                None => match found.get(name) {
+                    Some(_) => shadowed = true,
+                    None => {
+                        found.insert(name.to_string(), (Kind::File, stat));
+                    }
+                },
             }
         }
         match page.next_continuation_token {
@@ -91,9 +105,14 @@ pub async fn list_all(
         }
     }
     for (name, link) in links {
-        found.entry(name).or_insert(link);
+        match found.get(&name) {
+            Some(_) => shadowed = true,
+            None => {
+                found.insert(name, link);
+            }
+        }
     }
-    Ok(Some(found))
+    Ok(Some(Whole { found, shadowed }))
 }
 
 /// Where a lookup waits for the outcome of a background listing under way (see [`Storms::landing`]).

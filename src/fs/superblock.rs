@@ -561,22 +561,25 @@ impl Superblock {
     /// same table lock as the check, so no change can slip in between.
     async fn list_dir(&self, dir: &Node) -> FsResult<Arc<Vec<DirEntry>>> {
         let mut attempt = 0;
-        let (found, asked, mut table, trusted) = loop {
+        let (whole, asked, mut table, trusted) = loop {
             attempt += 1;
             let asked = Instant::now();
-            let found = listing::list_all(self.client.as_ref(), dir.key(), None)
-                .await?
-                .unwrap_or_default();
+            // A listing without its pages limit always comes back whole.
+            let Some(whole) = listing::list_all(self.client.as_ref(), dir.key(), None).await?
+            else {
+                return Err(FsError::Io(format!("{}: listing cut short", dir.key())));
+            };
             let table = self.table();
             let trusted = self.storms.unchanged_since(dir.ino(), asked);
             if trusted || attempt == LIST_ATTEMPTS {
-                break (found, asked, table, trusted);
+                break (whole, asked, table, trusted);
             }
             debug!(
                 key = dir.key(),
                 "the directory changed while it was listed: listing again"
             );
         };
+        let listing::Whole { found, shadowed } = whole;
         let expires = self.expiry();
         if trusted {
             self.storms
@@ -605,8 +608,11 @@ impl Superblock {
                 name,
             });
         }
-        if trusted && let Some(until) = self.every_name_known_until(asked) {
-            table.know_every_name(dir.ino(), until);
+        if trusted
+            && !shadowed
+            && let Some(until) = self.every_name_known_until(asked)
+        {
+            table.know_every_name(dir.ino(), asked, until);
         }
         let listed: HashSet<String> = entries.iter().map(|e| e.name.clone()).collect();
         for (name, ino, kind) in table.local_children(dir.ino()) {
@@ -644,7 +650,7 @@ impl Superblock {
             let listed =
                 listing::list_all(client.as_ref(), dir.key(), Some(listing::STORM_MAX_PAGES)).await;
             let outcome = match listed {
-                Ok(Some(found)) => {
+                Ok(Some(listing::Whole { found, shadowed })) => {
                     let mut table = inodes.lock().unwrap_or_else(|e| e.into_inner());
                     // Still the same directory, and none of our changes there since the request.
                     if table.get(dir.ino()).is_some_and(|d| d.key() == dir.key())
@@ -656,8 +662,8 @@ impl Superblock {
                         for (name, (kind, stat)) in found {
                             table.upsert(dir.ino(), &name, kind, stat, expires, asked);
                         }
-                        if !known_for.is_zero() {
-                            table.know_every_name(dir.ino(), asked + known_for);
+                        if !known_for.is_zero() && !shadowed {
+                            table.know_every_name(dir.ino(), asked, asked + known_for);
                         }
                         debug!(key = dir.key(), pages, "listed after a storm of lookups");
                         listing::Listed::Applied { pages }
@@ -742,7 +748,7 @@ impl Superblock {
         let attr = self.attr_of(node);
         // Nothing was under the name when it was checked: a new directory holds no names but ours.
         if let Some(until) = self.every_name_known_until(asked) {
-            table.know_every_name(ino, until);
+            table.know_every_name(ino, asked, until);
         }
         drop(table);
         // As if listed: lookups of missing names there count towards listing it again before that expires.

@@ -58,7 +58,15 @@ impl S3Filesystem {
         // A file renamed while open with bytes not uploaded yet (Rust's tempfile `persist`, which safetensors
         // and others use, renames before it closes): they are uploaded first, as fsync would, and the
         // descriptors then follow the rename.
-        if kind == Kind::File {
+        // Not past what one CopyObject copies on a general-purpose bucket: that rename is refused (EXDEV) and
+        // `mv` copies instead, so the writer is not sealed for nothing.
+        let copyable = self.client.is_directory_bucket()
+            || self
+                .sb
+                .table()
+                .get(ino)
+                .is_some_and(|n| n.stat().size <= crate::s3::MAX_COPY_OBJECT_SIZE);
+        if kind == Kind::File && copyable {
             for (_, handle) in self
                 .handles
                 .write_handles()

@@ -70,10 +70,14 @@ impl Superblock {
                 WriteCondition::IfNoneMatch,
             )
             .await
-            .map_err(|e| match FsError::client(&key, e) {
-                // Another client made the link first.
-                FsError::ObjectChanged { .. } => FsError::Exists,
-                other => other,
+            .map_err(|e| {
+                // A PUT whose answer was lost may have made the link all the same.
+                self.table().doubt_names(parent);
+                match FsError::client(&key, e) {
+                    // Another client made the link first.
+                    FsError::ObjectChanged { .. } => FsError::Exists,
+                    other => other,
+                }
             })?;
         debug!(key, target, "link written");
         let stat = Stat {

@@ -86,7 +86,12 @@ impl Superblock {
         // Whatever the outcome: a move that failed midway may have left objects under the new name.
         self.negative.forget(new_parent, new_name);
         if moved.is_err() {
-            self.table().doubt_names(new_parent);
+            // Objects may have moved in under the new name, and into a directory that stood there.
+            let mut table = self.table();
+            table.doubt_names(new_parent);
+            if let Some(there) = table.child(new_parent, new_name).map(Node::ino) {
+                table.doubt_names(there);
+            }
         }
         moved
     }
