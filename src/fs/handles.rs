@@ -803,7 +803,8 @@ impl S3Filesystem {
         }
         check_name(name)?;
         let parent_node = self.sb.dir_node(parent)?;
-        check_key(&names::file_key(parent_node.key(), name))?;
+        let key = names::file_key(parent_node.key(), name);
+        check_key(&key)?;
         if self
             .sb
             .table()
@@ -820,7 +821,6 @@ impl S3Filesystem {
             None => WriteCondition::IfNoneMatch,
         };
         self.writer_slots.reserve()?;
-        let key = names::file_key(parent_node.key(), name);
         let writer = Writer::new(
             Arc::clone(&self.client),
             key,

@@ -91,12 +91,9 @@ pub async fn list_all(
                 Some(link) => {
                     links.insert(link.to_string(), (Kind::Symlink, stat));
                 }
-                None => match found.get(name) {
-                    Some(_) => shadowed = true,
-                    None => {
-                        found.insert(name.to_string(), (Kind::File, stat));
-                    }
-                },
+                None => {
+                    shadowed |= !add_unless_shown(&mut found, name.to_string(), (Kind::File, stat))
+                }
             }
         }
         match page.next_continuation_token {
@@ -105,14 +102,20 @@ pub async fn list_all(
         }
     }
     for (name, link) in links {
-        match found.get(&name) {
-            Some(_) => shadowed = true,
-            None => {
-                found.insert(name, link);
-            }
-        }
+        shadowed |= !add_unless_shown(&mut found, name, link);
     }
     Ok(Some(Whole { found, shadowed }))
+}
+
+/// Adds `name` unless the listing already shows something under it (which then shadows it); whether added.
+fn add_unless_shown(found: &mut Found, name: String, entry: (Kind, Stat)) -> bool {
+    match found.entry(name) {
+        std::collections::hash_map::Entry::Occupied(_) => false,
+        std::collections::hash_map::Entry::Vacant(v) => {
+            v.insert(entry);
+            true
+        }
+    }
 }
 
 /// Where a lookup waits for the outcome of a background listing under way (see [`Storms::landing`]).

@@ -7,7 +7,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use tokio::sync::watch;
@@ -177,11 +177,15 @@ impl Superblock {
     /// Until when a directory found whole by a request sent at `asked` may answer for names it does not hold:
     /// as long as both its entries and a name found missing would be trusted. None when either TTL is zero.
     fn every_name_known_until(&self, asked: Instant) -> Option<Instant> {
-        let trusted = self
-            .config
-            .metadata_ttl
-            .min(self.config.negative_metadata_ttl);
+        let trusted = self.every_name_known_for();
         (!trusted.is_zero()).then(|| asked + trusted)
+    }
+
+    /// How long a whole listing vouches for the names it does not show (see above).
+    fn every_name_known_for(&self) -> Duration {
+        self.config
+            .metadata_ttl
+            .min(self.config.negative_metadata_ttl)
     }
 
     pub fn dir_node(&self, ino: u64) -> FsResult<Node> {
@@ -641,10 +645,7 @@ impl Superblock {
         let inodes = Arc::clone(&self.inodes);
         let storms = Arc::clone(&self.storms);
         let ttl = self.config.metadata_ttl;
-        let known_for = self
-            .config
-            .metadata_ttl
-            .min(self.config.negative_metadata_ttl);
+        let known_for = self.every_name_known_for();
         tokio::spawn(async move {
             let asked = Instant::now();
             let listed =

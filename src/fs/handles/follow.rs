@@ -60,12 +60,8 @@ impl S3Filesystem {
         // descriptors then follow the rename.
         // Not past what one CopyObject copies on a general-purpose bucket: that rename is refused (EXDEV) and
         // `mv` copies instead, so the writer is not sealed for nothing.
-        let copyable = self.client.is_directory_bucket()
-            || self
-                .sb
-                .table()
-                .get(ino)
-                .is_some_and(|n| n.stat().size <= crate::s3::MAX_COPY_OBJECT_SIZE);
+        let size = self.sb.table().get(ino).map_or(0, |n| n.stat().size);
+        let copyable = self.sb.can_rename_file_of(size);
         if kind == Kind::File && copyable {
             for (_, handle) in self
                 .handles

@@ -9,7 +9,7 @@ use super::Superblock;
 use crate::fs::attrs::StoredAttrs;
 use crate::fs::inode::{Kind, Stat};
 use crate::fs::{FsError, FsResult};
-use crate::s3::ClientError;
+use crate::s3::{ClientError, ObjectInfo};
 
 impl Superblock {
     /// Writes `change` over the attributes stored with the closed file `ino`. The current metadata (other
@@ -24,37 +24,39 @@ impl Superblock {
         }
         let key = node.key().to_string();
         let change = change.of_regular_file();
+        // What our own copy wrote, as a HEAD would say it (the date shown so far as Last-Modified).
         let mut ours = node
             .own_metadata()
             .filter(|_| node.is_fresh(Instant::now()))
             .zip(node.stat().etag.clone())
-            .map(|(metadata, etag)| (metadata.clone(), etag, node.stat().size, node.stat().mtime));
-        let (asked, size, mtime, attrs, metadata, put) = loop {
+            .map(|(metadata, etag)| ObjectInfo {
+                key: key.clone(),
+                size: node.stat().size,
+                etag,
+                last_modified: node.stat().mtime,
+                metadata: metadata.clone(),
+            });
+        let (asked, info, attrs, metadata, put) = loop {
             let asked = Instant::now();
             let known = ours.is_some();
-            let (stored, etag, size, mtime) = match ours.take() {
-                Some(known) => known,
-                None => {
-                    let info = self
-                        .client
-                        .head_object(&key)
-                        .await
-                        .map_err(|e| FsError::client(&key, e))?;
-                    (info.metadata, info.etag, info.size, info.last_modified)
-                }
+            let info = match ours.take() {
+                Some(info) => info,
+                None => self
+                    .client
+                    .head_object(&key)
+                    .await
+                    .map_err(|e| FsError::client(&key, e))?,
             };
             // The date shown so far is kept: the copy gives the object a new Last-Modified.
-            let shown = StoredAttrs {
-                mtime: Some(mtime),
-                ..StoredAttrs::default()
-            };
-            let attrs = shown
-                .overlay(StoredAttrs::from_metadata(&stored))
-                .overlay(change);
-            let mut metadata = stored;
+            let attrs = StoredAttrs::of_object(&info).overlay(change);
+            let mut metadata = info.metadata.clone();
             attrs.write_into(&mut metadata);
-            match self.client.replace_metadata(&key, &metadata, &etag).await {
-                Ok(put) => break (asked, size, mtime, attrs, metadata, put),
+            match self
+                .client
+                .replace_metadata(&key, &metadata, &info.etag)
+                .await
+            {
+                Ok(put) => break (asked, info, attrs, metadata, put),
                 // Replaced since our own copy: what is there now is asked for, as for any other version.
                 Err(ClientError::PreconditionFailed { .. }) if known => continue,
                 Err(e @ ClientError::PreconditionFailed { .. }) => {
@@ -71,8 +73,8 @@ impl Superblock {
         let expires = self.expiry();
         if let Some(n) = self.table().get_mut(ino) {
             let stat = Stat {
-                size,
-                mtime,
+                size: info.size,
+                mtime: info.last_modified,
                 etag: Some(put.etag.clone()),
                 attrs: Some(attrs),
             };

@@ -52,7 +52,8 @@ impl Superblock {
         // Keys are UTF-8, and so is the body rclone reads back as a path.
         let target = std::str::from_utf8(target).map_err(|_| FsError::NameNotUtf8)?;
         let parent_node = self.dir_node(parent)?;
-        check_key(&Kind::Symlink.key(parent_node.key(), name))?;
+        let key = names::link_key(parent_node.key(), name);
+        check_key(&key)?;
         if self
             .table()
             .child(parent, name)
@@ -61,7 +62,6 @@ impl Superblock {
         {
             return Err(FsError::Exists);
         }
-        let key = names::link_key(parent_node.key(), name);
         let put = self
             .client
             .put_object(

@@ -364,6 +364,14 @@ async fn move_object(
     Ok(copied)
 }
 
+impl Superblock {
+    /// Whether a file of `size` can be renamed here at all: a general-purpose bucket copies it, and one
+    /// CopyObject copies at most 5 GB ([`refuse_past_copy_limit`]).
+    pub fn can_rename_file_of(&self, size: u64) -> bool {
+        self.client.is_directory_bucket() || size <= MAX_COPY_OBJECT_SIZE
+    }
+}
+
 /// A single CopyObject copies at most 5 GB; bigger files are refused so `mv` copies them itself.
 fn refuse_past_copy_limit(key: &str, size: u64) -> FsResult<()> {
     if size > MAX_COPY_OBJECT_SIZE {
