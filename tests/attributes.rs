@@ -418,3 +418,57 @@ fn a_new_file_shows_the_mtime_it_carries() {
         }
     }
 }
+
+/// Without `--preserve-metadata` a file's mtime is its object's Last-Modified, and it must not move when a
+/// listing (`ls -l`) rather than a HEAD refreshes it: `rsync -a` and `make` would see a change that never
+/// happened. The emulator lists whole seconds, as S3 does; the daemon keeps whole seconds from any server
+/// (unit test in `s3::sdk::list_xml`).
+#[test]
+fn a_listing_does_not_move_an_mtime() {
+    for directory in [true, false] {
+        let bucket = fresh_bucket(directory, "listmtime");
+        let ttl: &[&str] = &["--metadata-ttl", "1"];
+        let mount = Mount::new(&bucket, ttl);
+        let file = mount.path().join("a.txt");
+        fs::write(&file, b"hello").unwrap();
+        // Before the bucket dates it, the file shows the time of its upload as the bucket keeps times, in
+        // whole seconds; the bucket's own Last-Modified may be the next second when the PUT crossed one.
+        let written = shown_mtime(&file);
+        assert_eq!(
+            written.duration_since(UNIX_EPOCH).unwrap().subsec_nanos(),
+            0
+        );
+        let mut seen = vec![];
+        for step in [
+            "after a lookup",
+            "after a listing",
+            "after a second lookup",
+            "after a second listing",
+        ] {
+            std::thread::sleep(Duration::from_millis(1_200));
+            if step.contains("listing") {
+                assert_eq!(fs::read_dir(mount.path()).unwrap().count(), 1);
+            }
+            seen.push((step, shown_mtime(&file)));
+        }
+        drop(mount);
+        let again = Mount::new(&bucket, ttl);
+        assert_eq!(fs::read_dir(again.path()).unwrap().count(), 1);
+        seen.push((
+            "listed after a remount",
+            shown_mtime(&again.path().join("a.txt")),
+        ));
+        let dated = seen[0].1;
+        let apart = dated
+            .duration_since(written)
+            .or_else(|_| written.duration_since(dated))
+            .unwrap();
+        assert!(
+            apart <= Duration::from_secs(1),
+            "{bucket}: shown {written:?} after the write, dated {dated:?} by the bucket"
+        );
+        for (step, time) in &seen {
+            assert_eq!(*time, dated, "{bucket}: the mtime {step}: {seen:?}");
+        }
+    }
+}

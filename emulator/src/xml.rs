@@ -123,9 +123,10 @@ pub fn el(out: &mut String, name: &str, value: &str) {
 /// RFC 3339 with milliseconds, as S3 writes timestamps in XML.
 pub fn iso8601(t: std::time::SystemTime) -> String {
     let t = time::OffsetDateTime::from(t);
-    let format = time::macros::format_description!(
-        "[year]-[month]-[day]T[hour]:[minute]:[second].[subsecond digits:3]Z"
-    );
+    // S3 keeps whole seconds: its listings say `.000Z`, as its `Last-Modified` headers say seconds. A listing
+    // with the milliseconds would show a client a time that a HEAD of the same object contradicts.
+    let format =
+        time::macros::format_description!("[year]-[month]-[day]T[hour]:[minute]:[second].000Z");
     t.format(format).unwrap_or_default()
 }
 
@@ -179,5 +180,9 @@ mod tests {
         assert_eq!(http_date(t), "Tue, 14 Nov 2023 22:13:20 GMT");
         assert_eq!(parse_http_date(&http_date(t)), Some(t));
         assert_eq!(iso8601(t), "2023-11-14T22:13:20.000Z");
+        // Whole seconds, as the header: a listing must not show a time its HEAD contradicts.
+        let later = t + std::time::Duration::from_millis(830);
+        assert_eq!(iso8601(later), "2023-11-14T22:13:20.000Z");
+        assert_eq!(http_date(later), http_date(t));
     }
 }

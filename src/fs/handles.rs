@@ -17,7 +17,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Instant, SystemTime};
+use std::time::Instant;
 
 use bytes::Bytes;
 use tokio::sync::Mutex as AsyncMutex;
@@ -828,12 +828,7 @@ impl S3Filesystem {
         );
         let (attr, counted) = {
             let mut table = self.sb.table();
-            let stat = Stat {
-                size: 0,
-                mtime: SystemTime::now(),
-                etag: None,
-                attrs: self.config.preserve_metadata.then_some(owner),
-            };
+            let stat = Stat::new_file(self.config.preserve_metadata.then_some(owner));
             let ino = table.upsert(
                 parent,
                 name,

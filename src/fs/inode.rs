@@ -31,6 +31,12 @@ impl Kind {
     }
 }
 
+/// What the bucket's Last-Modified would say now: whole seconds, as S3 keeps it. A file written here shows
+/// this until a HEAD or a listing brings the bucket's own; with the sub-second part, its mtime would move then.
+fn last_modified_now() -> SystemTime {
+    crate::s3::whole_seconds(SystemTime::now())
+}
+
 /// What the bucket (or our own write) says about a node.
 #[derive(Debug, Clone)]
 pub struct Stat {
@@ -50,6 +56,17 @@ impl Stat {
             mtime: info.last_modified,
             etag: Some(info.etag.clone()),
             attrs: Some(StoredAttrs::from_metadata(&info.metadata)),
+        }
+    }
+
+    /// A file of ours that the bucket does not date yet (being written, or just uploaded: a PUT's answer
+    /// carries no Last-Modified).
+    pub fn new_file(attrs: Option<StoredAttrs>) -> Stat {
+        Stat {
+            size: 0,
+            mtime: last_modified_now(),
+            etag: None,
+            attrs,
         }
     }
 
@@ -237,7 +254,7 @@ impl Node {
     /// (none yet: now, until the upload dates it).
     pub fn record_write(&mut self, size: u64, dated: Option<SystemTime>) {
         self.stat.size = size;
-        self.stat.mtime = dated.unwrap_or_else(SystemTime::now);
+        self.stat.mtime = dated.unwrap_or_else(last_modified_now);
         if let Some(attrs) = &mut self.stat.attrs {
             attrs.mtime = dated;
         }
@@ -284,7 +301,7 @@ impl Node {
     pub fn record_upload(&mut self, size: u64, etag: String) {
         self.stat = Stat {
             size,
-            mtime: SystemTime::now(),
+            mtime: last_modified_now(),
             etag: Some(etag),
             // Not known here: the next stat with --preserve-metadata asks the bucket.
             attrs: None,

@@ -37,6 +37,16 @@ pub struct ObjectInfo {
     pub metadata: UserMetadata,
 }
 
+/// `Last-Modified` in whole seconds. HEAD and GET carry it as an HTTP date, in seconds; some servers (MinIO
+/// among them) list it with milliseconds. Taken as listed, a file's mtime would move each time a listing or a
+/// HEAD refreshed it, and `rsync -a` or `make` would see a change that never happened.
+pub fn whole_seconds(t: SystemTime) -> SystemTime {
+    match t.duration_since(SystemTime::UNIX_EPOCH) {
+        Ok(since) => SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(since.as_secs()),
+        Err(_) => t,
+    }
+}
+
 /// One page of ListObjectsV2 results. Order is whatever the service returned (unordered on directory buckets).
 #[derive(Debug, Clone, Default)]
 pub struct ListPage {

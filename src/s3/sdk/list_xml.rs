@@ -191,7 +191,7 @@ fn element_ended(
             .ok()
             .and_then(|d| SystemTime::try_from(d).ok())
             .ok_or_else(|| format!("LastModified {text:?}"))?;
-            entry.last_modified = Some(date);
+            entry.last_modified = Some(crate::s3::whole_seconds(date));
         }
         (3, At::CommonPrefixes, b"Prefix") => prefixes.push(text.to_string()),
         _ => {}
@@ -256,7 +256,8 @@ mod tests {
             .last_modified
             .duration_since(SystemTime::UNIX_EPOCH)
             .unwrap();
-        assert_eq!(at.as_millis(), 1_795_680_001_500);
+        // Listed with milliseconds, kept in whole seconds as a HEAD of the same object would say.
+        assert_eq!(at.as_millis(), 1_795_680_001_000);
         assert_eq!(listed.objects[1].key, "d/<raw>");
         assert_eq!(listed.common_prefixes, vec!["d/sub/".to_string()]);
         assert_eq!(listed.next_continuation_token.as_deref(), Some("tok+/="));

@@ -739,7 +739,7 @@ fn list_page(
             key: key.to_string(),
             size: non_negative(o.size()).unwrap_or(0),
             etag: o.e_tag().unwrap_or_default().to_string(),
-            last_modified: to_system_time(o.last_modified()),
+            last_modified: crate::s3::whole_seconds(to_system_time(o.last_modified())),
             metadata: UserMetadata::new(),
         });
     }
