@@ -96,6 +96,10 @@ pub struct Args {
     /// Allow deleting objects (unlink)
     #[arg(long, help_heading = "Mount options")]
     pub allow_delete: bool,
+    /// mkdir writes an empty object named `dir/` (as the S3 console, s3fs and rclone's --s3-directory-markers
+    /// do), so a directory outlives the mount while empty; rmdir then deletes it, which needs --allow-delete
+    #[arg(long, help_heading = "Mount options")]
+    pub directory_markers: bool,
     /// Most objects a directory rename moves; bigger directories are refused (EXDEV) before anything moves
     #[arg(long, default_value_t = 1000, help_heading = "Mount options")]
     pub max_rename_objects: u64,
@@ -268,9 +272,13 @@ impl Args {
         if self.read_part_size() < 64 * 1024 {
             return Err("--read-part-size must be at least 64K".into());
         }
-        if self.read_only && (self.allow_delete || self.allow_overwrite || self.incremental_upload)
+        if self.read_only
+            && (self.allow_delete
+                || self.allow_overwrite
+                || self.incremental_upload
+                || self.directory_markers)
         {
-            return Err("--read-only cannot be combined with --allow-delete, --allow-overwrite or --incremental-upload".into());
+            return Err("--read-only cannot be combined with --allow-delete, --allow-overwrite, --incremental-upload or --directory-markers".into());
         }
         if self.cache_block_size < 64 || self.cache_block_size > 64 * 1024 {
             return Err("--cache-block-size must be between 64 and 65536 KiB".into());

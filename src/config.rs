@@ -209,6 +209,7 @@ impl Args {
         config.read_only = self.read_only;
         config.allow_overwrite = self.allow_overwrite;
         config.allow_delete = self.allow_delete;
+        config.directory_markers = self.directory_markers;
         config.incremental_upload = self.incremental_upload;
         config.preserve_metadata = self.preserve_metadata;
         config.max_rename_objects = self.max_rename_objects;
@@ -382,6 +383,12 @@ mod tests {
         assert_eq!(o.max_rename_objects, 20);
         assert!(o.allow_delete);
         assert!(!o.preserve_metadata);
+        assert!(!o.directory_markers);
+        assert!(
+            args(&["-o", "directory-markers"])
+                .fs_config()
+                .directory_markers
+        );
         assert!(
             args(&["-o", "preserve-metadata"])
                 .fs_config()

@@ -616,3 +616,82 @@ fn python_zipfile_with_a_large_member_round_trips() {
     );
     assert_eq!(uploads.trim(), "[]");
 }
+
+fn sorted_names(dir: &std::path::Path) -> Vec<String> {
+    let mut names: Vec<String> = fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    names
+}
+
+/// `--directory-markers`: an empty directory made here lasts. mkdir writes `dir/`; a remount shows it, empty;
+/// a rename moves it, onto an empty directory too; rmdir deletes it; a directory emptied of its files stays.
+/// Without the flag an empty directory lasts only as long as the mount (Mountpoint's behaviour).
+#[test]
+fn directory_markers_keep_empty_directories_on_both_bucket_kinds() {
+    let emu = common::emulator();
+    for directory in [true, false] {
+        let bucket = fresh_bucket(directory, "markers");
+        let flags: &[&str] = &["--directory-markers", "--allow-delete"];
+        let mount = Mount::new(&bucket, flags);
+        let root = mount.path();
+        fs::create_dir_all(root.join("a/b/c")).unwrap();
+        fs::write(root.join("a/file"), b"x").unwrap();
+        for name in ["empty", "moved", "target", "gone"] {
+            fs::create_dir(root.join(name)).unwrap();
+        }
+        assert_eq!(errno_of(fs::create_dir(root.join("empty"))), libc::EEXIST);
+        fs::rename(root.join("moved"), root.join("renamed")).unwrap();
+        // Onto an empty directory that has its own marker: the two become one.
+        fs::rename(root.join("renamed"), root.join("target")).unwrap();
+        fs::remove_dir(root.join("gone")).unwrap();
+        assert_eq!(sorted_names(root), ["a", "empty", "target"]);
+        drop(mount);
+
+        for key in ["a/", "a/b/", "a/b/c/", "empty/", "target/"] {
+            assert_eq!(get(emu, &bucket, key), Some(vec![]), "{bucket}: {key}");
+        }
+        for key in ["moved/", "renamed/", "gone/"] {
+            assert_eq!(get(emu, &bucket, key), None, "{bucket}: {key}");
+        }
+        let again = Mount::new(&bucket, flags);
+        let root = again.path();
+        assert_eq!(sorted_names(root), ["a", "empty", "target"]);
+        assert_eq!(sorted_names(&root.join("a")), ["b", "file"]);
+        assert!(sorted_names(&root.join("a/b/c")).is_empty());
+        assert!(sorted_names(&root.join("empty")).is_empty());
+        fs::remove_file(root.join("a/file")).unwrap();
+        fs::remove_dir(root.join("a/b/c")).unwrap();
+        assert_eq!(get(emu, &bucket, "a/b/c/"), None);
+        drop(again);
+
+        let last = Mount::new(&bucket, flags);
+        assert_eq!(sorted_names(&last.path().join("a")), ["b"]);
+        assert!(sorted_names(&last.path().join("a/b")).is_empty());
+    }
+
+    let bucket = fresh_bucket(false, "nomarkers");
+    let mount = Mount::new(&bucket, &[]);
+    fs::create_dir(mount.path().join("d")).unwrap();
+    assert!(mount.path().join("d").is_dir());
+    drop(mount);
+    assert_eq!(get(emu, &bucket, "d/"), None);
+    let again = Mount::new(&bucket, &[]);
+    assert_eq!(errno_of(fs::metadata(again.path().join("d"))), libc::ENOENT);
+}
+
+/// Without --allow-delete, rmdir of a directory that has a marker is refused and the directory stays.
+#[test]
+fn rmdir_of_a_marked_directory_needs_allow_delete() {
+    let bucket = fresh_bucket(false, "markkeep");
+    let mount = Mount::new(&bucket, &["--directory-markers"]);
+    fs::create_dir(mount.path().join("d")).unwrap();
+    assert_eq!(
+        errno_of(fs::remove_dir(mount.path().join("d"))),
+        libc::EPERM
+    );
+    assert!(mount.path().join("d").is_dir());
+    assert_eq!(get(common::emulator(), &bucket, "d/"), Some(vec![]));
+}

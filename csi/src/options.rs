@@ -35,6 +35,9 @@ const OPTIONS: &[(&str, Kind, &str)] = &[
     ("read-only", Kind::Flag, "--read-only"),
     ("ro", Kind::Flag, "--read-only"),
     ("incremental-upload", Kind::Flag, "--incremental-upload"),
+    // expressfs's own, for writers that expect a local disk (SEMANTICS.md).
+    ("directory-markers", Kind::Flag, "--directory-markers"),
+    ("preserve-metadata", Kind::Flag, "--preserve-metadata"),
     ("infer-content-type", Kind::Flag, "--infer-content-type"),
     ("force-path-style", Kind::Flag, "--force-path-style"),
     ("region", Kind::Text, "--region"),
@@ -282,6 +285,13 @@ mod tests {
             cache_roots: vec!["/var/cache".into()],
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn expressfs_own_flags_pass() {
+        let plan = plan(&input("b", &["directory-markers", "--preserve-metadata"])).unwrap();
+        assert!(plan.args.iter().any(|a| a == "--directory-markers"));
+        assert!(plan.args.iter().any(|a| a == "--preserve-metadata"));
     }
 
     #[test]

@@ -57,6 +57,8 @@ pub struct FsConfig {
     pub read_only: bool,
     pub allow_overwrite: bool,
     pub allow_delete: bool,
+    /// mkdir writes a marker object (`dir/`), so an empty directory lasts (`--directory-markers`).
+    pub directory_markers: bool,
     pub incremental_upload: bool,
     /// Keep POSIX attributes in object metadata (`--preserve-metadata`, see `attrs`).
     pub preserve_metadata: bool,
@@ -95,6 +97,7 @@ impl FsConfig {
             read_only: false,
             allow_overwrite: false,
             allow_delete: false,
+            directory_markers: false,
             incremental_upload: false,
             preserve_metadata: false,
             max_rename_objects: 1000,

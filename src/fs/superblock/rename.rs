@@ -196,6 +196,7 @@ impl Superblock {
         if self.table().writing_under(&prefix) {
             return Err(FsError::Busy("a file in the directory is being written"));
         }
+        let mut target_marker = false;
         match self.resolve(to_dir, new_name, false).await? {
             Some((Kind::File | Kind::Symlink, _)) => return Err(FsError::NotADirectory),
             Some((Kind::Directory, _)) if no_replace => return Err(FsError::Exists),
@@ -205,6 +206,7 @@ impl Superblock {
                 if below.iter().any(|o| o.key != new_prefix) {
                     return Err(FsError::NotEmpty);
                 }
+                target_marker = !below.is_empty();
             }
             None => {}
         }
@@ -215,7 +217,14 @@ impl Superblock {
             return Err(FsError::NotEmpty);
         }
         let limit = self.config.max_rename_objects;
-        let objects = self.objects_under(&prefix, limit).await?;
+        let mut objects = self.objects_under(&prefix, limit).await?;
+        // The directory replaced keeps its marker, which now stands for the one moved: ours would not move
+        // onto it (a move never replaces an object), so it goes once the rest has moved.
+        let own_marker = objects.iter().position(|o| o.key == prefix);
+        let drop_marker = target_marker && own_marker.is_some();
+        if let Some(at) = own_marker.filter(|_| drop_marker) {
+            objects.swap_remove(at);
+        }
         // Checked before anything moves: a key that would be too long under the new name.
         for o in &objects {
             check_key(&format!("{new_prefix}{}", &o.key[prefix.len()..]))?;
@@ -235,6 +244,12 @@ impl Superblock {
             }
         }
         let repinned = self.move_all(&objects, &prefix, &new_prefix, pins).await?;
+        if drop_marker {
+            self.client
+                .delete_object(&prefix)
+                .await
+                .map_err(|e| FsError::client(&prefix, e))?;
+        }
         debug!(
             prefix,
             new_prefix,

@@ -442,6 +442,41 @@ async fn rmdir_of_a_directory_with_a_marker_object_deletes_the_marker() {
     }
 }
 
+/// `--directory-markers`: mkdir writes `dir/` before the directory shows; a failed PUT leaves no directory
+/// behind, and a marker another client wrote first makes it EEXIST.
+#[tokio::test]
+async fn mkdir_with_markers_writes_the_marker_first() {
+    for directory in [true, false] {
+        let mut c = config();
+        c.directory_markers = true;
+        let (fake, fs) = fs_with(&[], c, directory).await;
+        fs.sb.mkdir(ROOT_INO, "d").await.unwrap();
+        assert_eq!(fake.object("d/").as_deref(), Some(&b""[..]));
+
+        fake.faults()
+            .fail_next(Op::Put, 1, crate::s3::fake::transient());
+        assert!(fs.sb.mkdir(ROOT_INO, "failed").await.is_err());
+        assert!(fake.object("failed/").is_none());
+        assert!(matches!(
+            fs.sb.lookup(ROOT_INO, "failed").await,
+            Err(FsError::NotFound)
+        ));
+
+        // Made by another client between our lookup and our PUT.
+        fake.faults().fail_next(
+            Op::Put,
+            1,
+            crate::s3::ClientError::PreconditionFailed {
+                key: "raced/".into(),
+            },
+        );
+        assert!(matches!(
+            fs.sb.mkdir(ROOT_INO, "raced").await,
+            Err(FsError::Exists)
+        ));
+    }
+}
+
 /// A name whose key would pass S3's 1,024 bytes is refused when it is made (ENAMETOOLONG), not at close.
 #[tokio::test]
 async fn a_key_past_the_limit_is_refused_when_the_name_is_made() {
