@@ -472,3 +472,30 @@ fn a_listing_does_not_move_an_mtime() {
         }
     }
 }
+
+/// `--incremental-upload` on a directory bucket: a file opened for appending keeps a chmod and a time set
+/// through its descriptor, whether or not anything was appended (with nothing appended they were dropped).
+#[test]
+fn an_append_handle_keeps_chmod_and_times() {
+    let bucket = fresh_bucket(true, "appendattrs");
+    let flags: &[&str] = &["--preserve-metadata", "--incremental-upload"];
+    let mount = Mount::new(&bucket, flags);
+    for (name, appended) in [("idle", b"" as &[u8]), ("appended", b"more\n")] {
+        let path = mount.path().join(name);
+        fs::write(&path, b"hello\n").unwrap();
+        let mut f = OpenOptions::new().append(true).open(&path).unwrap();
+        f.write_all(appended).unwrap();
+        f.set_permissions(fs::Permissions::from_mode(0o600)).unwrap();
+        f.set_times(FileTimes::new().set_modified(explicit())).unwrap();
+        drop(f);
+    }
+    drop(mount);
+    let again = Mount::new(&bucket, flags);
+    for (name, content) in [("idle", "hello\n"), ("appended", "hello\nmore\n")] {
+        let path = again.path().join(name);
+        let meta = fs::metadata(&path).unwrap();
+        assert_eq!(meta.mode() & 0o7777, 0o600, "{name}");
+        assert_eq!(meta.modified().unwrap(), explicit(), "{name}");
+        assert_eq!(fs::read_to_string(&path).unwrap(), content);
+    }
+}

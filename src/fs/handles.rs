@@ -31,7 +31,7 @@ use super::write::{Writer, WriterOptions};
 use super::{
     Attr, DirEntry, FsError, FsResult, KernelNotice, OpenMode, Opened, S3Filesystem, names, preload,
 };
-use crate::s3::WriteCondition;
+use crate::s3::{PutResult, WriteCondition};
 use staging::SharedStaged;
 pub use staging::StagedFiles;
 
@@ -727,7 +727,10 @@ impl S3Filesystem {
             Writer::append(
                 Arc::clone(&self.client),
                 node.key().to_string(),
-                info.size,
+                PutResult {
+                    etag: info.etag,
+                    size: Some(info.size),
+                },
                 self.writer_options(
                     WriteCondition::None,
                     StoredAttrs::from_metadata(&info.metadata),

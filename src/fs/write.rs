@@ -138,18 +138,21 @@ impl Writer {
         }
     }
 
-    /// Appends to an existing object of `size` bytes (directory buckets).
+    /// Appends to the existing object `base` (directory buckets). An append leaves the object's metadata as
+    /// it was: attributes changed while open follow by a metadata copy of the last version, `base` until
+    /// something is appended.
     pub fn append(
         client: Arc<dyn ObjectClient>,
         key: String,
-        size: u64,
+        base: PutResult,
         options: WriterOptions,
     ) -> Writer {
+        let size = base.size.unwrap_or_default();
         let mut w = Writer::new(client, key, options);
         w.mode = Mode::Append { offset: size };
         w.size = size;
         w.dirty = false;
-        w.attrs_late = w.attrs.is_some();
+        w.uploaded = Some(Box::new(base));
         w
     }
 
@@ -654,7 +657,7 @@ impl Writer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::s3::fake::FakeClient;
+    use crate::s3::fake::{FakeClient, Op};
 
     fn opts(staging: Option<PathBuf>) -> WriterOptions {
         WriterOptions {
@@ -937,13 +940,27 @@ mod tests {
         fake.put_object("log", Bytes::from_static(b"one "), WriteCondition::None)
             .await
             .unwrap();
-        let mut w = Writer::append(fake.clone(), "log".into(), 4, opts(None));
+        let mut w = Writer::append(
+            fake.clone(),
+            "log".into(),
+            base(&fake, "log").await,
+            opts(None),
+        );
         w.write(4, b"two ").await.unwrap();
         w.commit().await.unwrap();
         assert_eq!(&fake.object("log").unwrap()[..], b"one two ");
         w.write(8, b"three").await.unwrap();
         w.commit().await.unwrap();
         assert_eq!(&fake.object("log").unwrap()[..], b"one two three");
+    }
+
+    /// What an open for appending finds: the object as it is.
+    async fn base(fake: &FakeClient, key: &str) -> PutResult {
+        let info = fake.head_object(key).await.unwrap();
+        PutResult {
+            etag: info.etag,
+            size: Some(info.size),
+        }
     }
 
     async fn stored_attrs(fake: &FakeClient, key: &str) -> StoredAttrs {
@@ -986,12 +1003,76 @@ mod tests {
         fake.put_object("log", Bytes::from_static(b"one "), WriteCondition::None)
             .await
             .unwrap();
-        let mut w = Writer::append(fake.clone(), "log".into(), 4, dated());
+        let mut w = Writer::append(
+            fake.clone(),
+            "log".into(),
+            base(&fake, "log").await,
+            dated(),
+        );
         w.write(4, b"two").await.unwrap();
         w.commit().await.unwrap();
         let stored = stored_attrs(&fake, "log").await;
         assert!(stored.mtime.is_some_and(|t| t >= before), "{stored:?}");
         assert_eq!(stored.mtime, w.mtime());
+    }
+
+    /// Opened for appending (`--incremental-upload`) with `--preserve-metadata`: a chmod with nothing appended
+    /// is kept by a metadata copy of the version opened (it was dropped); an open that changes nothing sends no
+    /// copy; a version replaced meanwhile is not given our attributes.
+    #[tokio::test]
+    async fn an_append_handle_keeps_a_chmod_without_an_append() {
+        let fake = Arc::new(FakeClient::new("b", true));
+        let dated = || WriterOptions {
+            attrs: Some(StoredAttrs::default()),
+            ..opts(None)
+        };
+        fake.put_object("log", Bytes::from_static(b"one "), WriteCondition::None)
+            .await
+            .unwrap();
+        let mut idle = Writer::append(
+            fake.clone(),
+            "log".into(),
+            base(&fake, "log").await,
+            dated(),
+        );
+        idle.commit().await.unwrap();
+        assert_eq!(fake.count(Op::Copy), 0);
+
+        let mut w = Writer::append(
+            fake.clone(),
+            "log".into(),
+            base(&fake, "log").await,
+            dated(),
+        );
+        w.set_attrs(StoredAttrs {
+            mode: Some(libc::S_IFREG | 0o600),
+            ..StoredAttrs::default()
+        });
+        w.commit().await.unwrap();
+        assert_eq!(
+            stored_attrs(&fake, "log").await.mode,
+            Some(libc::S_IFREG | 0o600)
+        );
+        assert_eq!(&fake.object("log").unwrap()[..], b"one ");
+        // Sent once: the close after it sends nothing more.
+        w.commit().await.unwrap();
+        assert_eq!(fake.count(Op::Copy), 1);
+
+        let mut w = Writer::append(
+            fake.clone(),
+            "log".into(),
+            base(&fake, "log").await,
+            dated(),
+        );
+        fake.put_object("log", Bytes::from_static(b"theirs"), WriteCondition::None)
+            .await
+            .unwrap();
+        w.set_attrs(StoredAttrs {
+            mode: Some(libc::S_IFREG | 0o640),
+            ..StoredAttrs::default()
+        });
+        assert!(w.commit().await.is_err());
+        assert_eq!(stored_attrs(&fake, "log").await.mode, None);
     }
 
     /// A file streamed in parts carries the time its upload started (writes after that send no metadata
