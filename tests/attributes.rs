@@ -485,8 +485,10 @@ fn an_append_handle_keeps_chmod_and_times() {
         fs::write(&path, b"hello\n").unwrap();
         let mut f = OpenOptions::new().append(true).open(&path).unwrap();
         f.write_all(appended).unwrap();
-        f.set_permissions(fs::Permissions::from_mode(0o600)).unwrap();
-        f.set_times(FileTimes::new().set_modified(explicit())).unwrap();
+        f.set_permissions(fs::Permissions::from_mode(0o600))
+            .unwrap();
+        f.set_times(FileTimes::new().set_modified(explicit()))
+            .unwrap();
         drop(f);
     }
     drop(mount);

@@ -317,11 +317,14 @@ impl S3Filesystem {
                             let put = w.commit().await?;
                             let expires = self.sb.expiry();
                             if let (Some(put), Some(n)) = (put, self.sb.table().get_mut(ino)) {
-                                n.record_upload(w.size(), put.etag);
+                                n.record_upload(w.size(), put.etag.clone());
                                 if let Some(attrs) = w.attrs() {
                                     n.overlay_attrs(attrs);
                                 }
                                 n.trust_until(expires);
+                                if let Some(metadata) = w.stored_metadata() {
+                                    n.remember_own_metadata(&put.etag, metadata);
+                                }
                             }
                         }
                     }
@@ -1016,13 +1019,16 @@ impl S3Filesystem {
         let expires = self.sb.expiry();
         if let Some(node) = table.get_mut(ino) {
             if let Some(put) = result {
-                node.record_upload(w.size(), put.etag);
+                node.record_upload(w.size(), put.etag.clone());
                 // What chmod/utimens set while open rode on this upload (or its metadata copy): stat keeps
                 // showing it, as after a staged file's upload.
                 if let Some(attrs) = w.attrs() {
                     node.overlay_attrs(attrs);
                 }
                 node.trust_until(expires);
+                if let Some(metadata) = w.stored_metadata() {
+                    node.remember_own_metadata(&put.etag, metadata);
+                }
             }
             // Once everything written is uploaded, the file is no longer busy for readers, rename or unlink.
             if !w.is_dirty() {
@@ -1104,6 +1110,11 @@ impl S3Filesystem {
         }
         let uploaded = result.as_ref().ok().and_then(Option::as_ref);
         self.writer_gone(ino, counted, uploaded, w.size(), w.attrs());
+        if let (Some(put), Some(metadata)) = (uploaded, w.stored_metadata())
+            && let Some(node) = self.sb.table().get_mut(ino)
+        {
+            node.remember_own_metadata(&put.etag, metadata);
+        }
         result.map(|_| ())
     }
 

@@ -249,6 +249,44 @@ async fn new_files_carry_their_creator_and_the_attributes_set_while_open() {
     }
 }
 
+/// rsync's temporary file: written, closed, then utimens and chmod by name. The upload wrote the object's
+/// whole metadata, so neither change needs a HEAD first; each is one metadata copy, and what they store
+/// keeps the attributes the upload carried.
+#[tokio::test]
+async fn attributes_set_after_our_own_upload_need_no_head() {
+    for directory in [true, false] {
+        let (fake, fs) = fs_with(&[], preserving(), directory).await;
+        let owner = StoredAttrs {
+            mode: Some(0o100_600),
+            uid: Some(5),
+            gid: Some(6),
+            ..StoredAttrs::default()
+        };
+        let (attr, fh) = fs.create_as(ROOT_INO, ".f.tmp", 0, owner).await.unwrap();
+        fs.write(fh, 0, b"abc").await.unwrap();
+        fs.flush(fh, 0).await.unwrap();
+        fs.release(fh).await.unwrap();
+        let counts = fake.counts();
+        fs.setattr(
+            attr.ino,
+            None,
+            None,
+            change(None, None, Some(1_400_000_000)),
+        )
+        .await
+        .unwrap();
+        fs.setattr(attr.ino, None, None, change(Some(0o100_644), None, None))
+            .await
+            .unwrap();
+        let used = fake.counts().since(&counts);
+        assert_eq!((used.get(Op::Head), used.get(Op::Copy)), (0, 2));
+        let stored = fake.head_object(".f.tmp").await.unwrap().metadata;
+        assert_eq!(stored["mode"], (0o100_644).to_string());
+        assert_eq!((stored["uid"].as_str(), stored["gid"].as_str()), ("5", "6"));
+        assert_eq!(stored["mtime"], "1400000000");
+    }
+}
+
 #[tokio::test]
 async fn a_new_file_without_explicit_times_stores_its_upload_time() {
     let (fake, fs) = fs_with(&[], preserving(), false).await;

@@ -32,6 +32,23 @@ impl Writer {
         }
     }
 
+    /// The whole user metadata of the version this writer uploaded last, when the writer wrote all of it:
+    /// a new file, or one rewritten with `O_TRUNC`, carries our attributes and nothing else, so a chmod or
+    /// utimens right after it (rsync's, on its temporary file) needs no HEAD to learn them. None without
+    /// `--preserve-metadata`, with bytes or attributes not sent yet, and for appends (the object keeps the
+    /// metadata it had).
+    pub fn stored_metadata(&self) -> Option<UserMetadata> {
+        let sent = matches!(self.mode, Mode::Stream)
+            && self.uploaded.is_some()
+            && !self.dirty
+            && !self.attrs_late
+            && !self.discarded;
+        let attrs = self.attrs.as_deref().filter(|_| sent)?;
+        let mut metadata = UserMetadata::new();
+        attrs.write_into(&mut metadata);
+        Some(metadata)
+    }
+
     /// With `--preserve-metadata`, the mtime the upload is to carry, once known: stat shows it meanwhile.
     pub fn mtime(&self) -> Option<SystemTime> {
         self.attrs.as_deref().and_then(|a| a.mtime)
