@@ -684,7 +684,7 @@ fn directory_markers_keep_empty_directories_on_both_bucket_kinds() {
 
 /// Without --allow-delete, rmdir of a directory that has a marker is refused and the directory stays.
 #[test]
-fn rmdir_of_a_marked_directory_needs_allow_delete() {
+fn rmdir_of_a_directory_marker_needs_allow_delete() {
     let bucket = fresh_bucket(false, "markkeep");
     let mount = Mount::new(&bucket, &["--directory-markers"]);
     fs::create_dir(mount.path().join("d")).unwrap();

@@ -543,6 +543,12 @@ pub fn rename_object(state: &Arc<State>, ctx: &Ctx) -> Answer {
         .decode_utf8_lossy()
         .into_owned();
     validate_key(&source)?;
+    // As the service documents: RenameObject does not move an object whose key ends in the delimiter.
+    if source.ends_with('/') || ctx.key.ends_with('/') {
+        return Err(S3Error::invalid_request(
+            "RenameObject does not support keys that end with the delimiter '/'",
+        ));
+    }
     let replaced = {
         let mut buckets = state.store.buckets();
         let b = buckets

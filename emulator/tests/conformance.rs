@@ -646,6 +646,16 @@ async fn rename_object() {
     expect(r, (412, ""), "rename onto existing");
     assert_eq!(get(&c, DIR, "b/dst").await, b"source bytes");
     assert_eq!(get(&c, DIR, "a/other").await, b"other");
+
+    // Not an object whose key ends in the delimiter (a directory marker), as the service documents.
+    put(&c, DIR, "m/", Vec::new()).await;
+    let r = c.rename_object().bucket(DIR).key("n/").rename_source("/m/");
+    expect(
+        r.send().await,
+        (400, "InvalidRequest"),
+        "rename of a marker",
+    );
+    assert_eq!(get(&c, DIR, "m/").await, b"");
 }
 
 /// Deterministic content: MiB number `m` of the object is a 1 MiB window into a fixed pseudo-random

@@ -33,7 +33,7 @@ impl Kind {
 
 /// What the bucket's Last-Modified would say now: whole seconds, as S3 keeps it. A file written here shows
 /// this until a HEAD or a listing brings the bucket's own; with the sub-second part, its mtime would move then.
-fn last_modified_now() -> SystemTime {
+pub(crate) fn last_modified_now() -> SystemTime {
     crate::s3::whole_seconds(SystemTime::now())
 }
 

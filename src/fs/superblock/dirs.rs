@@ -32,8 +32,12 @@ impl Superblock {
         {
             return Err(FsError::Exists);
         }
-        if self.config.directory_markers {
-            self.write_marker(parent, &prefix).await?;
+        if self.config.directory_markers
+            && let Err(e) = self.write_marker(parent, &prefix).await
+        {
+            // Made or not, the name is no longer known to be missing.
+            self.negative.forget(parent, name);
+            return Err(e);
         }
         let mut table = self.table();
         let ino = table.upsert(

@@ -82,7 +82,7 @@ impl Superblock {
         debug!(key, target, "link written");
         let stat = Stat {
             size: target.len() as u64,
-            mtime: std::time::SystemTime::now(),
+            mtime: crate::fs::inode::last_modified_now(),
             etag: Some(put.etag.clone()),
             attrs: None,
         };

@@ -15,6 +15,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use bytes::Bytes;
 use tokio::task::JoinSet;
 use tracing::{debug, warn};
 
@@ -218,14 +219,8 @@ impl Superblock {
         }
         let limit = self.config.max_rename_objects;
         let mut objects = self.objects_under(&prefix, limit).await?;
-        // The directory replaced keeps its marker, which now stands for the one moved: ours would not move
-        // onto it (a move never replaces an object), so it goes once the rest has moved.
-        let own_marker = objects.iter().position(|o| o.key == prefix);
-        let drop_marker = target_marker && own_marker.is_some();
-        if let Some(at) = own_marker.filter(|_| drop_marker) {
-            objects.swap_remove(at);
-        }
-        // Checked before anything moves: a key that would be too long under the new name.
+        // Checked before anything moves: a key that would be too long under the new name. (And before the
+        // marker below leaves the list: its length is what says the listing stopped short.)
         for o in &objects {
             check_key(&format!("{new_prefix}{}", &o.key[prefix.len()..]))?;
         }
@@ -242,29 +237,42 @@ impl Superblock {
             for o in &objects {
                 refuse_past_copy_limit(&o.key, o.size)?;
             }
+        } else if objects.iter().any(|o| o.key.ends_with('/') && o.size > 0) {
+            // Markers move by being made anew (`move_marker`), which only an empty one can be.
+            return Err(FsError::CrossDevice(
+                "an object whose key ends in '/' holds bytes: RenameObject cannot move it",
+            ));
+        }
+        // The directory replaced keeps its marker, which now stands for the one moved: ours would not move
+        // onto it (a move never replaces an object), so it goes once the rest has moved.
+        let own_marker = objects.iter().position(|o| o.key == prefix);
+        let drop_marker = target_marker && own_marker.is_some();
+        if let Some(at) = own_marker.filter(|_| drop_marker) {
+            objects.swap_remove(at);
         }
         let repinned = self.move_all(&objects, &prefix, &new_prefix, pins).await?;
-        if drop_marker {
-            self.client
-                .delete_object(&prefix)
-                .await
-                .map_err(|e| FsError::client(&prefix, e))?;
-        }
         debug!(
             prefix,
             new_prefix,
             objects = objects.len(),
             "directory renamed"
         );
-        let mut table = self.table();
-        if let Some(moved) = &node {
-            table.rename(from_dir.ino(), name, to_dir.ino(), new_name);
-            table.move_keys_under(&prefix, &new_prefix);
-            // Listed before the move, under the old prefix: asked about again.
-            table.doubt_names(moved.ino());
-        } else {
-            table.detach(to_dir.ino(), new_name);
-            table.doubt_names(to_dir.ino());
+        {
+            let mut table = self.table();
+            if let Some(moved) = &node {
+                table.rename(from_dir.ino(), name, to_dir.ino(), new_name);
+                table.move_keys_under(&prefix, &new_prefix);
+                // Listed before the move, under the old prefix: asked about again.
+                table.doubt_names(moved.ino());
+            } else {
+                table.detach(to_dir.ino(), new_name);
+                table.doubt_names(to_dir.ino());
+            }
+        }
+        // Everything moved: a marker left behind only brings back an empty directory under the old name.
+        if drop_marker && let Err(e) = self.client.delete_object(&prefix).await {
+            warn!(prefix, error = %e, "directory renamed, but its old marker object was not deleted");
+            self.table().doubt_names(from_dir.ino());
         }
         Ok(repinned)
     }
@@ -351,6 +359,9 @@ async fn move_object(
     condition: WriteCondition,
 ) -> FsResult<Option<String>> {
     let to_fs = |e: ClientError| FsError::client(destination, e);
+    if client.is_directory_bucket() && key.ends_with('/') {
+        return move_marker(client, key, destination, condition).await;
+    }
     if client.is_directory_bucket() {
         return client
             .rename_object(key, destination, condition)
@@ -377,6 +388,25 @@ async fn move_object(
         FsError::client(key, e)
     })?;
     Ok(copied)
+}
+
+/// A directory bucket's RenameObject does not take keys that end in the delimiter, so a directory marker
+/// (`dir/`, an empty object) is made anew under its new name, then deleted under the old one.
+async fn move_marker(
+    client: &dyn ObjectClient,
+    key: &str,
+    destination: &str,
+    condition: WriteCondition,
+) -> FsResult<Option<String>> {
+    client
+        .put_object(destination, Bytes::new(), condition)
+        .await
+        .map_err(|e| FsError::client(destination, e))?;
+    client.delete_object(key).await.map_err(|e| {
+        warn!(key, destination, error = %e, "marker made anew but not deleted: the directory is under both names");
+        FsError::client(key, e)
+    })?;
+    Ok(None)
 }
 
 impl Superblock {

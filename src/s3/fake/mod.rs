@@ -377,6 +377,12 @@ impl FakeClient {
         if !self.directory {
             return Err(ClientError::NotSupported("rename".into()));
         }
+        // The service's RenameObject does not move keys that end in the delimiter (directory markers).
+        if source_key.ends_with('/') || destination_key.ends_with('/') {
+            return Err(ClientError::NotSupported(
+                "rename of a key ending in '/'".into(),
+            ));
+        }
         let mut state = self.state();
         // The source is checked first; every failure names the source key, as the SDK client reports it,
         // except a refused destination precondition.

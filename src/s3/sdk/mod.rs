@@ -823,13 +823,24 @@ mod tests {
     #[test]
     fn list_pages_map_and_check_truncation() {
         let out = ListObjectsV2Output::builder()
-            .contents(Object::builder().key("a/b").size(3).e_tag("\"e\"").build())
+            .contents(
+                Object::builder()
+                    .key("a/b")
+                    .size(3)
+                    .e_tag("\"e\"")
+                    .last_modified(aws_smithy_types::DateTime::from_millis(1_795_680_001_500))
+                    .build(),
+            )
             .common_prefixes(CommonPrefix::builder().prefix("a/c/").build())
             .is_truncated(true)
             .next_continuation_token("tok")
             .build();
         let page = list_page(out).unwrap();
         assert_eq!(page.objects.len(), 1);
+        // Whole seconds, as a HEAD of the same object says (`s3::whole_seconds`).
+        let listed = page.objects[0].last_modified;
+        let at = listed.duration_since(std::time::UNIX_EPOCH).unwrap();
+        assert_eq!(at.as_millis(), 1_795_680_001_000);
         assert_eq!(page.objects[0].key, "a/b");
         assert_eq!(page.objects[0].size, 3);
         assert_eq!(page.common_prefixes, vec!["a/c/".to_string()]);
