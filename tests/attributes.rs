@@ -430,6 +430,11 @@ fn a_listing_does_not_move_an_mtime() {
         let ttl: &[&str] = &["--metadata-ttl", "1"];
         let mount = Mount::new(&bucket, ttl);
         let file = mount.path().join("a.txt");
+        let dir = mount.path().join("d");
+        fs::create_dir(&dir).unwrap();
+        fs::write(dir.join("in"), b"x").unwrap();
+        // A directory has no time in the bucket: it shows the mount's start, whoever sees it again.
+        let dir_time = shown_mtime(&dir);
         fs::write(&file, b"hello").unwrap();
         // Before the bucket dates it, the file shows the time of its upload as the bucket keeps times, in
         // whole seconds; the bucket's own Last-Modified may be the next second when the PUT crossed one.
@@ -447,13 +452,18 @@ fn a_listing_does_not_move_an_mtime() {
         ] {
             std::thread::sleep(Duration::from_millis(1_200));
             if step.contains("listing") {
-                assert_eq!(fs::read_dir(mount.path()).unwrap().count(), 1);
+                assert_eq!(fs::read_dir(mount.path()).unwrap().count(), 2);
             }
             seen.push((step, shown_mtime(&file)));
+            assert_eq!(
+                shown_mtime(&dir),
+                dir_time,
+                "{bucket}: the directory's mtime {step}"
+            );
         }
         drop(mount);
         let again = Mount::new(&bucket, ttl);
-        assert_eq!(fs::read_dir(again.path()).unwrap().count(), 1);
+        assert_eq!(fs::read_dir(again.path()).unwrap().count(), 2);
         seen.push((
             "listed after a remount",
             shown_mtime(&again.path().join("a.txt")),

@@ -70,10 +70,14 @@ impl Stat {
         }
     }
 
+    /// A bucket keeps no times for a directory: every directory shows the time the mount started (as with
+    /// Mountpoint), so its mtime does not move each time a listing or a lookup sees it again (`rsync -a`
+    /// from the mount would set every directory's time on each run).
     pub fn directory() -> Stat {
+        static MOUNTED_AT: std::sync::OnceLock<SystemTime> = std::sync::OnceLock::new();
         Stat {
             size: 0,
-            mtime: SystemTime::now(),
+            mtime: *MOUNTED_AT.get_or_init(last_modified_now),
             etag: None,
             attrs: None,
         }
