@@ -245,20 +245,25 @@ impl Superblock {
     /// made or listed under it since; rsync looks each name up just before it creates or renames onto it):
     /// only whether a directory appeared there meanwhile, which would hide the file. An object that appeared
     /// meanwhile is left to the upload's or the move's own condition (If-None-Match, unless
-    /// `--allow-overwrite` lets it replace what it would replace a moment later anyway). `None`: no such
-    /// lookup, ask everything.
+    /// `--allow-overwrite` lets it replace what it would replace a moment later anyway). In a directory that
+    /// knows every name it holds ([`InodeTable::known_missing`]) nothing is asked: its listing (or its mkdir)
+    /// vouches for directories too, as it does for its lookups. `None`: no such lookup, ask everything.
     pub async fn resolve_new_file(
         &self,
         parent: &Node,
         name: &str,
     ) -> FsResult<Option<Option<(Kind, Stat)>>> {
         let now = Instant::now();
-        let known_missing = {
+        let (every_name_known, known_missing) = {
             let table = self.table();
-            table.known_missing(parent.ino(), name, now)
-                || (table.child(parent.ino(), name).is_none()
-                    && self.negative.is_missing(parent.ino(), name, now))
+            let every_name_known = table.known_missing(parent.ino(), name, now);
+            let looked_up = table.child(parent.ino(), name).is_none()
+                && self.negative.is_missing(parent.ino(), name, now);
+            (every_name_known, every_name_known || looked_up)
         };
+        if every_name_known {
+            return Ok(Some(None));
+        }
         if !known_missing {
             return Ok(None);
         }
