@@ -12,6 +12,10 @@ use crate::s3::UserMetadata;
 
 pub const ROOT_INO: u64 = 1;
 
+/// Names a directory remembers letting go of (for [`InodeTable::accounts_for`]): enough for the changes a
+/// listing of a busy directory overlaps (rsync makes and renames a file every few milliseconds).
+const LET_GO_KEPT: usize = 64;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
     File,
@@ -127,6 +131,10 @@ pub struct Node {
     /// When the table last let go of a name under this directory that the bucket may still hold: a listing
     /// sent before then cannot vouch for every name.
     names_doubted_at: Option<Instant>,
+    /// Directories: the names the table let go of lately, and when (see [`InodeTable::accounts_for`]); the
+    /// time of the newest one no longer kept.
+    let_go: Vec<(String, Instant)>,
+    let_go_forgotten_at: Option<Instant>,
     /// The whole user metadata of our own last metadata copy, with the ETag it got and the `stat_at` it set:
     /// while nothing newer was learnt or uploaded since, the next chmod/utimens needs no HEAD to learn it.
     /// (An ETag alone does not tell: a general-purpose bucket gives the same bytes the same ETag.)
@@ -154,6 +162,8 @@ impl Node {
             link_target: None,
             every_name_known_until: None,
             names_doubted_at: None,
+            let_go: Vec::new(),
+            let_go_forgotten_at: None,
             own_metadata: None,
         }
     }
@@ -464,6 +474,7 @@ impl InodeTable {
     /// cannot say so calls [`Self::doubt_names`] too.
     pub fn detach(&mut self, parent: u64, name: &str) -> Option<u64> {
         let ino = self.children.remove(&(parent, name.to_string()))?;
+        self.let_go(parent, name);
         if self
             .nodes
             .get(&ino)
@@ -536,6 +547,41 @@ impl InodeTable {
                 .is_some_and(|until| until > now)
     }
 
+    /// The name `dir/name` left the table now (deleted, moved away, found missing, replaced).
+    fn let_go(&mut self, dir: u64, name: &str) {
+        let Some(d) = self.nodes.get_mut(&dir) else {
+            return;
+        };
+        if d.let_go.len() >= LET_GO_KEPT {
+            let (_, at) = d.let_go.remove(0);
+            d.let_go_forgotten_at = Some(at);
+        }
+        d.let_go.push((name.to_string(), Instant::now()));
+    }
+
+    /// Whether a listing of `dir` sent at `asked`, overtaken by our own changes there, still shows nothing
+    /// the table does not account for: each name it found is in the table, or left it after `asked`. Then
+    /// every name the directory holds is in the table (ours made since are there already), as an applied
+    /// listing would say, although its entries are not taken.
+    pub fn accounts_for<'a>(
+        &self,
+        dir: u64,
+        mut listed: impl Iterator<Item = &'a str>,
+        asked: Instant,
+    ) -> bool {
+        let Some(d) = self.nodes.get(&dir) else {
+            return false;
+        };
+        // A name let go after `asked` may have been dropped from what is kept: then nothing can be said.
+        if d.let_go_forgotten_at.is_some_and(|at| at >= asked) {
+            return false;
+        }
+        listed.all(|name| {
+            self.children.contains_key(&(dir, name.to_string()))
+                || d.let_go.iter().any(|(n, at)| n == name && *at >= asked)
+        })
+    }
+
     /// A name under `dir` left the table while the bucket may still hold it.
     pub fn doubt_names(&mut self, dir: u64) {
         if let Some(n) = self.nodes.get_mut(&dir) {
@@ -568,6 +614,7 @@ impl InodeTable {
             self.doubt_names(new_parent);
             return;
         };
+        self.let_go(parent, name);
         self.detach(new_parent, new_name);
         let parent_key = self
             .nodes
@@ -648,6 +695,36 @@ mod tests {
         assert_eq!(t.get(l).unwrap().key, "pre/a/y.rclonelink");
         t.rename(d, "y", ROOT_INO, "z");
         assert_eq!(t.get(l).unwrap().key, "pre/z.rclonelink");
+    }
+
+    /// A listing overtaken by our own changes vouches for every name when each name it shows is in the table
+    /// or was let go of after it was sent; never for a name another client made, nor past what is kept.
+    #[test]
+    fn a_listing_overtaken_by_our_changes_accounts_for_the_names_we_let_go_of() {
+        let mut t = InodeTable::new("");
+        let d = t.add(ROOT_INO, "d", Kind::Directory, later());
+        t.add(d, "kept", Kind::File, later());
+        t.add(d, "old", Kind::File, later());
+        t.detach(d, "old");
+        let asked = Instant::now();
+        t.add(d, ".tmp", Kind::File, later());
+        t.rename(d, ".tmp", d, "new");
+        assert!(t.accounts_for(d, ["kept", ".tmp"].into_iter(), asked));
+        assert!(t.accounts_for(d, ["kept", "new"].into_iter(), asked));
+        assert!(!t.accounts_for(d, ["kept", "theirs"].into_iter(), asked));
+        assert!(
+            !t.accounts_for(d, ["old"].into_iter(), asked),
+            "let go of before the listing"
+        );
+        for i in 0..LET_GO_KEPT {
+            let name = format!("f{i}");
+            t.add(d, &name, Kind::File, later());
+            t.detach(d, &name);
+        }
+        assert!(
+            !t.accounts_for(d, ["kept"].into_iter(), asked),
+            "names let go of since were dropped"
+        );
     }
 
     #[test]

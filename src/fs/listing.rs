@@ -135,6 +135,10 @@ pub enum Listed {
     Applied { pages: u32 },
     /// More than [`STORM_MAX_PAGES`] pages.
     TooBig,
+    /// Our own changes overtook it, but it showed nothing the table does not account for
+    /// ([`crate::fs::inode::InodeTable::accounts_for`]): the directory knows every name it holds again. Its
+    /// entries were not taken, so it says nothing of the names it found.
+    Renewed { pages: u32 },
     /// It failed, or one of our changes overtook it.
     NotApplied,
 }
@@ -286,7 +290,7 @@ impl Storms {
         if let Some(landing) = s.landing.take() {
             landing.send_replace(Some(outcome));
         }
-        if let Listed::Applied { pages } = outcome {
+        if let Listed::Applied { pages } | Listed::Renewed { pages } = outcome {
             let took = now.duration_since(s.started);
             self.applied(s, now, pages, took);
             return;

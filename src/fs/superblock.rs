@@ -674,6 +674,20 @@ impl Superblock {
                         }
                         debug!(key = dir.key(), pages, "listed after a storm of lookups");
                         listing::Listed::Applied { pages }
+                    } else if !known_for.is_zero()
+                        && !shadowed
+                        && table.get(dir.ino()).is_some_and(|d| d.key() == dir.key())
+                        && table.accounts_for(dir.ino(), found.keys().map(String::as_str), asked)
+                    {
+                        // Overtaken by our own changes (rsync's, one after the other): the entries are not
+                        // taken, but the directory knows every name it holds again.
+                        table.know_every_name(dir.ino(), asked, asked + known_for);
+                        let pages = pages_of(&found);
+                        debug!(
+                            key = dir.key(),
+                            pages, "listed after a storm of lookups, overtaken by our changes"
+                        );
+                        listing::Listed::Renewed { pages }
                     } else {
                         listing::Listed::NotApplied
                     }
