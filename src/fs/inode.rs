@@ -3,7 +3,7 @@
 //! A node is identified by (parent, name, kind). Looking the same name up again reuses its number while
 //! the kind stays the same; when a name changes kind (a file replaced by a directory), it gets a new number.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::time::{Instant, SystemTime};
 
 use super::attrs::StoredAttrs;
@@ -133,7 +133,7 @@ pub struct Node {
     names_doubted_at: Option<Instant>,
     /// Directories: the names the table let go of lately, and when (see [`InodeTable::accounts_for`]); the
     /// time of the newest one no longer kept.
-    let_go: Vec<(String, Instant)>,
+    let_go: VecDeque<(String, Instant)>,
     let_go_forgotten_at: Option<Instant>,
     /// The whole user metadata of our own last metadata copy, with the ETag it got and the `stat_at` it set:
     /// while nothing newer was learnt or uploaded since, the next chmod/utimens needs no HEAD to learn it.
@@ -162,7 +162,7 @@ impl Node {
             link_target: None,
             every_name_known_until: None,
             names_doubted_at: None,
-            let_go: Vec::new(),
+            let_go: VecDeque::new(),
             let_go_forgotten_at: None,
             own_metadata: None,
         }
@@ -552,11 +552,12 @@ impl InodeTable {
         let Some(d) = self.nodes.get_mut(&dir) else {
             return;
         };
-        if d.let_go.len() >= LET_GO_KEPT {
-            let (_, at) = d.let_go.remove(0);
+        if d.let_go.len() >= LET_GO_KEPT
+            && let Some((_, at)) = d.let_go.pop_front()
+        {
             d.let_go_forgotten_at = Some(at);
         }
-        d.let_go.push((name.to_string(), Instant::now()));
+        d.let_go.push_back((name.to_string(), Instant::now()));
     }
 
     /// Whether a listing of `dir` sent at `asked`, overtaken by our own changes there, still shows nothing
