@@ -26,7 +26,7 @@ use tracing::debug;
 use super::attrs::StoredAttrs;
 use super::inode::{Kind, Node, Stat};
 use super::read::Reader;
-use super::superblock::{check_key, check_name};
+use super::superblock::{New, check_key, check_name};
 use super::write::{Writer, WriterOptions};
 use super::{
     Attr, DirEntry, FsError, FsResult, KernelNotice, OpenMode, Opened, S3Filesystem, names, preload,
@@ -819,7 +819,11 @@ impl S3Filesystem {
         {
             return Err(FsError::Exists);
         }
-        let condition = match self.sb.resolve_file_or_dir(&parent_node, name).await? {
+        let condition = match self
+            .sb
+            .resolve_file_or_dir(&parent_node, name, New::File)
+            .await?
+        {
             Some((Kind::Directory | Kind::Symlink, _)) => return Err(FsError::Exists),
             Some((Kind::File, _)) if !self.config.allow_overwrite => return Err(FsError::Exists),
             Some((Kind::File, _)) => WriteCondition::None,

@@ -133,7 +133,7 @@ pub struct Node {
     names_doubted_at: Option<Instant>,
     /// Directories: the names the table let go of lately, and when (see [`InodeTable::accounts_for`]); the
     /// time of the newest one no longer kept.
-    let_go: VecDeque<(String, Instant)>,
+    let_go: VecDeque<(String, Kind, Instant)>,
     let_go_forgotten_at: Option<Instant>,
     /// The whole user metadata of our own last metadata copy, with the ETag it got and the `stat_at` it set:
     /// while nothing newer was learnt or uploaded since, the next chmod/utimens needs no HEAD to learn it.
@@ -474,7 +474,7 @@ impl InodeTable {
     /// cannot say so calls [`Self::doubt_names`] too.
     pub fn detach(&mut self, parent: u64, name: &str) -> Option<u64> {
         let ino = self.children.remove(&(parent, name.to_string()))?;
-        self.let_go(parent, name);
+        self.let_go(parent, name, ino);
         if self
             .nodes
             .get(&ino)
@@ -547,39 +547,51 @@ impl InodeTable {
                 .is_some_and(|until| until > now)
     }
 
-    /// The name `dir/name` left the table now (deleted, moved away, found missing, replaced).
-    fn let_go(&mut self, dir: u64, name: &str) {
+    /// The name `dir/name`, standing for `ino`, left the table now (deleted, moved away, found missing,
+    /// replaced).
+    fn let_go(&mut self, dir: u64, name: &str, ino: u64) {
+        let Some(kind) = self.nodes.get(&ino).map(|n| n.kind) else {
+            return;
+        };
         let Some(d) = self.nodes.get_mut(&dir) else {
             return;
         };
         if d.let_go.len() >= LET_GO_KEPT
-            && let Some((_, at)) = d.let_go.pop_front()
+            && let Some((_, _, at)) = d.let_go.pop_front()
         {
             d.let_go_forgotten_at = Some(at);
         }
-        d.let_go.push_back((name.to_string(), Instant::now()));
+        d.let_go.push_back((name.to_string(), kind, Instant::now()));
     }
 
     /// Whether a listing of `dir` sent at `asked`, overtaken by our own changes there, still shows nothing
-    /// the table does not account for: each name it found is in the table, or left it after `asked`. Then
-    /// every name the directory holds is in the table (ours made since are there already), as an applied
-    /// listing would say, although its entries are not taken.
+    /// the table does not account for: each name it found is in the table as what it found (a file, a
+    /// directory, a link), or left the table as that after `asked`. Then every name the directory holds is
+    /// in the table (ours made since are there already), as an applied listing would say, although its
+    /// entries are not taken. A name let go of as a file says nothing of a directory listed under it.
     pub fn accounts_for<'a>(
         &self,
         dir: u64,
-        mut listed: impl Iterator<Item = &'a str>,
+        mut listed: impl Iterator<Item = (&'a str, Kind)>,
         asked: Instant,
     ) -> bool {
         let Some(d) = self.nodes.get(&dir) else {
             return false;
         };
         // A name let go after `asked` may have been dropped from what is kept: then nothing can be said.
-        if d.let_go_forgotten_at.is_some_and(|at| at >= asked) {
+        if d.let_go_forgotten_at.is_some_and(|at| at > asked) {
             return false;
         }
-        listed.all(|name| {
-            self.children.contains_key(&(dir, name.to_string()))
-                || d.let_go.iter().any(|(n, at)| n == name && *at >= asked)
+        listed.all(|(name, kind)| {
+            let in_table = self
+                .children
+                .get(&(dir, name.to_string()))
+                .and_then(|ino| self.nodes.get(ino))
+                .is_some_and(|n| n.kind == kind);
+            in_table
+                || d.let_go
+                    .iter()
+                    .any(|(n, k, at)| n == name && *k == kind && *at > asked)
         })
     }
 
@@ -615,7 +627,7 @@ impl InodeTable {
             self.doubt_names(new_parent);
             return;
         };
-        self.let_go(parent, name);
+        self.let_go(parent, name, ino);
         self.detach(new_parent, new_name);
         let parent_key = self
             .nodes
@@ -699,31 +711,49 @@ mod tests {
     }
 
     /// A listing overtaken by our own changes vouches for every name when each name it shows is in the table
-    /// or was let go of after it was sent; never for a name another client made, nor past what is kept.
+    /// as what it shows, or was let go of as that after it was sent; never for a name another client made,
+    /// a name let go of as something else (a file unlinked, a directory listed under its name), nor past
+    /// what is kept.
     #[test]
     fn a_listing_overtaken_by_our_changes_accounts_for_the_names_we_let_go_of() {
+        let (file, dir) = (Kind::File, Kind::Directory);
         let mut t = InodeTable::new("");
-        let d = t.add(ROOT_INO, "d", Kind::Directory, later());
-        t.add(d, "kept", Kind::File, later());
-        t.add(d, "old", Kind::File, later());
+        let d = t.add(ROOT_INO, "d", dir, later());
+        t.add(d, "kept", file, later());
+        t.add(d, "old", file, later());
+        t.add(d, "x", file, later());
         t.detach(d, "old");
         let asked = Instant::now();
-        t.add(d, ".tmp", Kind::File, later());
+        std::thread::sleep(Duration::from_millis(2));
+        t.add(d, ".tmp", file, later());
         t.rename(d, ".tmp", d, "new");
-        assert!(t.accounts_for(d, ["kept", ".tmp"].into_iter(), asked));
-        assert!(t.accounts_for(d, ["kept", "new"].into_iter(), asked));
-        assert!(!t.accounts_for(d, ["kept", "theirs"].into_iter(), asked));
+        t.detach(d, "x");
+        assert!(t.accounts_for(d, [("kept", file), (".tmp", file)].into_iter(), asked));
+        assert!(t.accounts_for(
+            d,
+            [("kept", file), ("new", file), ("x", file)].into_iter(),
+            asked
+        ));
+        assert!(!t.accounts_for(d, [("kept", file), ("theirs", file)].into_iter(), asked));
         assert!(
-            !t.accounts_for(d, ["old"].into_iter(), asked),
+            !t.accounts_for(d, [("kept", dir)].into_iter(), asked),
+            "not what the table holds"
+        );
+        assert!(
+            !t.accounts_for(d, [("x", dir)].into_iter(), asked),
+            "let go of as a file"
+        );
+        assert!(
+            !t.accounts_for(d, [("old", file)].into_iter(), asked),
             "let go of before the listing"
         );
         for i in 0..LET_GO_KEPT {
             let name = format!("f{i}");
-            t.add(d, &name, Kind::File, later());
+            t.add(d, &name, file, later());
             t.detach(d, &name);
         }
         assert!(
-            !t.accounts_for(d, ["kept"].into_iter(), asked),
+            !t.accounts_for(d, [("kept", file)].into_iter(), asked),
             "names let go of since were dropped"
         );
     }

@@ -212,14 +212,16 @@ impl Storms {
     }
 
     /// An applied listing that took `took`: no storm for a window, and a refresh by a later hit shortly before
-    /// its entries expire (early enough for a listing as slow as this one to land in time).
+    /// what it vouches for expires (early enough for a listing as slow as this one to land in time). That is
+    /// counted from when it was sent, as the directory's knowledge of every name is.
     fn applied(&self, s: &mut DirState, now: Instant, pages: u32, took: Duration) {
         s.misses = 0;
         s.window_start = now;
         s.quiet_until = now + self.window;
         s.hits = 0;
         let lead = (took * 3).clamp(self.window / 10, self.window / 2);
-        s.refresh_after = Some(now + self.window - lead);
+        let sent = now.checked_sub(took).unwrap_or(now);
+        s.refresh_after = Some(sent + self.window - lead);
         s.hits_needed = pages.max(STORM_THRESHOLD);
     }
 
@@ -422,7 +424,8 @@ mod tests {
     #[test]
     fn a_slow_listing_is_refreshed_earlier() {
         let storms = Storms::new(Duration::from_secs(1));
-        // A readdir's listing that took 100 ms: refreshed 300 ms before its entries expire, not 100.
+        // A readdir's listing that took 100 ms: refreshed 300 ms before what it vouches for expires, not 100,
+        // counted from when it was sent (100 ms before it landed).
         storms.listed(4, 1, Duration::from_millis(100));
         let hits = |dir: u64, at: u64| {
             let at = Instant::now() + Duration::from_millis(at);
@@ -430,8 +433,8 @@ mod tests {
                 .filter(|_| storms.note_hit(dir, at))
                 .count()
         };
-        assert_eq!(hits(4, 650), 0);
-        assert_eq!(hits(4, 750), 1);
+        assert_eq!(hits(4, 550), 0);
+        assert_eq!(hits(4, 650), 1);
         // A quick one waits until 100 ms before the end.
         storms.listed(14, 1, Duration::from_millis(5));
         assert_eq!(hits(14, 850), 0);

@@ -84,6 +84,13 @@ pub fn check_name(name: &str) -> FsResult<()> {
     Ok(())
 }
 
+/// What a create, a mkdir or a rename is about to make under a name ([`Superblock::resolve_new_name`]).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum New {
+    File,
+    Directory,
+}
+
 pub struct Superblock {
     client: Arc<dyn ObjectClient>,
     /// Where a lookup's first bytes come from: the cached read source, so the caches see them.
@@ -226,13 +233,14 @@ impl Superblock {
     /// [`Self::resolve`] without asking for a link: for a create or a mkdir, which the kernel sends only
     /// after its lookup (links included) found nothing, so that a new file or directory costs no more
     /// requests than it did. A link made meanwhile by another client is then shadowed (the file or the
-    /// directory wins). See [`Self::resolve_new_file`] for a name a lookup just found missing.
+    /// directory wins). See [`Self::resolve_new_name`] for a name a lookup just found missing.
     pub async fn resolve_file_or_dir(
         &self,
         parent: &Node,
         name: &str,
+        made: New,
     ) -> FsResult<Option<(Kind, Stat)>> {
-        if let Some(found) = self.resolve_new_file(parent, name).await? {
+        if let Some(found) = self.resolve_new_name(parent, name, made).await? {
             return Ok(found);
         }
         Ok(self
@@ -245,13 +253,16 @@ impl Superblock {
     /// made or listed under it since; rsync looks each name up just before it creates or renames onto it):
     /// only whether a directory appeared there meanwhile, which would hide the file. An object that appeared
     /// meanwhile is left to the upload's or the move's own condition (If-None-Match, unless
-    /// `--allow-overwrite` lets it replace what it would replace a moment later anyway). In a directory that
-    /// knows every name it holds ([`InodeTable::known_missing`]) nothing is asked: its listing (or its mkdir)
-    /// vouches for directories too, as it does for its lookups. `None`: no such lookup, ask everything.
-    pub async fn resolve_new_file(
+    /// `--allow-overwrite` lets it replace what it would replace a moment later anyway). For a file, in a
+    /// directory that knows every name it holds ([`InodeTable::known_missing`]), nothing is asked: its
+    /// listing (or its mkdir) vouches for directories too, as it does for its lookups. Not for a new
+    /// directory: it would know every name it holds from that one LIST's answer, which a listing up to a TTL
+    /// old must not stand in for. `None`: no such lookup, ask everything.
+    pub async fn resolve_new_name(
         &self,
         parent: &Node,
         name: &str,
+        made: New,
     ) -> FsResult<Option<Option<(Kind, Stat)>>> {
         let now = Instant::now();
         let (every_name_known, known_missing) = {
@@ -261,7 +272,7 @@ impl Superblock {
                 && self.negative.is_missing(parent.ino(), name, now);
             (every_name_known, every_name_known || looked_up)
         };
-        if every_name_known {
+        if every_name_known && made == New::File {
             return Ok(Some(None));
         }
         if !known_missing {
@@ -677,7 +688,11 @@ impl Superblock {
                     } else if !known_for.is_zero()
                         && !shadowed
                         && table.get(dir.ino()).is_some_and(|d| d.key() == dir.key())
-                        && table.accounts_for(dir.ino(), found.keys().map(String::as_str), asked)
+                        && table.accounts_for(
+                            dir.ino(),
+                            found.iter().map(|(name, (kind, _))| (name.as_str(), *kind)),
+                            asked,
+                        )
                     {
                         // Overtaken by our own changes (rsync's, one after the other): the entries are not
                         // taken, but the directory knows every name it holds again.

@@ -5,7 +5,7 @@ use std::time::Instant;
 use bytes::Bytes;
 use tracing::debug;
 
-use super::{Superblock, check_key, check_name};
+use super::{New, Superblock, check_key, check_name};
 use crate::fs::inode::{Kind, Stat};
 use crate::fs::{Attr, FsError, FsResult, names};
 use crate::s3::WriteCondition;
@@ -26,7 +26,7 @@ impl Superblock {
             .child(parent, name)
             .is_some_and(|n| n.is_pending())
             || self
-                .resolve_file_or_dir(&parent_node, name)
+                .resolve_file_or_dir(&parent_node, name, New::Directory)
                 .await?
                 .is_some()
         {

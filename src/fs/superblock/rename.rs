@@ -19,7 +19,7 @@ use bytes::Bytes;
 use tokio::task::JoinSet;
 use tracing::{debug, warn};
 
-use super::{Superblock, check_key, check_name};
+use super::{New, Superblock, check_key, check_name};
 use crate::fs::inode::{Kind, Node};
 use crate::fs::{FsError, FsResult, names};
 use crate::s3::{ClientError, MAX_COPY_OBJECT_SIZE, ObjectClient, ObjectInfo, WriteCondition};
@@ -114,7 +114,7 @@ impl Superblock {
         let key = kind.key(from_dir.key(), name);
         let destination = kind.key(to_dir.key(), new_name);
         check_key(&destination)?;
-        let found = match self.resolve_new_file(to_dir, new_name).await? {
+        let found = match self.resolve_new_name(to_dir, new_name, New::File).await? {
             Some(found) => found,
             None => self.resolve(to_dir, new_name, false).await?,
         };

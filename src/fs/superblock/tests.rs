@@ -442,6 +442,31 @@ async fn rmdir_of_a_directory_with_a_marker_object_deletes_the_marker() {
     }
 }
 
+/// A create in a directory that knows every name it holds asks nothing; a mkdir there still asks whether the
+/// prefix holds keys (the new directory would otherwise know every name from a listing up to a TTL old), so a
+/// directory another client made meanwhile is EEXIST, not an empty directory that hides its files.
+#[tokio::test]
+async fn a_mkdir_in_a_directory_that_knows_every_name_still_asks() {
+    for directory in [true, false] {
+        let (fake, fs) = fs_with(&[("d/old", b"1")], config(), directory).await;
+        let d = fs.sb.lookup(ROOT_INO, "d").await.unwrap();
+        let fh = fs.opendir(d.ino).unwrap();
+        assert_eq!(fs.readdir(fh, 0).await.unwrap().len(), 3);
+        fake.put_object("d/sub/x", Bytes::from_static(b"2"), WriteCondition::None)
+            .await
+            .unwrap();
+        let lists = fake.count(Op::List);
+        assert!(matches!(
+            fs.sb.mkdir(d.ino, "sub").await,
+            Err(FsError::Exists)
+        ));
+        assert_eq!(fake.count(Op::List) - lists, 1);
+        let (_, fh) = fs.create(d.ino, "new", 0).await.unwrap();
+        fs.release(fh).await.unwrap();
+        assert_eq!(fake.count(Op::List) - lists, 1, "the create asked nothing");
+    }
+}
+
 /// `--directory-markers`: mkdir writes `dir/` before the directory shows; a failed PUT leaves no directory
 /// behind, and a marker another client wrote first makes it EEXIST.
 #[tokio::test]
