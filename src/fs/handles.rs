@@ -17,7 +17,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Instant;
+use std::time::{Instant, SystemTime};
 
 use bytes::Bytes;
 use tokio::sync::Mutex as AsyncMutex;
@@ -831,11 +831,15 @@ impl S3Filesystem {
             None => WriteCondition::IfNoneMatch,
         };
         self.writer_slots.reserve()?;
-        let writer = Writer::new(
-            Arc::clone(&self.client),
-            key,
-            self.writer_options(condition, owner),
-        );
+        // Dated when made, as on a local disk: with --preserve-metadata, stat shows from the start the time
+        // the upload carries if nothing is written (a write dates it again).
+        let owner = StoredAttrs {
+            mtime: Some(SystemTime::now()),
+            ..owner
+        };
+        let mut options = self.writer_options(condition, owner);
+        options.attrs = options.attrs.map(|_| owner);
+        let writer = Writer::new(Arc::clone(&self.client), key, options);
         let (attr, counted) = {
             let mut table = self.sb.table();
             let stat = Stat::new_file(self.config.preserve_metadata.then_some(owner));

@@ -298,6 +298,20 @@ async fn a_new_file_without_explicit_times_stores_its_upload_time() {
     assert!(stored.mtime.unwrap() >= before, "{stored:?}");
 }
 
+/// A new file with nothing written is dated when it is made: stat shows, from the create on, exactly the
+/// time its upload stores (it showed whole seconds while open, then the upload's own time).
+#[tokio::test]
+async fn a_new_empty_file_shows_the_time_it_stores() {
+    let (fake, fs) = fs_with(&[], preserving(), true).await;
+    let (attr, fh) = fs.create(ROOT_INO, "empty", 0).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    fs.flush(fh, 0).await.unwrap();
+    fs.release(fh).await.unwrap();
+    let stored = StoredAttrs::from_metadata(&fake.head_object("empty").await.unwrap().metadata);
+    assert_eq!(stored.mtime, Some(attr.mtime));
+    assert_eq!(fs.sb.getattr(attr.ino).await.unwrap().mtime, attr.mtime);
+}
+
 #[tokio::test]
 async fn attributes_set_after_the_upload_left_follow_by_a_metadata_copy() {
     let (fake, fs) = fs_with(&[], preserving(), true).await;
