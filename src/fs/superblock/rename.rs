@@ -197,7 +197,6 @@ impl Superblock {
         if self.table().writing_under(&prefix) {
             return Err(FsError::Busy("a file in the directory is being written"));
         }
-        let mut target_marker = false;
         match self.resolve(to_dir, new_name, false).await? {
             Some((Kind::File | Kind::Symlink, _)) => return Err(FsError::NotADirectory),
             Some((Kind::Directory, _)) if no_replace => return Err(FsError::Exists),
@@ -207,7 +206,6 @@ impl Superblock {
                 if below.iter().any(|o| o.key != new_prefix) {
                     return Err(FsError::NotEmpty);
                 }
-                target_marker = !below.is_empty();
             }
             None => {}
         }
@@ -218,9 +216,8 @@ impl Superblock {
             return Err(FsError::NotEmpty);
         }
         let limit = self.config.max_rename_objects;
-        let mut objects = self.objects_under(&prefix, limit).await?;
-        // Checked before anything moves: a key that would be too long under the new name. (And before the
-        // marker below leaves the list: its length is what says the listing stopped short.)
+        let objects = self.objects_under(&prefix, limit).await?;
+        // Checked before anything moves: a key that would be too long under the new name.
         for o in &objects {
             check_key(&format!("{new_prefix}{}", &o.key[prefix.len()..]))?;
         }
@@ -238,23 +235,21 @@ impl Superblock {
                 refuse_past_copy_limit(&o.key, o.size)?;
             }
         } else if objects.iter().any(|o| o.key.ends_with('/') && o.size > 0) {
-            // Markers move by being made anew (`move_marker`), which only an empty one can be.
+            // Markers move by being made anew (`make_markers_anew`), which only an empty one can be.
             return Err(FsError::CrossDevice(
                 "an object whose key ends in '/' holds bytes: RenameObject cannot move it",
             ));
         }
-        // The directory replaced keeps its marker, which now stands for the one moved: ours would not move
-        // onto it (a move never replaces an object), so it goes once the rest has moved.
-        let own_marker = objects.iter().position(|o| o.key == prefix);
-        let drop_marker = target_marker && own_marker.is_some();
-        if let Some(at) = own_marker.filter(|_| drop_marker) {
-            objects.swap_remove(at);
-        }
+        let (markers, objects): (Vec<_>, Vec<_>) = objects
+            .into_iter()
+            .partition(|o| o.key.ends_with('/') && o.size == 0);
         let repinned = self.move_all(&objects, &prefix, &new_prefix, pins).await?;
+        make_markers_anew(self.client.as_ref(), &markers, &prefix, &new_prefix).await?;
         debug!(
             prefix,
             new_prefix,
             objects = objects.len(),
+            markers = markers.len(),
             "directory renamed"
         );
         {
@@ -270,8 +265,7 @@ impl Superblock {
             }
         }
         // Everything moved: a marker left behind only brings back an empty directory under the old name.
-        if drop_marker && let Err(e) = self.client.delete_object(&prefix).await {
-            warn!(prefix, error = %e, "directory renamed, but its old marker object was not deleted");
+        if !delete_old_markers(self.client.as_ref(), &markers).await {
             self.table().doubt_names(from_dir.ino());
         }
         Ok(repinned)
@@ -359,9 +353,6 @@ async fn move_object(
     condition: WriteCondition,
 ) -> FsResult<Option<String>> {
     let to_fs = |e: ClientError| FsError::client(destination, e);
-    if client.is_directory_bucket() && key.ends_with('/') {
-        return move_marker(client, key, destination, condition).await;
-    }
     if client.is_directory_bucket() {
         return client
             .rename_object(key, destination, condition)
@@ -390,23 +381,46 @@ async fn move_object(
     Ok(copied)
 }
 
-/// A directory bucket's RenameObject does not take keys that end in the delimiter, so a directory marker
-/// (`dir/`, an empty object) is made anew under its new name, then deleted under the old one.
-async fn move_marker(
+/// The directory markers (`dir/`, empty objects) of a directory renamed, made anew under the new name once
+/// every other object under it has moved, shallowest first; [`delete_old_markers`] deletes the old ones. Not
+/// by RenameObject or CopyObject: a directory bucket's RenameObject does not take keys that end in the
+/// delimiter, and servers that keep directories as such (SeaweedFS) refuse to copy them. A marker that exists
+/// already under the new name is left as it is: the empty directory replaced had one, or such a server made
+/// the directory when something landed under it.
+async fn make_markers_anew(
     client: &dyn ObjectClient,
-    key: &str,
-    destination: &str,
-    condition: WriteCondition,
-) -> FsResult<Option<String>> {
-    client
-        .put_object(destination, Bytes::new(), condition)
-        .await
-        .map_err(|e| FsError::client(destination, e))?;
-    client.delete_object(key).await.map_err(|e| {
-        warn!(key, destination, error = %e, "marker made anew but not deleted: the directory is under both names");
-        FsError::client(key, e)
-    })?;
-    Ok(None)
+    markers: &[ObjectInfo],
+    prefix: &str,
+    new_prefix: &str,
+) -> FsResult<()> {
+    let mut keys: Vec<&str> = markers.iter().map(|m| m.key.as_str()).collect();
+    keys.sort_by_key(|k| k.len());
+    for key in keys {
+        let destination = format!("{new_prefix}{}", &key[prefix.len()..]);
+        match client
+            .put_object(&destination, Bytes::new(), WriteCondition::IfNoneMatch)
+            .await
+        {
+            Ok(_) | Err(ClientError::PreconditionFailed { .. }) => {}
+            Err(e) => return Err(FsError::client(&destination, e)),
+        }
+    }
+    Ok(())
+}
+
+/// Deletes the old markers of a directory renamed, deepest first, so no directory is deleted while
+/// something is still in it. False when one could not be: it stays, an empty directory under its old name.
+async fn delete_old_markers(client: &dyn ObjectClient, markers: &[ObjectInfo]) -> bool {
+    let mut keys: Vec<&str> = markers.iter().map(|m| m.key.as_str()).collect();
+    keys.sort_by_key(|k| std::cmp::Reverse(k.len()));
+    let mut all = true;
+    for key in keys {
+        if let Err(e) = client.delete_object(key).await {
+            warn!(key, error = %e, "directory renamed, but an old marker object was not deleted");
+            all = false;
+        }
+    }
+    all
 }
 
 impl Superblock {
