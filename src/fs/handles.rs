@@ -31,7 +31,7 @@ use super::write::{Writer, WriterOptions};
 use super::{
     Attr, DirEntry, FsError, FsResult, KernelNotice, OpenMode, Opened, S3Filesystem, names, preload,
 };
-use crate::s3::{PutResult, WriteCondition};
+use crate::s3::{PutResult, UserMetadata, WriteCondition};
 use staging::SharedStaged;
 pub use staging::StagedFiles;
 
@@ -317,14 +317,13 @@ impl S3Filesystem {
                             let put = w.commit().await?;
                             let expires = self.sb.expiry();
                             if let (Some(put), Some(n)) = (put, self.sb.table().get_mut(ino)) {
-                                n.record_upload(w.size(), put.etag.clone());
-                                if let Some(attrs) = w.attrs() {
-                                    n.overlay_attrs(attrs);
-                                }
+                                n.record_own_upload(
+                                    w.size(),
+                                    &put.etag,
+                                    w.attrs(),
+                                    w.stored_metadata(),
+                                );
                                 n.trust_until(expires);
-                                if let Some(metadata) = w.stored_metadata() {
-                                    n.remember_own_metadata(&put.etag, metadata);
-                                }
                             }
                         }
                     }
@@ -1027,16 +1026,8 @@ impl S3Filesystem {
         let expires = self.sb.expiry();
         if let Some(node) = table.get_mut(ino) {
             if let Some(put) = result {
-                node.record_upload(w.size(), put.etag.clone());
-                // What chmod/utimens set while open rode on this upload (or its metadata copy): stat keeps
-                // showing it, as after a staged file's upload.
-                if let Some(attrs) = w.attrs() {
-                    node.overlay_attrs(attrs);
-                }
+                node.record_own_upload(w.size(), &put.etag, w.attrs(), w.stored_metadata());
                 node.trust_until(expires);
-                if let Some(metadata) = w.stored_metadata() {
-                    node.remember_own_metadata(&put.etag, metadata);
-                }
             }
             // Once everything written is uploaded, the file is no longer busy for readers, rename or unlink.
             if !w.is_dirty() {
@@ -1117,25 +1108,21 @@ impl S3Filesystem {
             w.abort().await;
         }
         let uploaded = result.as_ref().ok().and_then(Option::as_ref);
-        self.writer_gone(ino, counted, uploaded, w.size(), w.attrs());
-        if let (Some(put), Some(metadata)) = (uploaded, w.stored_metadata())
-            && let Some(node) = self.sb.table().get_mut(ino)
-        {
-            node.remember_own_metadata(&put.etag, metadata);
-        }
+        let carried = (w.attrs(), w.stored_metadata());
+        self.writer_gone(ino, counted, uploaded, w.size(), carried);
         result.map(|_| ())
     }
 
     /// The last of a file's writers (a streaming handle, or a staged file's last handle) is gone, after its
-    /// final upload (`uploaded`, of `size` bytes carrying `attrs`) or without one: the node stops counting
-    /// it, and a name that was never uploaded goes away again.
+    /// final upload (`uploaded`, of `size` bytes carrying `attrs`, and the object's whole user metadata when
+    /// known) or without one: the node stops counting it, and a name that was never uploaded goes away again.
     fn writer_gone(
         &self,
         ino: u64,
         counted: &WriterMark,
         uploaded: Option<&crate::s3::PutResult>,
         size: u64,
-        attrs: Option<StoredAttrs>,
+        (attrs, metadata): (Option<StoredAttrs>, Option<UserMetadata>),
     ) {
         let mut table = self.sb.table();
         let Some(node) = table.get_mut(ino) else {
@@ -1143,10 +1130,7 @@ impl S3Filesystem {
         };
         let restored = match uploaded {
             Some(put) => {
-                node.record_upload(size, put.etag.clone());
-                if let Some(attrs) = attrs {
-                    node.overlay_attrs(attrs);
-                }
+                node.record_own_upload(size, &put.etag, attrs, metadata);
                 counted.settled(node);
                 false
             }

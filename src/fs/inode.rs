@@ -311,6 +311,25 @@ impl Node {
         self.stat.attrs = Some(known.overlay(change));
     }
 
+    /// Records an upload of ours that just completed, with the attributes it carried (stat keeps showing
+    /// them, as chmod/utimens set them while the file was open) and, when the writer wrote all of it, the
+    /// object's whole user metadata (a chmod right after then needs no HEAD).
+    pub fn record_own_upload(
+        &mut self,
+        size: u64,
+        etag: &str,
+        attrs: Option<StoredAttrs>,
+        metadata: Option<UserMetadata>,
+    ) {
+        self.record_upload(size, etag.to_string());
+        if let Some(attrs) = attrs {
+            self.overlay_attrs(attrs);
+        }
+        if let Some(metadata) = metadata {
+            self.remember_own_metadata(etag, metadata);
+        }
+    }
+
     /// Records an upload of ours that just completed.
     pub fn record_upload(&mut self, size: u64, etag: String) {
         self.stat = Stat {

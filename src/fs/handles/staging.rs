@@ -281,10 +281,8 @@ impl S3Filesystem {
             let expires = self.sb.expiry();
             if let Some(n) = self.sb.table().get_mut(ino) {
                 if let Some(put) = put {
-                    n.record_upload(file.size(), put.etag.clone());
-                    if let Some(attrs) = file.attrs() {
-                        n.overlay_attrs(attrs);
-                    }
+                    // Whether a staged upload holds our attributes alone is not known here: a chmod after it asks.
+                    n.record_own_upload(file.size(), &put.etag, file.attrs(), None);
                     n.trust_until(expires);
                 }
                 shared.counted.settled(n);
@@ -317,7 +315,8 @@ impl S3Filesystem {
             return result.map(|_| ());
         }
         let uploaded = result.as_ref().ok().and_then(Option::as_ref);
-        self.writer_gone(ino, &shared.counted, uploaded, file.size(), file.attrs());
+        let carried = (file.attrs(), None);
+        self.writer_gone(ino, &shared.counted, uploaded, file.size(), carried);
         result.map(|_| ())
     }
 
