@@ -155,6 +155,48 @@ fn a_directory_read_over_several_ttls_is_listed_per_ttl_not_per_file() {
     assert!(cost.gets <= files.len() as u64 + 2, "{cost:?}");
 }
 
+/// The pattern of a loader's workers over tar shards: the directory is listed once, each worker reads a shard,
+/// and they all open their next shard at about the same moment, after the entries of the listing (the kernel's
+/// and ours) expired. The kernel answered the first opens from its own entries, so nothing here counted them.
+/// The directory was listed whole before (one page), so the second lookup that has to ask lists it again and
+/// the others learn from that listing; name by name it was a one-key LIST per shard each time.
+#[test]
+fn shards_reopened_past_the_ttl_of_their_listing_cost_one_listing_not_a_list_per_name() {
+    let bucket = fresh_bucket(true, "reopened");
+    let shards: Vec<_> = (0..16)
+        .map(|i| (format!("shards/{i:03}.tar"), pattern(i as u64, 20_000 + i)))
+        .collect();
+    put_many(emulator(), &bucket, shards.clone());
+    let mount = Mount::new(&bucket, &[]);
+    assert_eq!(
+        fs::read_dir(mount.path().join("shards")).unwrap().count(),
+        16
+    );
+    let read = |(key, data): &(String, Vec<u8>)| {
+        assert_eq!(&fs::read(mount.path().join(key)).unwrap(), data, "{key}");
+    };
+    shards[..8].iter().for_each(read);
+    std::thread::sleep(Duration::from_millis(1500));
+    let before = Requests::of(&bucket);
+    let start = std::sync::Barrier::new(8);
+    std::thread::scope(|scope| {
+        for shard in &shards[8..] {
+            let start = &start;
+            scope.spawn(move || {
+                start.wait();
+                read(shard);
+            });
+        }
+    });
+    let cost = Requests::of(&bucket).since(before);
+    eprintln!("8 shards opened past the TTL: {cost:?}");
+    // Budget: the lookup of `shards` itself (a one-key LIST), the first lookup's one-key LIST and the listing's
+    // page (10 before: one per name).
+    assert!(cost.lists <= 3, "{cost:?}");
+    assert_eq!(cost.heads, 0, "{cost:?}");
+    assert!(cost.gets <= 8, "{cost:?}");
+}
+
 /// A directory name looked up again after its entry expired is asked about as a directory (its prefix), not
 /// with a GET of an object of that name that can only 404.
 #[test]

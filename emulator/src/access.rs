@@ -10,6 +10,26 @@ use http::HeaderMap;
 /// Requests kept by the record, newest last; older ones are dropped.
 const RECORD_LIMIT: usize = 1000;
 
+/// Query parameters left out of the record: a presigned request's credentials.
+const SECRET_PARAMS: &[&str] = &[
+    "x-amz-signature",
+    "x-amz-security-token",
+    "x-amz-s3session-token",
+    "x-amz-credential",
+];
+
+/// `query` without the parameters of [`SECRET_PARAMS`].
+fn without_secrets(query: &str) -> String {
+    query
+        .split('&')
+        .filter(|pair| {
+            let name = pair.split('=').next().unwrap_or("");
+            !pair.is_empty() && !SECRET_PARAMS.contains(&name.to_ascii_lowercase().as_str())
+        })
+        .collect::<Vec<_>>()
+        .join("&")
+}
+
 /// Headers left out of the record: credentials.
 const SECRET_HEADERS: &[&str] = &[
     "authorization",
@@ -77,7 +97,7 @@ impl Access {
     }
 
     /// Keeps one request's headers (names in lower case, credentials left out) when recording is on.
-    pub fn record(&self, op: &str, bucket: &str, key: &str, headers: &HeaderMap) {
+    pub fn record(&self, op: &str, bucket: &str, key: &str, query: &str, headers: &HeaderMap) {
         let mut record = lock(&self.record);
         if !record.on {
             return;
@@ -91,11 +111,12 @@ impl Access {
             fields.insert(name.as_str().to_string(), serde_json::Value::String(value));
         }
         let signed = headers.contains_key("authorization");
+        let query = without_secrets(query);
         if record.entries.len() == RECORD_LIMIT {
             record.entries.pop_front();
         }
         record.entries.push_back(serde_json::json!({
-            "op": op, "bucket": bucket, "key": key, "signed": signed, "headers": fields,
+            "op": op, "bucket": bucket, "key": key, "query": query, "signed": signed, "headers": fields,
         }));
     }
 
@@ -145,11 +166,17 @@ mod tests {
         let mut headers = HeaderMap::new();
         headers.insert("authorization", "AWS4-HMAC-SHA256 secret".parse().unwrap());
         headers.insert("x-amz-storage-class", "STANDARD_IA".parse().unwrap());
-        access.record("PutObject", "b", "k", &headers);
+        access.record("PutObject", "b", "k", "", &headers);
         assert_eq!(access.recorded(None, None, None), "[]", "off by default");
         access.set_recording(true);
-        access.record("PutObject", "b", "k", &headers);
-        access.record("GetObject", "b", "k", &HeaderMap::new());
+        access.record("PutObject", "b", "k", "", &headers);
+        access.record(
+            "GetObject",
+            "b",
+            "k",
+            "partNumber=2&X-Amz-Credential=AKID%2F&X-Amz-Signature=abc&x-id=GetObject",
+            &HeaderMap::new(),
+        );
         let put: serde_json::Value =
             serde_json::from_str(&access.recorded(Some("b"), Some("k"), Some("PutObject")))
                 .unwrap();
@@ -160,6 +187,10 @@ mod tests {
         let all: serde_json::Value =
             serde_json::from_str(&access.recorded(None, None, None)).unwrap();
         assert_eq!(all.as_array().unwrap().len(), 2);
+        assert_eq!(
+            all[1]["query"], "partNumber=2&x-id=GetObject",
+            "presigned credentials left out"
+        );
         assert!(anonymous_may("GetObject") && !anonymous_may("PutObject"));
     }
 }

@@ -325,7 +325,7 @@ pub async fn handle(
     let (bucket, key) = locate(&state, &headers, &raw_path);
     let bucket = state.access.resolve(bucket);
     let op = operation_name(&method, &bucket, &key, &query, &headers);
-    state.access.record(op, &bucket, &key, &headers);
+    state.access.record(op, &bucket, &key, &raw_query, &headers);
 
     let outcome = run(
         &state, req, op, &method, &raw_path, &headers, query, &bucket, &key,

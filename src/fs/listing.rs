@@ -3,9 +3,10 @@
 //! A cold lookup costs two requests: the object (with its first bytes) and a one-key LIST of `name/`, because a
 //! directory of the same name must win and listings come back in no order. A data loader that opens thousands
 //! of files of one directory, without listing it first, pays that pair per file. Once a directory has seen
-//! [`STORM_THRESHOLD`] such lookups within one metadata TTL, one listing of the whole directory (in the
-//! background, at most [`STORM_MAX_PAGES`] pages) puts every entry in the inode table, fresh for the TTL: the
-//! next lookups there need no request, and a file costs only the GET of its bytes. It is the same knowledge,
+//! [`STORM_THRESHOLD`] such lookups within one metadata TTL (fewer for a directory listed whole before: as many
+//! as that listing's pages, at least two), one listing of the whole directory (in the background, at most
+//! [`STORM_MAX_PAGES`] pages) puts every entry in the inode table, fresh for the TTL: the next lookups there
+//! need no request, and a file costs only the GET of its bytes. It is the same knowledge,
 //! with the same TTL, that `ls` would have given.
 //!
 //! A loader goes on for longer than one TTL. Left alone, the listed entries would all expire together and every
@@ -30,6 +31,9 @@ use crate::s3::ObjectClient;
 
 /// Lookups that must ask the bucket, in one directory within one window, before it is listed whole.
 pub const STORM_THRESHOLD: u32 = 16;
+/// The fewest misses that list again a directory listed whole before: one name looked up alone now and then
+/// keeps its one-key LIST, cheaper to answer than a page of up to 1,000 keys.
+const RELIST_THRESHOLD_MIN: u32 = 2;
 /// Largest directory (in pages of 1,000 keys) a storm lists; a bigger one keeps per-name lookups.
 pub const STORM_MAX_PAGES: usize = 100;
 /// How long a directory too big to list is left alone before a storm may try again.
@@ -161,6 +165,8 @@ struct DirState {
     /// Our own changes (unlink, rename, ...) under way in this directory, and when the last one ended.
     changing: u32,
     last_change: Option<Instant>,
+    /// Pages of the last listing of the whole directory, if one was applied: what listing it again costs.
+    listed_pages: Option<u32>,
 }
 
 /// Per-directory counts of lookups that asked the bucket, and our own changes that a background listing must
@@ -201,6 +207,7 @@ impl Storms {
             landing: None,
             changing: 0,
             last_change: None,
+            listed_pages: None,
         })
     }
 
@@ -223,6 +230,18 @@ impl Storms {
         let sent = now.checked_sub(took).unwrap_or(now);
         s.refresh_after = Some(sent + self.window - lead);
         s.hits_needed = pages.max(STORM_THRESHOLD);
+        s.listed_pages = Some(pages);
+    }
+
+    /// Misses within one window that start a storm listing of `s`: [`STORM_THRESHOLD`] for a directory of
+    /// unknown size; for one listed whole before, as many as that listing's pages (at least
+    /// [`RELIST_THRESHOLD_MIN`]), since that is all a listing costs. Readers that reopen files of a directory
+    /// they listed (the kernel answers their lookups from its own cache for a TTL, so no hit is counted here)
+    /// would otherwise pay a one-key LIST per name each time the entries expire.
+    fn storm_threshold(s: &DirState) -> u32 {
+        s.listed_pages.map_or(STORM_THRESHOLD, |pages| {
+            pages.clamp(RELIST_THRESHOLD_MIN, STORM_THRESHOLD)
+        })
     }
 
     /// Counts a lookup in `dir` that must ask the bucket. True when this one should start the listing.
@@ -237,7 +256,7 @@ impl Storms {
             s.misses = 0;
         }
         s.misses += 1;
-        if s.misses < STORM_THRESHOLD || s.listing || s.quiet_until > now {
+        if s.misses < Self::storm_threshold(s) || s.listing || s.quiet_until > now {
             return false;
         }
         Self::start_listing(s, now);
@@ -393,6 +412,32 @@ mod tests {
         // A directory too big to list is never refreshed either.
         storms.listing_done(5, Listed::TooBig);
         assert!((0..100).all(|_| !storms.note_hit(5, much_later)));
+    }
+
+    #[test]
+    fn a_directory_listed_before_lists_again_after_as_many_misses_as_it_has_pages() {
+        let storms = Storms::new(Duration::from_secs(1));
+        let expired = Instant::now() + Duration::from_millis(1500);
+        // A one-page directory a reader listed: once its entries expired, the second miss lists it again (a
+        // name looked up alone keeps its one-key LIST), and the misses after it wait for that listing.
+        storms.listed(2, 1, Duration::from_millis(5));
+        let starts: Vec<bool> = (0..8).map(|_| storms.note_miss(2, expired)).collect();
+        assert_eq!(
+            starts,
+            [false, true, false, false, false, false, false, false]
+        );
+        assert!(storms.landing(2).is_some());
+        // Five pages: the fifth miss.
+        storms.listed(3, 5, Duration::from_millis(5));
+        let fifth = (0..8).position(|_| storms.note_miss(3, expired));
+        assert_eq!(fifth, Some(4));
+        // Never listed: a storm's worth, however big it is.
+        let first = (0..STORM_THRESHOLD).position(|_| storms.note_miss(4, expired));
+        assert_eq!(first, Some(STORM_THRESHOLD as usize - 1));
+        // Many pages: never more than a storm's worth either.
+        storms.listed(5, 80, Duration::from_millis(5));
+        let first = (0..STORM_THRESHOLD).position(|_| storms.note_miss(5, expired));
+        assert_eq!(first, Some(STORM_THRESHOLD as usize - 1));
     }
 
     #[test]
