@@ -254,6 +254,49 @@ fn append_on_directory_bucket_and_concurrent_writer_gets_eio() {
     );
 }
 
+/// Another client deleted files this mount still knows (within its TTL, so the kernel's entries are fresh too).
+/// Opening one to append with O_CREAT creates it anew with the appended bytes, as a local file system does
+/// when the open comes after the unlink; an open without O_CREAT says ENOENT. Before, both said ENOENT: the
+/// kernel sent OPEN for the inode it knew, and only an ESTALE answer makes it look the name up again.
+#[test]
+fn an_append_with_o_creat_makes_again_a_file_another_client_deleted() {
+    let emu = common::emulator();
+    let client = common::s3_client(emu);
+    let delete = |bucket: &str, key: &str| {
+        common::runtime()
+            .block_on(client.delete_object().bucket(bucket).key(key).send())
+            .unwrap();
+    };
+    for (directory, flag) in [
+        (true, "--allow-overwrite"),
+        (true, "--incremental-upload"),
+        (false, "--allow-overwrite"),
+    ] {
+        let bucket = fresh_bucket(directory, "stale");
+        put(emu, &bucket, "log.txt", b"old\n".to_vec());
+        put(emu, &bucket, "other.txt", b"x".to_vec());
+        let mount = Mount::new(&bucket, &[flag, "--metadata-ttl", "60"]);
+        assert_eq!(fs::read(mount.path().join("log.txt")).unwrap(), b"old\n");
+        assert_eq!(fs::read(mount.path().join("other.txt")).unwrap(), b"x");
+        delete(&bucket, "log.txt");
+        delete(&bucket, "other.txt");
+        let mut f = OpenOptions::new()
+            .append(true)
+            .create(true)
+            .open(mount.path().join("log.txt"))
+            .unwrap_or_else(|e| panic!("{flag}, directory bucket {directory}: {e}"));
+        f.write_all(b"new\n").unwrap();
+        drop(f);
+        assert_eq!(get(emu, &bucket, "log.txt").unwrap(), b"new\n", "{flag}");
+        assert_eq!(fs::read(mount.path().join("log.txt")).unwrap(), b"new\n");
+        let without_create = OpenOptions::new()
+            .append(true)
+            .open(mount.path().join("other.txt"));
+        assert_eq!(errno_of(without_create), libc::ENOENT, "{flag}");
+        assert_eq!(get(emu, &bucket, "other.txt"), None);
+    }
+}
+
 #[test]
 fn file_rename_on_both_bucket_kinds_and_the_overwrite_rule() {
     for directory in [true, false] {

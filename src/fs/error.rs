@@ -42,6 +42,10 @@ pub enum FsError {
     SymlinkLoop,
     #[error("bad file handle")]
     BadHandle,
+    /// The node was looked up by a name that no longer stands for it (unlinked or replaced since), or its
+    /// object is gone: the kernel walks the path again.
+    #[error("the name no longer stands for this file")]
+    Stale,
     #[error("{key}: the object changed since it was opened")]
     ObjectChanged { key: String },
     /// The service refused us (403), or there are no credentials at all.

@@ -21,7 +21,7 @@ use std::time::{Instant, SystemTime};
 
 use bytes::Bytes;
 use tokio::sync::Mutex as AsyncMutex;
-use tracing::debug;
+use tracing::{debug, warn};
 
 use super::attrs::StoredAttrs;
 use super::inode::{Kind, Node, Stat};
@@ -511,6 +511,31 @@ impl S3Filesystem {
     }
 
     pub async fn open(&self, ino: u64, mode: OpenMode, pid: u32) -> FsResult<Opened> {
+        // The kernel found the node by a name before another process (or client) removed or replaced it. A
+        // local file system would open the old inode; here its object is gone or is someone else's now. The
+        // answer is ESTALE, which makes the kernel walk the path again once and open what the name is now:
+        // the new file, a file O_CREAT makes anew, or ENOENT. Before, `open(name, "ab")` racing an unlink
+        // failed with ENOENT although it creates. A file whose bytes live here (open for writing, or staged)
+        // opens whatever its name: /proc/self/fd/N reopens a temporary file unlinked while open.
+        if !self.sb.stands_for_its_name(ino) && !self.holds_bytes_of(ino) {
+            return Err(FsError::Stale);
+        }
+        match self.open_node(ino, mode, pid).await {
+            Err(FsError::NotFound) => {
+                self.sb.forget_vanished(ino);
+                Err(FsError::Stale)
+            }
+            opened => opened,
+        }
+    }
+
+    /// Whether the bytes of `ino` are here rather than in the bucket: staged, or a writer's.
+    fn holds_bytes_of(&self, ino: u64) -> bool {
+        self.handles.staged.peek(ino).is_some()
+            || self.sb.node(ino).is_ok_and(|n| n.is_being_written())
+    }
+
+    async fn open_node(&self, ino: u64, mode: OpenMode, pid: u32) -> FsResult<Opened> {
         let mut node = self.sb.node(ino)?;
         match node.kind() {
             Kind::Directory => return Err(FsError::IsADirectory),
@@ -1075,6 +1100,18 @@ impl S3Filesystem {
             Some(_) => Ok(()),
             None => self.fsync(fh).await,
         }
+    }
+
+    /// Releases every handle still open; returns how many there were. Only after the kernel session ended
+    /// (see `fuse::finish`): a release that fails is logged, as one the kernel sent would be.
+    pub async fn release_all_left(&self) -> usize {
+        let left: Vec<u64> = self.handles.open().keys().copied().collect();
+        for &fh in &left {
+            if let Err(e) = self.release(fh).await {
+                warn!(fh, error = %e.chain(), "release at unmount failed");
+            }
+        }
+        left.len()
     }
 
     pub async fn release(&self, fh: u64) -> FsResult<()> {

@@ -15,7 +15,7 @@ use tracing::debug;
 
 use super::first_bytes::FirstBytes;
 use super::in_flight::{self, Answer, Asking, InFlight, Joined};
-use super::inode::{InodeTable, Kind, Node, Stat};
+use super::inode::{InodeTable, Kind, Node, ROOT_INO, Stat};
 use super::listing::{self, Storms};
 use super::negative::NegativeCache;
 use super::{Attr, DirEntry, FileKind, FsConfig, FsError, FsResult, names};
@@ -139,6 +139,23 @@ impl Superblock {
     }
 
     /// A copy of the node `ino`, to use without holding the table.
+    /// Whether `ino` is in the table and still the node its name stands for (the root always is).
+    pub fn stands_for_its_name(&self, ino: u64) -> bool {
+        let table = self.table();
+        table.get(ino).is_some_and(|node| {
+            ino == ROOT_INO || table.child(node.parent(), node.name()).map(Node::ino) == Some(ino)
+        })
+    }
+
+    /// The bucket no longer has the object of `ino` (an open found it missing): its name no longer stands for
+    /// it, so the next lookup of the name asks again.
+    pub fn forget_vanished(&self, ino: u64) {
+        let mut table = self.table();
+        if let Some((parent, name)) = table.get(ino).map(|n| (n.parent(), n.name().to_string())) {
+            table.detach_if(parent, &name, ino);
+        }
+    }
+
     pub fn node(&self, ino: u64) -> FsResult<Node> {
         self.table().get(ino).cloned().ok_or(FsError::NotFound)
     }

@@ -1,7 +1,7 @@
 //! Handles follow a rename: of their file, of a directory above it, and not at all when replaced; an
 //! unlinked file stays gone whatever its handles still write.
 
-use crate::fs::test_support::{self, RW, fs_with};
+use crate::fs::test_support::{self, RO, RW, fs_with};
 use crate::fs::{FsConfig, OpenMode, ROOT_INO};
 
 /// Overwriting, and deleting (a rename may replace, an unlink delete).
@@ -204,12 +204,20 @@ async fn an_unlinked_new_file_reads_back_its_writes_and_uploads_nothing() {
         let dir = tempfile::tempdir().unwrap();
         let (fake, fs) = fs_with(&[], overwriting(&dir), directory).await;
         // Written before the unlink, read after it.
-        let (_, w) = fs.create(ROOT_INO, "w", 1).await.unwrap();
+        let (w_attr, w) = fs.create(ROOT_INO, "w", 1).await.unwrap();
+        let w_ino = w_attr.ino;
         fs.write(w, 0, b"secret").await.unwrap();
         fs.unlink(ROOT_INO, "w").await.unwrap();
         assert_eq!(&fs.read(w, 0, 100).await.unwrap()[..], b"secret");
         fs.write(w, 6, b" kept").await.unwrap();
         assert_eq!(&fs.read(w, 0, 100).await.unwrap()[..], b"secret kept");
+        // Opened again by inode (/proc/self/fd/N), although no name stands for it any more.
+        let again = fs.open(w_ino, RO, 1).await.unwrap();
+        assert_eq!(
+            &fs.read(again.fh, 0, 100).await.unwrap()[..],
+            b"secret kept"
+        );
+        fs.release(again.fh).await.unwrap();
         // Unlinked at once, then read, written and read.
         let (_, t) = fs.create(ROOT_INO, "t", 1).await.unwrap();
         fs.unlink(ROOT_INO, "t").await.unwrap();
@@ -314,5 +322,45 @@ async fn a_new_file_shared_by_descriptors_exists_once_they_are_closed() {
             "directory bucket: {directory}"
         );
         assert!(fake.object("f").is_none(), "directory bucket: {directory}");
+    }
+}
+
+/// The kernel opens the inode its lookup found. Once the name stands for another file (a rename replaced it
+/// here), or the bucket no longer has the object (another client deleted it), that open is stale: the kernel
+/// then looks the name up again and opens what it is now, and a vanished object's name is asked about anew.
+#[tokio::test]
+async fn an_open_of_a_file_its_name_no_longer_stands_for_is_stale() {
+    use crate::fs::FsError;
+    use crate::s3::ObjectClient;
+
+    for directory in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        let objects: [(&str, &[u8]); 3] =
+            [("src", b"moved in"), ("dst", b"old"), ("gone", b"soon")];
+        let (fake, fs) = fs_with(&objects, overwriting(&dir), directory).await;
+        let dst = fs.sb.lookup(ROOT_INO, "dst").await.unwrap().ino;
+        fs.sb.lookup(ROOT_INO, "src").await.unwrap();
+        fs.rename(ROOT_INO, "src", ROOT_INO, "dst", false)
+            .await
+            .unwrap();
+        for mode in [RO, RW] {
+            assert!(
+                matches!(fs.open(dst, mode, 1).await, Err(FsError::Stale)),
+                "directory bucket: {directory}"
+            );
+        }
+        let moved = fs.sb.lookup(ROOT_INO, "dst").await.unwrap().ino;
+        assert_ne!(moved, dst);
+        let h = fs.open(moved, RO, 1).await.unwrap();
+        assert_eq!(&fs.read(h.fh, 0, 100).await.unwrap()[..], b"moved in");
+        fs.release(h.fh).await.unwrap();
+
+        let gone = fs.sb.lookup(ROOT_INO, "gone").await.unwrap().ino;
+        fake.delete_object("gone").await.unwrap();
+        assert!(matches!(fs.open(gone, RW, 1).await, Err(FsError::Stale)));
+        assert!(matches!(
+            fs.sb.lookup(ROOT_INO, "gone").await,
+            Err(FsError::NotFound)
+        ));
     }
 }
