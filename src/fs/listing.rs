@@ -237,11 +237,17 @@ impl Storms {
     /// unknown size; for one listed whole before, as many as that listing's pages (at least
     /// [`RELIST_THRESHOLD_MIN`]), since that is all a listing costs. Readers that reopen files of a directory
     /// they listed (the kernel answers their lookups from its own cache for a TTL, so no hit is counted here)
-    /// would otherwise pay a one-key LIST per name each time the entries expire.
-    fn storm_threshold(s: &DirState) -> u32 {
-        s.listed_pages.map_or(STORM_THRESHOLD, |pages| {
-            pages.clamp(RELIST_THRESHOLD_MIN, STORM_THRESHOLD)
-        })
+    /// would otherwise pay a one-key LIST per name each time the entries expire. Not while we change the
+    /// directory ourselves (within the last window): a listing sent then is likely overtaken by our changes,
+    /// and worth it only for a whole storm, as before.
+    fn storm_threshold(&self, s: &DirState, now: Instant) -> u32 {
+        let changing = s.changing > 0
+            || s.last_change
+                .is_some_and(|t| now.saturating_duration_since(t) < self.window);
+        match s.listed_pages {
+            Some(pages) if !changing => pages.clamp(RELIST_THRESHOLD_MIN, STORM_THRESHOLD),
+            _ => STORM_THRESHOLD,
+        }
     }
 
     /// Counts a lookup in `dir` that must ask the bucket. True when this one should start the listing.
@@ -256,7 +262,7 @@ impl Storms {
             s.misses = 0;
         }
         s.misses += 1;
-        if s.misses < Self::storm_threshold(s) || s.listing || s.quiet_until > now {
+        if s.misses < self.storm_threshold(s, now) || s.listing || s.quiet_until > now {
             return false;
         }
         Self::start_listing(s, now);
@@ -438,6 +444,12 @@ mod tests {
         storms.listed(5, 80, Duration::from_millis(5));
         let first = (0..STORM_THRESHOLD).position(|_| storms.note_miss(5, expired));
         assert_eq!(first, Some(STORM_THRESHOLD as usize - 1));
+        // A directory we are changing keeps the storm's threshold: a listing would likely be overtaken.
+        storms.listed(6, 1, Duration::from_millis(5));
+        let change = storms.changing(6);
+        let first = (0..STORM_THRESHOLD).position(|_| storms.note_miss(6, expired));
+        assert_eq!(first, Some(STORM_THRESHOLD as usize - 1));
+        drop(change);
     }
 
     #[test]

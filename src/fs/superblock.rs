@@ -422,9 +422,30 @@ impl Superblock {
         if self.storms.note_miss(parent, now) {
             self.list_in_background(parent_node.clone());
         }
+        let landing = self.storms.landing(parent);
+        // A listing of the directory that landed since this lookup found its entry stale answers it now. A
+        // lookup that lost that race (more often on a loaded machine) sent the one-key LIST the listing was
+        // there to save.
+        if landing.is_none() {
+            match self.fresh_child(&parent_node, name, Instant::now()) {
+                Ok(attr) => {
+                    if let Some(asking) = asking {
+                        asking.answer(Answer::Found);
+                    }
+                    return Ok(attr);
+                }
+                Err(again) if again.known_missing => {
+                    if let Some(asking) = asking {
+                        asking.answer(Answer::Missing);
+                    }
+                    return Err(FsError::NotFound);
+                }
+                Err(_) => {}
+            }
+        }
         let hint = Hint {
             was_dir: stale.was_dir,
-            landing: self.storms.landing(parent),
+            landing,
         };
         self.ask_bucket(&parent_node, name, now, !stale.page_cached, asking, hint)
             .await
