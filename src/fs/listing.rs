@@ -3,11 +3,11 @@
 //! A cold lookup costs two requests: the object (with its first bytes) and a one-key LIST of `name/`, because a
 //! directory of the same name must win and listings come back in no order. A data loader that opens thousands
 //! of files of one directory, without listing it first, pays that pair per file. Once a directory has seen
-//! [`STORM_THRESHOLD`] such lookups within one metadata TTL (fewer for a directory listed whole before: as many
-//! as that listing's pages, at least two), one listing of the whole directory (in the background, at most
-//! [`STORM_MAX_PAGES`] pages) puts every entry in the inode table, fresh for the TTL: the next lookups there
-//! need no request, and a file costs only the GET of its bytes. It is the same knowledge,
-//! with the same TTL, that `ls` would have given.
+//! [`STORM_THRESHOLD`] such lookups within one metadata TTL (fewer for a directory listed whole before and not
+//! being changed here: as many as that listing's pages, at least two), one listing of the whole directory (in
+//! the background, at most [`STORM_MAX_PAGES`] pages) puts every entry in the inode table, fresh for the TTL:
+//! the next lookups there need no request, and a file costs only the GET of its bytes. It is the same
+//! knowledge, with the same TTL, that `ls` would have given.
 //!
 //! A loader goes on for longer than one TTL. Left alone, the listed entries would all expire together and every
 //! lookup would pay the pair again until the next storm listing landed. So shortly before the entries of a
