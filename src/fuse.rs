@@ -909,6 +909,11 @@ fn not_offered<R>(op: &'static str, ino: INodeNo, reply: R, errno: Errno, error:
 /// A live mount. Dropping it unmounts.
 pub struct MountedFs {
     session: fuser::BackgroundSession,
+    closing: Closing,
+}
+
+/// What is left to do once the kernel session has ended ([`Closing::finish`]).
+struct Closing {
     outstanding: Arc<Outstanding>,
     fs: Arc<S3Filesystem>,
     runtime: tokio::runtime::Handle,
@@ -971,7 +976,7 @@ impl MountedFs {
     /// After the session ended: waits (at most `limit`) for releases still being worked on. Returns how many
     /// were left unfinished.
     pub fn finish_outstanding(&self, limit: Duration) -> usize {
-        finish(&self.outstanding, &self.fs, &self.runtime, limit)
+        self.closing.finish(limit)
     }
 
     /// True once the kernel session has ended (e.g. after `umount`).
@@ -994,43 +999,38 @@ impl MountedFs {
     /// Unmounts, waits for the session to end, then (at most `limit`) for releases still being worked on.
     /// Returns how many were left unfinished.
     pub fn unmount(self, limit: Duration) -> std::io::Result<usize> {
-        let MountedFs {
-            session,
-            outstanding,
-            fs,
-            runtime,
-        } = self;
+        let MountedFs { session, closing } = self;
         session.umount_and_join()?;
-        Ok(finish(&outstanding, &fs, &runtime, limit))
+        Ok(closing.finish(limit))
     }
 }
 
-/// After the session ended: the releases under way first (at most `limit` in all), then every handle still
-/// open. The kernel tears a connection down at unmount with the requests it has not handed over yet, so
-/// the RELEASE of a file closed just before `umount` may never come; for a staged file that is the request
-/// that uploads it. No request can come any more, so those handles are released here, as the kernel would
-/// have. Returns how many releases were left unfinished.
-fn finish(
-    outstanding: &Outstanding,
-    fs: &Arc<S3Filesystem>,
-    runtime: &tokio::runtime::Handle,
-    limit: Duration,
-) -> usize {
-    let deadline = std::time::Instant::now() + limit;
-    let left = outstanding.finish(limit);
-    let rest = deadline.saturating_duration_since(std::time::Instant::now());
-    let fs = Arc::clone(fs);
-    // The timer is made inside the runtime: this thread is not one of its own.
-    match runtime.block_on(async move { tokio::time::timeout(rest, fs.release_all_left()).await }) {
-        Ok(0) => left,
-        Ok(released) => {
-            info!(
-                released,
-                "released at unmount the handles whose release the kernel never sent"
-            );
-            left
+impl Closing {
+    /// The releases under way first (at most `limit` in all), then every handle still open. The kernel tears
+    /// a connection down at unmount with the requests it has not handed over yet, so the RELEASE of a file
+    /// closed just before `umount` may never come; for a staged file that is the request that uploads it. No
+    /// request can come any more, so those handles are released here, as the kernel would have. Returns how
+    /// many releases were left unfinished.
+    fn finish(&self, limit: Duration) -> usize {
+        let deadline = std::time::Instant::now() + limit;
+        let left = self.outstanding.finish(limit);
+        let rest = deadline.saturating_duration_since(std::time::Instant::now());
+        let fs = Arc::clone(&self.fs);
+        // The timer is made inside the runtime: this thread is not one of its own.
+        let released = self
+            .runtime
+            .block_on(async move { tokio::time::timeout(rest, fs.release_all_left()).await });
+        match released {
+            Ok(0) => left,
+            Ok(released) => {
+                info!(
+                    released,
+                    "released at unmount the handles whose release the kernel never sent"
+                );
+                left
+            }
+            Err(_) => left + 1,
         }
-        Err(_) => left + 1,
     }
 }
 
@@ -1148,9 +1148,11 @@ pub fn mount(
     let _ = notifier.set(session.notifier());
     Ok(MountedFs {
         session,
-        outstanding,
-        fs,
-        runtime,
+        closing: Closing {
+            outstanding,
+            fs,
+            runtime,
+        },
     })
 }
 
