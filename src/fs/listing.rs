@@ -175,6 +175,8 @@ struct DirState {
 pub struct Storms {
     window: Duration,
     dirs: Mutex<HashMap<u64, DirState>>,
+    /// Woken whenever a directory's last change under way ends (see [`Self::settled`]).
+    settling: tokio::sync::Notify,
 }
 
 impl Storms {
@@ -184,6 +186,7 @@ impl Storms {
         Storms {
             window,
             dirs: Mutex::new(HashMap::new()),
+            settling: tokio::sync::Notify::new(),
         }
     }
 
@@ -343,6 +346,29 @@ impl Storms {
     }
 
     /// Marks a change of `dir` under way until the returned guard is dropped.
+    /// Waits, `at_most`, until none of our changes to `dir` is under way; whether none is. A listing that
+    /// lands in the middle of one (a rename whose request is answered but whose names the table has not
+    /// moved yet) shows a name the table lacks; once the change ends, the table has it.
+    pub async fn settled(&self, dir: u64, at_most: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + at_most;
+        loop {
+            let woken = self.settling.notified();
+            tokio::pin!(woken);
+            // Registered before the check, so an end that comes between the two is not missed.
+            woken.as_mut().enable();
+            if !self.is_changing(dir) {
+                return true;
+            }
+            if tokio::time::timeout_at(deadline, woken).await.is_err() {
+                return !self.is_changing(dir);
+            }
+        }
+    }
+
+    fn is_changing(&self, dir: u64) -> bool {
+        self.dirs().get(&dir).is_some_and(|s| s.changing > 0)
+    }
+
     pub fn changing(&self, dir: u64) -> DirChange<'_> {
         Self::state(&mut self.dirs(), dir, Instant::now()).changing += 1;
         DirChange { storms: self, dir }
@@ -362,6 +388,10 @@ impl Drop for DirChange<'_> {
         let s = Storms::state(&mut dirs, self.dir, now);
         s.changing = s.changing.saturating_sub(1);
         s.last_change = Some(now);
+        if s.changing == 0 {
+            drop(dirs);
+            self.storms.settling.notify_waiters();
+        }
     }
 }
 

@@ -42,6 +42,10 @@ const LIST_ATTEMPTS: u32 = 3;
 /// listing of a few pages lands well within it, and a directory too big to list does not hold lookups up longer.
 const LANDING_WAIT: std::time::Duration = std::time::Duration::from_millis(250);
 
+/// Longest a background listing overtaken by our changes waits for the one under way to end before it is
+/// judged: a change is a request or two, and lookups may be waiting for the listing (`LANDING_WAIT`).
+const SETTLE_WAIT: std::time::Duration = std::time::Duration::from_millis(200);
+
 /// A directory's entries and until when they may be served without listing again.
 type CachedListing = (Instant, Arc<Vec<DirEntry>>);
 
@@ -705,6 +709,11 @@ impl Superblock {
             let asked = Instant::now();
             let listed =
                 listing::list_all(client.as_ref(), dir.key(), Some(listing::STORM_MAX_PAGES)).await;
+            if matches!(listed, Ok(Some(_))) && !storms.unchanged_since(dir.ino(), asked) {
+                // Overtaken by our changes: judged below against the table, which must first catch up with
+                // a change half done when the listing landed (rsync's renames, one after the other).
+                storms.settled(dir.ino(), SETTLE_WAIT).await;
+            }
             let outcome = match listed {
                 Ok(Some(listing::Whole { found, shadowed })) => {
                     let mut table = inodes.lock().unwrap_or_else(|e| e.into_inner());

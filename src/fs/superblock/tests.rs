@@ -563,3 +563,41 @@ async fn a_directory_with_a_shadowed_name_asks_about_missing_names() {
         "the link the file shadowed"
     );
 }
+
+/// A background listing that lands while one of our renames there is half done (the bucket renamed, the table
+/// not yet) shows a name the table lacks; judged once the rename ends, it still renews what the directory
+/// knows, so a name that is not there is missing without asking. (It used to count as not applied, and every
+/// lookup asked the bucket for a TTL: rsync writing into a directory, on a loaded machine.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listing_landing_in_the_middle_of_a_rename_renews_the_directory_once_it_ends() {
+    let (fake, fs) = fs_with(&[("d/a", b"1"), ("d/kept", b"2")], config(), true).await;
+    let fs = Arc::new(fs);
+    let dir = fs.sb.lookup(ROOT_INO, "d").await.unwrap().ino;
+    fs.sb.lookup(dir, "a").await.unwrap();
+    fs.sb.lookup(dir, "kept").await.unwrap();
+    let gate = fake.faults().hold(Op::Rename);
+    let rename = tokio::spawn({
+        let fs = Arc::clone(&fs);
+        async move { fs.rename(dir, "a", dir, "b", false).await }
+    });
+    while gate.held() == 0 {
+        tokio::task::yield_now().await;
+    }
+    // The bucket has `b`, the table still `a`: a listing sent now shows a name the table does not have.
+    while !fs.sb.storms.note_miss(dir, std::time::Instant::now()) {}
+    let landing = fs.sb.storms.landing(dir).expect("a listing under way");
+    fs.sb.list_in_background(fs.sb.dir_node(dir).unwrap());
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    gate.open();
+    rename.await.unwrap().unwrap();
+    assert_eq!(
+        crate::fs::listing::landed(landing).await,
+        Some(crate::fs::listing::Listed::Renewed { pages: 1 })
+    );
+    let before = fake.counts();
+    assert!(matches!(
+        fs.sb.lookup(dir, "nope").await,
+        Err(FsError::NotFound)
+    ));
+    assert_eq!(fake.counts().since(&before).total(), 0, "known missing");
+}
