@@ -35,17 +35,18 @@ pub async fn build_stack(
         let client = SdkClient::new(args.client_config(name, region)).await?;
         // A listing proves the session (CreateSession) and read access, not just that the bucket exists. Both
         // checks run at once (one round trip less before the mount appears); the bucket's error is the
-        // clearer one, so it is reported first.
+        // clearer one, so it is reported first. The listing asks for a whole page: when the root fits in one,
+        // it answers the first lookups there.
+        let asked = std::time::Instant::now();
         let (bucket, listing) = tokio::join!(
             client.head_bucket(),
-            client.list_objects(&prefix, Some("/"), None, 1)
+            client.list_objects(&prefix, Some("/"), None, 1000)
         );
         bucket?;
-        listing?;
-        Ok::<_, ClientError>(client)
+        Ok::<_, ClientError>((client, (listing?, asked)))
     };
-    let sdk_client = match client.await {
-        Ok(c) => Arc::new(c),
+    let (sdk_client, root_page) = match client.await {
+        Ok((c, root_page)) => (Arc::new(c), root_page),
         Err(e) => return Err(explain(&e, &name.name, region, name.is_directory())),
     };
     {
@@ -110,7 +111,10 @@ pub async fn build_stack(
         cached: source,
         direct: bucket_source,
     };
-    Ok(S3Filesystem::new(sdk_client, config).with_read_sources(sources))
+    let (page, asked) = root_page;
+    Ok(S3Filesystem::new(sdk_client, config)
+        .with_read_sources(sources)
+        .with_root_page(page, asked))
 }
 
 /// Registers the file system's own tables and buffers with the probes.

@@ -224,6 +224,35 @@ fn looking_up_a_directory_again_sends_no_get() {
     assert_eq!(cost.failed_gets, 0, "{cost:?}");
 }
 
+/// The first lookups of the names at the root of a fresh mount (a dataset's directories) send nothing: the
+/// mount's own first LIST, which checks access, held the root's one page of names. Each used to send a GET
+/// that 404s beside its one-key LIST.
+#[test]
+fn a_fresh_mount_looks_up_the_names_at_its_root_from_its_first_listing() {
+    for directory in [true, false] {
+        let bucket = fresh_bucket(directory, "rootpage");
+        put(emulator(), &bucket, "shards/000.tar", b"tar".to_vec());
+        put(emulator(), &bucket, "loose/a.jpg", b"jpg".to_vec());
+        put(emulator(), &bucket, "top.txt", b"top".to_vec());
+        let mount = Mount::new(&bucket, &["--metadata-ttl", "60"]);
+        let before = Requests::of(&bucket);
+        assert!(fs::metadata(mount.path().join("shards")).unwrap().is_dir());
+        assert!(fs::metadata(mount.path().join("loose")).unwrap().is_dir());
+        assert_eq!(fs::metadata(mount.path().join("top.txt")).unwrap().len(), 3);
+        assert!(!mount.path().join("absent").exists());
+        let cost = Requests::of(&bucket).since(before);
+        assert_eq!(
+            (cost.gets, cost.heads, cost.lists),
+            (0, 0, 0),
+            "{bucket}: {cost:?}"
+        );
+        assert_eq!(fs::read(mount.path().join("top.txt")).unwrap(), b"top");
+        assert_eq!(fs::read(mount.path().join("loose/a.jpg")).unwrap(), b"jpg");
+        let cost = Requests::of(&bucket).since(before);
+        assert_eq!(cost.failed_gets, 0, "{bucket}: {cost:?}");
+    }
+}
+
 /// 64 readers of 100 KB files at once (workload 4 of the bench). None is in the page cache yet, so each file's
 /// bytes go there with the answer to its open and no FUSE read is sent. Then, with their pages dropped, a
 /// second pass: each file is one FUSE read. The kernel splits the read-ahead of a file into several requests

@@ -27,7 +27,7 @@ use tokio::sync::watch;
 use super::inode::{Kind, Stat};
 use super::names;
 use super::{FsError, FsResult};
-use crate::s3::ObjectClient;
+use crate::s3::{ListPage, ObjectClient};
 
 /// Lookups that must ask the bucket, in one directory within one window, before it is listed whole.
 pub const STORM_THRESHOLD: u32 = 16;
@@ -59,10 +59,7 @@ pub async fn list_all(
     dir_key: &str,
     max_pages: Option<usize>,
 ) -> FsResult<Option<Whole>> {
-    let mut found = Found::new();
-    let mut shadowed = false;
-    // Links are merged last: a file or directory of the same name wins whatever page it came on.
-    let mut links = Found::new();
+    let mut merged = Merged::default();
     let mut token: Option<String> = None;
     let mut pages = 0;
     loop {
@@ -74,11 +71,40 @@ pub async fn list_all(
             .await
             .map_err(|e| FsError::client(dir_key, e))?;
         pages += 1;
+        match merged.add(dir_key, page) {
+            Some(t) => token = Some(t),
+            None => return Ok(Some(merged.finish())),
+        }
+    }
+}
+
+/// The whole directory `dir_key` from a page asked for with delimiter `/`, if that page is all there is (it
+/// has no continuation token): the mount's first LIST of its root, which checks access, answers the first
+/// lookups there too.
+pub fn whole_from_one_page(dir_key: &str, page: ListPage) -> Option<Whole> {
+    let mut merged = Merged::default();
+    merged.add(dir_key, page).is_none().then(|| merged.finish())
+}
+
+/// The entries of a listing's pages so far.
+#[derive(Default)]
+struct Merged {
+    found: Found,
+    shadowed: bool,
+    /// Links are merged last: a file or directory of the same name wins whatever page it came on.
+    links: Found,
+}
+
+impl Merged {
+    /// Takes in one page of `dir_key`; returns the token of the next page, if there is one.
+    fn add(&mut self, dir_key: &str, page: ListPage) -> Option<String> {
         for prefix in &page.common_prefixes {
             if let Some(name) = names::name_of_common_prefix(dir_key, prefix) {
                 // Directory buckets may repeat a common prefix; only a file under it is shadowed.
-                let before = found.insert(name.to_string(), (Kind::Directory, Stat::directory()));
-                shadowed |= before.is_some_and(|(kind, _)| kind != Kind::Directory);
+                let before = self
+                    .found
+                    .insert(name.to_string(), (Kind::Directory, Stat::directory()));
+                self.shadowed |= before.is_some_and(|(kind, _)| kind != Kind::Directory);
             }
         }
         for object in page.objects {
@@ -93,22 +119,26 @@ pub async fn list_all(
             };
             match names::link_name(name) {
                 Some(link) => {
-                    links.insert(link.to_string(), (Kind::Symlink, stat));
+                    self.links.insert(link.to_string(), (Kind::Symlink, stat));
                 }
                 None => {
-                    shadowed |= !add_unless_shown(&mut found, name.to_string(), (Kind::File, stat))
+                    self.shadowed |=
+                        !add_unless_shown(&mut self.found, name.to_string(), (Kind::File, stat))
                 }
             }
         }
-        match page.next_continuation_token {
-            Some(t) if !t.is_empty() => token = Some(t),
-            _ => break,
+        page.next_continuation_token.filter(|t| !t.is_empty())
+    }
+
+    fn finish(mut self) -> Whole {
+        for (name, link) in self.links {
+            self.shadowed |= !add_unless_shown(&mut self.found, name, link);
+        }
+        Whole {
+            found: self.found,
+            shadowed: self.shadowed,
         }
     }
-    for (name, link) in links {
-        shadowed |= !add_unless_shown(&mut found, name, link);
-    }
-    Ok(Some(Whole { found, shadowed }))
 }
 
 /// Adds `name` unless the listing already shows something under it (which then shadows it); whether added.
@@ -398,6 +428,53 @@ impl Drop for DirChange<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn object(key: &str) -> crate::s3::ObjectInfo {
+        crate::s3::ObjectInfo {
+            key: key.into(),
+            size: 3,
+            etag: "\"e\"".into(),
+            last_modified: std::time::SystemTime::UNIX_EPOCH,
+            metadata: Default::default(),
+        }
+    }
+
+    #[test]
+    fn one_page_is_the_whole_directory_only_when_no_page_follows() {
+        let page = |token: Option<&str>| ListPage {
+            objects: vec![
+                object("pre/a.jpg"),
+                object("pre/b"),
+                object("pre/b.rclonelink"),
+            ],
+            common_prefixes: vec!["pre/b/".into(), "pre/shards/".into()],
+            next_continuation_token: token.map(Into::into),
+        };
+        let whole = whole_from_one_page("pre/", page(None)).expect("one page");
+        let mut names: Vec<(&str, Kind)> = whole
+            .found
+            .iter()
+            .map(|(n, (k, _))| (n.as_str(), *k))
+            .collect();
+        names.sort_by_key(|(n, _)| *n);
+        assert_eq!(
+            names,
+            [
+                ("a.jpg", Kind::File),
+                ("b", Kind::Directory),
+                ("shards", Kind::Directory)
+            ]
+        );
+        assert!(
+            whole.shadowed,
+            "b stands for a directory, a file and a link"
+        );
+        assert!(whole_from_one_page("pre/", page(Some("next"))).is_none());
+        assert!(
+            whole_from_one_page("pre/", page(Some(""))).is_some(),
+            "an empty token ends the listing"
+        );
+    }
 
     #[test]
     fn a_storm_starts_one_listing_per_window() {

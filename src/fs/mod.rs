@@ -247,6 +247,16 @@ impl S3Filesystem {
         self
     }
 
+    /// Starts from the mount's first LIST of its root (see [`Superblock::take_root_page`]).
+    pub fn with_root_page(
+        self,
+        page: crate::s3::ListPage,
+        asked: std::time::Instant,
+    ) -> S3Filesystem {
+        self.sb.take_root_page(page, asked);
+        self
+    }
+
     /// The kernel cannot mmap files opened with direct I/O (before Linux 6.6): big files then use the page
     /// cache like small ones, and only O_DIRECT opens bypass it.
     pub fn keep_big_files_in_page_cache(&self) {

@@ -20,7 +20,7 @@ use super::listing::{self, Storms};
 use super::negative::NegativeCache;
 use super::{Attr, DirEntry, FileKind, FsConfig, FsError, FsResult, names};
 use crate::memory::Reservation;
-use crate::s3::ObjectClient;
+use crate::s3::{ListPage, ObjectClient};
 use crate::source::ReadSource;
 
 #[cfg(test)]
@@ -721,15 +721,14 @@ impl Superblock {
                     if table.get(dir.ino()).is_some_and(|d| d.key() == dir.key())
                         && storms.unchanged_since(dir.ino(), asked)
                     {
-                        let expires = Instant::now() + ttl;
                         let pages = pages_of(&found);
-                        trust_listed_dir(&mut table, dir.ino(), &found, expires);
-                        for (name, (kind, stat)) in found {
-                            table.upsert(dir.ino(), &name, kind, stat, expires, asked);
-                        }
-                        if !known_for.is_zero() && !shadowed {
-                            table.know_every_name(dir.ino(), asked, asked + known_for);
-                        }
+                        take_whole_listing(
+                            &mut table,
+                            dir.ino(),
+                            listing::Whole { found, shadowed },
+                            asked,
+                            (Instant::now() + ttl, known_for),
+                        );
                         debug!(key = dir.key(), pages, "listed after a storm of lookups");
                         listing::Listed::Applied { pages }
                     } else if !known_for.is_zero()
@@ -765,6 +764,20 @@ impl Superblock {
             };
             storms.listing_done(dir.ino(), outcome);
         });
+    }
+
+    /// Takes the mount's first LIST of its root, sent at `asked` before any change could be made, as a whole
+    /// listing of the root when it is one page: the first lookups of the names there (a dataset's
+    /// directories) then ask nothing, where each cost a GET that 404s beside its one-key LIST.
+    pub fn take_root_page(&self, page: ListPage, asked: Instant) {
+        let root = self.config.prefix.as_str();
+        let Some(whole) = listing::whole_from_one_page(root, page) else {
+            return;
+        };
+        let pages = pages_of(&whole.found);
+        let trusted = (self.expiry(), self.every_name_known_for());
+        take_whole_listing(&mut self.table(), ROOT_INO, whole, asked, trusted);
+        self.storms.listed(ROOT_INO, pages, asked.elapsed());
     }
 
     /// A listing of `dir` made within the TTL whose entries are all still known.
@@ -852,6 +865,25 @@ impl Superblock {
 }
 
 /// About what listing `found` cost: a page holds 1,000 keys and prefixes.
+/// Puts every entry of a whole listing of `dir`, sent at `asked`, in the table, fresh until `expires`; the
+/// directory then knows every name it holds for `known_for` from `asked` (unless a name stood for two things).
+fn take_whole_listing(
+    table: &mut InodeTable,
+    dir: u64,
+    whole: listing::Whole,
+    asked: Instant,
+    (expires, known_for): (Instant, Duration),
+) {
+    let listing::Whole { found, shadowed } = whole;
+    trust_listed_dir(table, dir, &found, expires);
+    for (name, (kind, stat)) in found {
+        table.upsert(dir, &name, kind, stat, expires, asked);
+    }
+    if !known_for.is_zero() && !shadowed {
+        table.know_every_name(dir, asked, asked + known_for);
+    }
+}
+
 fn pages_of(found: &listing::Found) -> u32 {
     u32::try_from(found.len() / 1000 + 1).unwrap_or(u32::MAX)
 }
