@@ -14,7 +14,7 @@
 //! listing expire (a tenth of the TTL, or three times what the listing took), the next lookup that finds its entry
 //! fresh lists the directory again in the background, provided enough lookups found entries there since (a
 //! listing of many pages is not worth it for a few lookups): one listing per TTL while the directory is read. A
-//! readdir's listing counts as one too. Lookups that must ask while a listing is under way take the answer to
+//! readdir's listing counts as one too, and so does the mount's first LIST of its root when the root fits in it. Lookups that must ask while a listing is under way take the answer to
 //! "is it a directory" from that listing instead of a one-key LIST of their own. No entry is ever trusted for
 //! longer than one TTL after the bucket was asked.
 
@@ -375,7 +375,6 @@ impl Storms {
             .is_none_or(|s| s.changing == 0 && s.last_change.is_none_or(|t| t < asked))
     }
 
-    /// Marks a change of `dir` under way until the returned guard is dropped.
     /// Waits, `at_most`, until none of our changes to `dir` is under way; whether none is. A listing that
     /// lands in the middle of one (a rename whose request is answered but whose names the table has not
     /// moved yet) shows a name the table lacks; once the change ends, the table has it.
@@ -399,6 +398,7 @@ impl Storms {
         self.dirs().get(&dir).is_some_and(|s| s.changing > 0)
     }
 
+    /// Marks a change of `dir` under way until the returned guard is dropped.
     pub fn changing(&self, dir: u64) -> DirChange<'_> {
         Self::state(&mut self.dirs(), dir, Instant::now()).changing += 1;
         DirChange { storms: self, dir }

@@ -864,7 +864,6 @@ impl Superblock {
     }
 }
 
-/// About what listing `found` cost: a page holds 1,000 keys and prefixes.
 /// Puts every entry of a whole listing of `dir`, sent at `asked`, in the table, fresh until `expires`; the
 /// directory then knows every name it holds for `known_for` from `asked` (unless a name stood for two things).
 fn take_whole_listing(
@@ -884,6 +883,7 @@ fn take_whole_listing(
     }
 }
 
+/// About what listing `found` cost: a page holds 1,000 keys and prefixes.
 fn pages_of(found: &listing::Found) -> u32 {
     u32::try_from(found.len() / 1000 + 1).unwrap_or(u32::MAX)
 }
