@@ -1103,7 +1103,7 @@ impl S3Filesystem {
     }
 
     /// Releases every handle still open; returns how many there were. Only after the kernel session ended
-    /// (see `fuse::finish`): a release that fails is logged, as one the kernel sent would be.
+    /// (see `fuse::Closing::finish`): a release that fails is logged, as one the kernel sent would be.
     pub async fn release_all_left(&self) -> usize {
         let left: Vec<u64> = self.handles.open().keys().copied().collect();
         for &fh in &left {

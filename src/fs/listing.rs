@@ -205,7 +205,7 @@ struct DirState {
 pub struct Storms {
     window: Duration,
     dirs: Mutex<HashMap<u64, DirState>>,
-    /// Woken whenever a directory's last change under way ends (see [`Self::settled`]).
+    /// Woken whenever a directory's last change under way ends (see [`Self::until_settled`]).
     settling: tokio::sync::Notify,
 }
 
@@ -375,21 +375,18 @@ impl Storms {
             .is_none_or(|s| s.changing == 0 && s.last_change.is_none_or(|t| t < asked))
     }
 
-    /// Waits, `at_most`, until none of our changes to `dir` is under way; whether none is. A listing that
-    /// lands in the middle of one (a rename whose request is answered but whose names the table has not
-    /// moved yet) shows a name the table lacks; once the change ends, the table has it.
-    pub async fn settled(&self, dir: u64, at_most: Duration) -> bool {
+    /// Waits until none of our changes to `dir` is under way, or `at_most` has passed. A listing that lands
+    /// in the middle of one (a rename whose request is answered but whose names the table has not moved yet)
+    /// shows a name the table lacks; once the change ends, the table has it.
+    pub async fn until_settled(&self, dir: u64, at_most: Duration) {
         let deadline = tokio::time::Instant::now() + at_most;
         loop {
             let woken = self.settling.notified();
             tokio::pin!(woken);
             // Registered before the check, so an end that comes between the two is not missed.
             woken.as_mut().enable();
-            if !self.is_changing(dir) {
-                return true;
-            }
-            if tokio::time::timeout_at(deadline, woken).await.is_err() {
-                return !self.is_changing(dir);
+            if !self.is_changing(dir) || tokio::time::timeout_at(deadline, woken).await.is_err() {
+                return;
             }
         }
     }

@@ -142,7 +142,6 @@ impl Superblock {
         self.inodes.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// A copy of the node `ino`, to use without holding the table.
     /// Whether `ino` is in the table and still the node its name stands for (the root always is).
     pub fn stands_for_its_name(&self, ino: u64) -> bool {
         let table = self.table();
@@ -160,6 +159,7 @@ impl Superblock {
         }
     }
 
+    /// A copy of the node `ino`, to use without holding the table.
     pub fn node(&self, ino: u64) -> FsResult<Node> {
         self.table().get(ino).cloned().ok_or(FsError::NotFound)
     }
@@ -712,7 +712,7 @@ impl Superblock {
             if matches!(listed, Ok(Some(_))) && !storms.unchanged_since(dir.ino(), asked) {
                 // Overtaken by our changes: judged below against the table, which must first catch up with
                 // a change half done when the listing landed (rsync's renames, one after the other).
-                storms.settled(dir.ino(), SETTLE_WAIT).await;
+                storms.until_settled(dir.ino(), SETTLE_WAIT).await;
             }
             let outcome = match listed {
                 Ok(Some(listing::Whole { found, shadowed })) => {
