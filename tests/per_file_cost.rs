@@ -253,6 +253,58 @@ fn a_fresh_mount_looks_up_the_names_at_its_root_from_its_first_listing() {
     }
 }
 
+/// A path walked below the root without listing (`data/train/sub/z.jpg`, a checkpoint's files): the first lookup
+/// that must ask in a directory never listed waits for one page of it instead, and a directory that fits in it
+/// is listed whole. Each directory then costs that one LIST, its names cost no lookup request (no GET that 404s
+/// for `train` or `sub`, no LIST per name), and each file read costs its GET.
+#[test]
+fn a_path_walked_below_the_root_costs_one_list_per_directory_and_no_get_that_404s() {
+    for directory in [true, false] {
+        let bucket = fresh_bucket(directory, "walk");
+        for key in [
+            "data/train/x.jpg",
+            "data/train/y.jpg",
+            "data/train/sub/z.jpg",
+            "data/val/v.jpg",
+        ] {
+            put(emulator(), &bucket, key, key.as_bytes().to_vec());
+        }
+        let mount = Mount::new(&bucket, &["--metadata-ttl", "60"]);
+        let before = Requests::of(&bucket);
+        assert!(
+            fs::metadata(mount.path().join("data/train"))
+                .unwrap()
+                .is_dir()
+        );
+        let cost = Requests::of(&bucket).since(before);
+        // `data` is known from the mount's first page; `train` from the page of `data/`.
+        assert_eq!((cost.gets, cost.lists), (0, 1), "{bucket}: {cost:?}");
+        let before = Requests::of(&bucket);
+        let train = mount.path().join("data/train");
+        assert!(fs::metadata(train.join("sub")).unwrap().is_dir());
+        assert_eq!(fs::metadata(train.join("x.jpg")).unwrap().len(), 16);
+        assert!(!train.join("absent.jpg").exists());
+        let cost = Requests::of(&bucket).since(before);
+        assert_eq!(
+            (cost.gets, cost.heads, cost.lists),
+            (0, 0, 1),
+            "{bucket}: lookups in `train`, answered by its page: {cost:?}"
+        );
+        let before = Requests::of(&bucket);
+        assert_eq!(fs::read(train.join("x.jpg")).unwrap(), b"data/train/x.jpg");
+        assert_eq!(fs::read(train.join("y.jpg")).unwrap(), b"data/train/y.jpg");
+        assert_eq!(
+            fs::read(train.join("sub/z.jpg")).unwrap(),
+            b"data/train/sub/z.jpg"
+        );
+        let cost = Requests::of(&bucket).since(before);
+        assert_eq!(cost.failed_gets, 0, "{bucket}: {cost:?}");
+        assert_eq!(cost.heads, 0, "{bucket}: {cost:?}");
+        // One GET per file, and the page of `sub/`.
+        assert_eq!((cost.gets, cost.lists), (3, 1), "{bucket}: {cost:?}");
+    }
+}
+
 /// 64 readers of 100 KB files at once (workload 4 of the bench). None is in the page cache yet, so each file's
 /// bytes go there with the answer to its open and no FUSE read is sent. Then, with their pages dropped, a
 /// second pass: each file is one FUSE read. The kernel splits the read-ahead of a file into several requests
@@ -323,12 +375,18 @@ fn writable_mount(bucket: &str) -> Mount {
 /// rsync and its kind look a name up, find nothing, then create it, or rename a temporary file onto it. Within
 /// the negative TTL that lookup's answer stands: the create and the rename ask the bucket only whether a
 /// directory appeared under the name meanwhile (one LIST each), and the bucket ends up holding the right
-/// bytes under the right names. A directory that did appear is still refused.
+/// bytes under the right names. A directory that did appear is still refused. (`d` is bigger than one page,
+/// so that its first lookup does not list it whole: in a directory that knows every name, as in
+/// `names_missing_from_a_directory_made_or_listed_here_ask_nothing`, they ask nothing at all.)
 #[test]
 fn making_a_name_a_lookup_just_found_missing_asks_only_for_a_directory() {
     for directory in [true, false] {
         let bucket = fresh_bucket(directory, "newname");
         put(emulator(), &bucket, "d/old.bin", b"old".to_vec());
+        let pad = (0..1000)
+            .map(|i| (format!("d/pad-{i:04}"), vec![b'p']))
+            .collect();
+        put_many(emulator(), &bucket, pad);
         let mount = writable_mount(&bucket);
         let dir = mount.path().join("d");
         assert!(dir.join("old.bin").exists());
@@ -338,6 +396,7 @@ fn making_a_name_a_lookup_just_found_missing_asks_only_for_a_directory() {
             "{bucket}: looked up, missing"
         );
         let before = Requests::of(&bucket);
+        let puts = op_count(&bucket, "PutObject");
         fs::write(&temp, b"fresh bytes").unwrap();
         fs::rename(&temp, &name).unwrap();
         let spent = Requests::of(&bucket).since(before);
@@ -346,7 +405,7 @@ fn making_a_name_a_lookup_just_found_missing_asks_only_for_a_directory() {
             (0, 0, 2),
             "{bucket}: {spent:?} besides the upload and the move"
         );
-        assert_eq!(op_count(&bucket, "PutObject"), 2, "{bucket}");
+        assert_eq!(op_count(&bucket, "PutObject") - puts, 1, "{bucket}");
         assert_eq!(
             get(emulator(), &bucket, "d/new.bin"),
             Some(b"fresh bytes".to_vec()),

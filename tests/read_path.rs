@@ -440,7 +440,13 @@ fn a_lookup_brings_the_first_bytes_so_small_files_cost_one_get() {
     );
     drop(mount);
 
-    // --lookup-prefetch 0: lookups are HEADs again, and a GET follows for each file.
+    // --lookup-prefetch 0: lookups are HEADs again, and a GET follows for each file. With the directory bigger
+    // than one page, its lookups ask for their names (a directory that fits in its first page is listed by the
+    // first lookup that asks, and the rest ask nothing).
+    let pad = (0..1000)
+        .map(|i| (format!("img/pad-{i:04}"), vec![b'p']))
+        .collect();
+    put_many(emu, &bucket, pad);
     let mount = Mount::new(&bucket, &["--lookup-prefetch", "0"]);
     fs::metadata(mount.path().join("img")).unwrap();
     let (gets0, heads0) = counts();

@@ -278,7 +278,15 @@ impl Node {
     /// being written here (the bucket does not know its size yet), or what we hold is newer than the request
     /// (a listing or HEAD sent before our own upload finished would bring back the old size).
     pub fn observe(&mut self, stat: Stat, asked: Instant) -> bool {
-        if self.is_being_written() || asked < self.stat_at {
+        if self.is_being_written() {
+            return false;
+        }
+        if asked < self.stat_at {
+            // A listing sent after this answer (one a lookup waited for) carries no metadata; what this answer
+            // says of the same version still holds, as below.
+            if self.stat.attrs.is_none() && stat.etag.is_some() && stat.etag == self.stat.etag {
+                self.stat.attrs = stat.attrs;
+            }
             return false;
         }
         // A listing says nothing of the metadata: what a HEAD said of the same version still holds.

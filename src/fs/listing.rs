@@ -1,8 +1,10 @@
 //! Whole-directory listings, and the lookup storms that call for one.
 //!
-//! A cold lookup costs two requests: the object (with its first bytes) and a one-key LIST of `name/`, because a
-//! directory of the same name must win and listings come back in no order. A data loader that opens thousands
-//! of files of one directory, without listing it first, pays that pair per file. Once a directory has seen
+//! A cold lookup costs two requests: the object (with its first bytes) and a LIST of `name/`, because a
+//! directory of the same name must win and listings come back in no order. The first such lookup in a
+//! directory never listed lists one page of it instead ([`FIRST_PAGE`]), and a directory that fits in it asks
+//! nothing more. In a bigger one, a data loader that opens thousands of files without listing it first pays that
+//! pair per file, until a storm: once a directory has seen
 //! [`STORM_THRESHOLD`] such lookups within one metadata TTL (fewer for a directory listed whole before and not
 //! being changed here: as many as that listing's pages, at least two), one listing of the whole directory (in
 //! the background, at most [`STORM_MAX_PAGES`] pages) puts every entry in the inode table, fresh for the TTL:
@@ -36,6 +38,12 @@ pub const STORM_THRESHOLD: u32 = 16;
 const RELIST_THRESHOLD_MIN: u32 = 2;
 /// Largest directory (in pages of 1,000 keys) a storm lists; a bigger one keeps per-name lookups.
 pub const STORM_MAX_PAGES: usize = 100;
+/// What the first lookup that must ask in a directory never listed lists of it, in the background, with the
+/// lookups of the moment waiting for it instead of sending the LIST of their name's prefix: one page. It costs
+/// that first lookup no more requests than it would have sent, and a directory that fits in it (most do) is then
+/// listed whole, so no lookup there asks again: no LIST per name up to a storm, no GET that 404s for a
+/// subdirectory. A bigger directory costs one page more, once, and goes on to storms as before.
+pub const FIRST_PAGE: usize = 1;
 /// How long a directory too big to list is left alone before a storm may try again.
 const TOO_BIG_BACKOFF: Duration = Duration::from_secs(60);
 /// Directories tracked at once; older quiet ones are dropped beyond this.
@@ -167,7 +175,7 @@ pub async fn landed(mut landing: Landing) -> Option<Listed> {
 pub enum Listed {
     /// Its entries went into the table; `pages` is about what the listing cost.
     Applied { pages: u32 },
-    /// More than [`STORM_MAX_PAGES`] pages.
+    /// More pages than it was to list ([`STORM_MAX_PAGES`], or [`FIRST_PAGE`]).
     TooBig,
     /// Our own changes overtook it, but it showed nothing the table does not account for
     /// ([`crate::fs::inode::InodeTable::accounts_for`]): the directory knows every name it holds again. Its
@@ -197,6 +205,9 @@ struct DirState {
     last_change: Option<Instant>,
     /// Pages of the last listing of the whole directory, if one was applied: what listing it again costs.
     listed_pages: Option<u32>,
+    /// Its first page was asked for ([`FIRST_PAGE`]), and whether that is the listing under way.
+    first_page_asked: bool,
+    first_page_landing: bool,
 }
 
 /// Per-directory counts of lookups that asked the bucket, and our own changes that a background listing must
@@ -241,6 +252,8 @@ impl Storms {
             changing: 0,
             last_change: None,
             listed_pages: None,
+            first_page_asked: false,
+            first_page_landing: false,
         })
     }
 
@@ -274,19 +287,29 @@ impl Storms {
     /// directory ourselves (within the last window): a listing sent then is likely overtaken by our changes,
     /// and worth it only for a whole storm, as before.
     fn storm_threshold(&self, s: &DirState, now: Instant) -> u32 {
-        let changing = s.changing > 0
-            || s.last_change
-                .is_some_and(|t| now.saturating_duration_since(t) < self.window);
+        let changing = Self::changed_lately(s, now, self.window);
         match s.listed_pages {
             Some(pages) if !changing => pages.clamp(RELIST_THRESHOLD_MIN, STORM_THRESHOLD),
             _ => STORM_THRESHOLD,
         }
     }
 
-    /// Counts a lookup in `dir` that must ask the bucket. True when this one should start the listing.
-    pub fn note_miss(&self, dir: u64, now: Instant) -> bool {
+    /// Counts a lookup in `dir` that must ask the bucket. Some when this one should start a listing: of at most
+    /// that many pages ([`FIRST_PAGE`] for the first miss in a directory never listed, else a storm's).
+    pub fn note_miss(&self, dir: u64, now: Instant) -> Option<usize> {
+        self.count_misses(dir, now, 1)
+    }
+
+    /// A lookup that waited for the first page of `dir`, which did not answer it (more pages follow): the same
+    /// as [`Self::note_miss`] without counting it again, so that a storm the misses counted meanwhile call for
+    /// starts now, and the lookups go on to wait for it rather than each send the LIST of its name.
+    pub fn first_page_did_not_answer(&self, dir: u64, now: Instant) -> Option<usize> {
+        self.count_misses(dir, now, 0)
+    }
+
+    fn count_misses(&self, dir: u64, now: Instant, misses: u32) -> Option<usize> {
         if self.window.is_zero() {
-            return false;
+            return None;
         }
         let mut dirs = self.dirs();
         let s = Self::state(&mut dirs, dir, now);
@@ -294,12 +317,40 @@ impl Storms {
             s.window_start = now;
             s.misses = 0;
         }
-        s.misses += 1;
-        if s.misses < self.storm_threshold(s, now) || s.listing || s.quiet_until > now {
-            return false;
+        s.misses += misses;
+        if s.listing || s.quiet_until > now {
+            return None;
+        }
+        if !s.first_page_asked
+            && s.listed_pages.is_none()
+            && !Self::changed_lately(s, now, self.window)
+        {
+            s.first_page_asked = true;
+            s.first_page_landing = true;
+            Self::start_listing(s, now);
+            return Some(FIRST_PAGE);
+        }
+        if s.misses < self.storm_threshold(s, now) {
+            return None;
         }
         Self::start_listing(s, now);
-        true
+        Some(STORM_MAX_PAGES)
+    }
+
+    /// The first page of `dir` was seen some other way (the lookup that found the directory asked for its
+    /// prefix with a page, which did not hold all of it): its first miss need not ask for that page again.
+    pub fn first_page_seen(&self, dir: u64) {
+        if self.window.is_zero() {
+            return;
+        }
+        Self::state(&mut self.dirs(), dir, Instant::now()).first_page_asked = true;
+    }
+
+    /// One of our changes to the directory is under way or ended within the last `window`.
+    fn changed_lately(s: &DirState, now: Instant, window: Duration) -> bool {
+        s.changing > 0
+            || s.last_change
+                .is_some_and(|t| now.saturating_duration_since(t) < window)
     }
 
     /// Counts a lookup in `dir` that found its entry fresh. True when this one should list the directory again,
@@ -329,6 +380,17 @@ impl Storms {
         s.landing.as_ref().map(watch::Sender::subscribe)
     }
 
+    /// The listing of `dir` under way, if it is its first page ([`FIRST_PAGE`]): a lookup waits for it before
+    /// asking the bucket at all, since it most likely answers, and a GET sent beside it would 404 for the name
+    /// of a subdirectory.
+    pub fn first_page_landing(&self, dir: u64) -> Option<Landing> {
+        let dirs = self.dirs();
+        let s = dirs
+            .get(&dir)
+            .filter(|s| s.listing && s.first_page_landing)?;
+        s.landing.as_ref().map(watch::Sender::subscribe)
+    }
+
     /// `dir` was listed whole for a reader (readdir) in `took`: the same as a background listing that landed,
     /// so a directory read after its listing is refreshed before the entries expire, not name by name.
     pub fn listed(&self, dir: u64, pages: u32, took: Duration) {
@@ -347,12 +409,18 @@ impl Storms {
         let mut dirs = self.dirs();
         let s = Self::state(&mut dirs, dir, now);
         s.listing = false;
+        let first_page = std::mem::take(&mut s.first_page_landing);
         if let Some(landing) = s.landing.take() {
             landing.send_replace(Some(outcome));
         }
         if let Listed::Applied { pages } | Listed::Renewed { pages } = outcome {
             let took = now.duration_since(s.started);
             self.applied(s, now, pages, took);
+            return;
+        }
+        if first_page {
+            // A first page that did not list the directory (more pages follow): the misses go on counting
+            // towards a storm, as if it had not been asked.
             return;
         }
         s.misses = 0;
@@ -477,23 +545,78 @@ mod tests {
     fn a_storm_starts_one_listing_per_window() {
         let storms = Storms::new(Duration::from_secs(1));
         let now = Instant::now();
-        let started: Vec<bool> = (0..STORM_THRESHOLD * 3)
+        // A directory bigger than its first page (see the next test): the misses go on counting.
+        assert_eq!(storms.note_miss(7, now), Some(FIRST_PAGE));
+        storms.listing_done(7, Listed::TooBig);
+        let started: Vec<Option<usize>> = (1..STORM_THRESHOLD * 3)
             .map(|_| storms.note_miss(7, now))
             .collect();
-        assert_eq!(started.iter().filter(|s| **s).count(), 1);
-        assert!(started[STORM_THRESHOLD as usize - 1]);
+        assert_eq!(started.iter().flatten().count(), 1);
+        assert_eq!(started[STORM_THRESHOLD as usize - 2], Some(STORM_MAX_PAGES));
         // Another directory counts on its own.
-        assert!(!storms.note_miss(8, now));
+        assert_eq!(storms.note_miss(8, now), Some(FIRST_PAGE));
         storms.listing_done(7, Listed::Applied { pages: 1 });
         // Entries just listed are fresh for the window: no second listing yet.
         let later = Instant::now();
-        assert!((0..STORM_THRESHOLD * 2).all(|_| !storms.note_miss(7, later)));
+        assert!((0..STORM_THRESHOLD * 2).all(|_| storms.note_miss(7, later).is_none()));
         // After the window, a storm lists again.
         let next = later + Duration::from_millis(1500);
         let again = (0..STORM_THRESHOLD)
-            .filter(|_| storms.note_miss(7, next))
+            .filter(|_| storms.note_miss(7, next).is_some())
             .count();
         assert_eq!(again, 1);
+    }
+
+    #[test]
+    fn the_first_miss_in_a_directory_never_listed_lists_its_first_page() {
+        let storms = Storms::new(Duration::from_secs(1));
+        let now = Instant::now();
+        assert_eq!(storms.note_miss(1, now), Some(FIRST_PAGE));
+        assert!(
+            storms.first_page_landing(1).is_some(),
+            "the next lookups wait for it"
+        );
+        assert_eq!(storms.note_miss(1, now), None, "one at a time");
+        // It held the whole directory: listed, as by a storm.
+        storms.listing_done(1, Listed::Applied { pages: 1 });
+        assert!((0..STORM_THRESHOLD * 2).all(|_| storms.note_miss(1, now).is_none()));
+        // A first page asked once is not asked again, whatever it found.
+        assert_eq!(storms.note_miss(2, now), Some(FIRST_PAGE));
+        storms.listing_done(2, Listed::NotApplied);
+        let storm = (1..STORM_THRESHOLD).position(|_| storms.note_miss(2, now).is_some());
+        assert_eq!(
+            storm,
+            Some(STORM_THRESHOLD as usize - 2),
+            "a storm's worth in all"
+        );
+        // Misses counted while the first page was under way start the storm once it did not answer.
+        assert_eq!(storms.note_miss(6, now), Some(FIRST_PAGE));
+        assert!((1..STORM_THRESHOLD).all(|_| storms.note_miss(6, now).is_none()));
+        assert_eq!(
+            storms.first_page_did_not_answer(6, now),
+            None,
+            "still under way"
+        );
+        storms.listing_done(6, Listed::TooBig);
+        assert_eq!(
+            storms.first_page_did_not_answer(6, now),
+            Some(STORM_MAX_PAGES)
+        );
+        assert_eq!(storms.first_page_did_not_answer(6, now), None, "one storm");
+        assert!(storms.landing(2).is_some());
+        assert!(
+            storms.first_page_landing(2).is_none(),
+            "a storm is not waited for"
+        );
+        // Seen already by the lookup that found the directory: not asked for.
+        storms.first_page_seen(3);
+        assert_eq!(storms.note_miss(3, now), None);
+        // Nor while we change the directory (a listing then is likely overtaken), nor after a readdir.
+        let change = storms.changing(4);
+        assert_eq!(storms.note_miss(4, now), None);
+        drop(change);
+        storms.listed(5, 1, Duration::from_millis(5));
+        assert_eq!(storms.note_miss(5, now + Duration::from_millis(1500)), None);
     }
 
     #[test]
@@ -503,7 +626,7 @@ mod tests {
         // Fresh entries in a directory that no storm listed start nothing.
         assert!((0..100).all(|_| !storms.note_hit(5, now)));
         let started = (0..STORM_THRESHOLD)
-            .filter(|_| storms.note_miss(5, now))
+            .filter(|_| storms.note_miss(5, now).is_some())
             .count();
         assert_eq!(started, 1);
         storms.listing_done(5, Listed::Applied { pages: 20 });
@@ -531,7 +654,9 @@ mod tests {
         // A one-page directory a reader listed: once its entries expired, the second miss lists it again (a
         // name looked up alone keeps its one-key LIST), and the misses after it wait for that listing.
         storms.listed(2, 1, Duration::from_millis(5));
-        let starts: Vec<bool> = (0..8).map(|_| storms.note_miss(2, expired)).collect();
+        let starts: Vec<bool> = (0..8)
+            .map(|_| storms.note_miss(2, expired).is_some())
+            .collect();
         assert_eq!(
             starts,
             [false, true, false, false, false, false, false, false]
@@ -539,19 +664,21 @@ mod tests {
         assert!(storms.landing(2).is_some());
         // Five pages: the fifth miss.
         storms.listed(3, 5, Duration::from_millis(5));
-        let fifth = (0..8).position(|_| storms.note_miss(3, expired));
+        let fifth = (0..8).position(|_| storms.note_miss(3, expired).is_some());
         assert_eq!(fifth, Some(4));
-        // Never listed: a storm's worth, however big it is.
-        let first = (0..STORM_THRESHOLD).position(|_| storms.note_miss(4, expired));
-        assert_eq!(first, Some(STORM_THRESHOLD as usize - 1));
+        // Never listed: its first page at once; when more pages follow, a storm's worth, however big it is.
+        assert_eq!(storms.note_miss(4, expired), Some(FIRST_PAGE));
+        storms.listing_done(4, Listed::TooBig);
+        let first = (1..STORM_THRESHOLD).position(|_| storms.note_miss(4, expired).is_some());
+        assert_eq!(first, Some(STORM_THRESHOLD as usize - 2));
         // Many pages: never more than a storm's worth either.
         storms.listed(5, 80, Duration::from_millis(5));
-        let first = (0..STORM_THRESHOLD).position(|_| storms.note_miss(5, expired));
+        let first = (0..STORM_THRESHOLD).position(|_| storms.note_miss(5, expired).is_some());
         assert_eq!(first, Some(STORM_THRESHOLD as usize - 1));
         // A directory we are changing keeps the storm's threshold: a listing would likely be overtaken.
         storms.listed(6, 1, Duration::from_millis(5));
         let change = storms.changing(6);
-        let first = (0..STORM_THRESHOLD).position(|_| storms.note_miss(6, expired));
+        let first = (0..STORM_THRESHOLD).position(|_| storms.note_miss(6, expired).is_some());
         assert_eq!(first, Some(STORM_THRESHOLD as usize - 1));
         drop(change);
     }
@@ -573,7 +700,7 @@ mod tests {
         let now = Instant::now();
         assert!(storms.landing(9).is_none(), "no listing under way");
         let starts = (0..STORM_THRESHOLD)
-            .filter(|_| storms.note_miss(9, now))
+            .filter(|_| storms.note_miss(9, now).is_some())
             .count();
         assert_eq!(starts, 1);
         let waiting = tokio::spawn(landed(storms.landing(9).expect("under way")));
@@ -606,7 +733,7 @@ mod tests {
     fn no_storms_without_a_ttl() {
         let storms = Storms::new(Duration::ZERO);
         let now = Instant::now();
-        assert!((0..100).all(|_| !storms.note_miss(1, now)));
+        assert!((0..100).all(|_| storms.note_miss(1, now).is_none()));
     }
 
     #[test]

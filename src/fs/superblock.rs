@@ -38,7 +38,7 @@ mod tests;
 /// Listings of one readdir, when our own changes in the directory keep overtaking them.
 const LIST_ATTEMPTS: u32 = 3;
 
-/// Longest a lookup waits for its directory's listing under way before it sends a one-key LIST after all: a
+/// Longest a lookup waits for its directory's listing under way before it sends its LIST of `name/` after all: a
 /// listing of a few pages lands well within it, and a directory too big to list does not hold lookups up longer.
 const LANDING_WAIT: std::time::Duration = std::time::Duration::from_millis(250);
 
@@ -55,8 +55,50 @@ struct Hint {
     /// The name was a directory when last asked: its prefix is asked for first, and the object of that name only
     /// if the prefix is gone (a GET that can only 404 is not sent alongside).
     was_dir: bool,
-    /// A listing of the parent under way: it says whether the name is a directory (no one-key LIST).
+    /// A listing of the parent under way: it says whether the name is a directory (no LIST of `name/`).
     landing: Option<listing::Landing>,
+    /// Ask for the prefix with a page of keys rather than one: a lookup of a name not known as a directory,
+    /// so that a directory found this way comes with its entries when one page holds them all (the lookups
+    /// in it then ask nothing, its subdirectories included). A page costs what one key costs when the name
+    /// is a file; a name known as a directory keeps its one-key LIST every TTL.
+    page: bool,
+}
+
+/// What a name stands for in the bucket, as [`Superblock::resolve_with_target`] found it.
+struct Resolved {
+    kind: Kind,
+    stat: Stat,
+    /// A link's target, when its object held one.
+    target: Option<String>,
+    /// What the page of keys that found a directory said of it, if one was asked for.
+    page: Page,
+}
+
+impl Resolved {
+    fn found(kind: Kind, stat: Stat, target: Option<String>) -> Resolved {
+        Resolved {
+            kind,
+            stat,
+            target,
+            page: Page::NotAsked,
+        }
+    }
+}
+
+/// What the bucket holds under a name's prefix (`name/`).
+enum Prefix {
+    Empty,
+    Directory(Page),
+}
+
+/// What a LIST of a directory's prefix said of the directory, asked for with a page of keys ([`Hint::page`]).
+enum Page {
+    /// One key, or no LIST (a listing of the parent answered).
+    NotAsked,
+    /// The page held all of it.
+    Whole(listing::Whole),
+    /// More pages follow.
+    Partial,
 }
 
 /// Why a lookup found no fresh entry in the table, and what the stale one (if any) was.
@@ -248,7 +290,7 @@ impl Superblock {
         Ok(self
             .resolve_with_target(parent, name, first_bytes, true, Hint::default())
             .await?
-            .map(|(kind, stat, _)| (kind, stat)))
+            .map(|r| (r.kind, r.stat)))
     }
 
     /// [`Self::resolve`] without asking for a link: for a create or a mkdir, which the kernel sends only
@@ -267,7 +309,7 @@ impl Superblock {
         Ok(self
             .resolve_with_target(parent, name, false, false, Hint::default())
             .await?
-            .map(|(kind, stat, _)| (kind, stat)))
+            .map(|r| (r.kind, r.stat)))
     }
 
     /// What a new file's name needs asked when a lookup found it missing within the negative TTL (nothing
@@ -300,10 +342,12 @@ impl Superblock {
             return Ok(None);
         }
         let key = names::file_key(parent.key(), name);
-        let is_dir = self
-            .is_prefix(parent, name, &format!("{key}/"), None)
+        let prefix = self
+            .is_prefix(parent, name, &format!("{key}/"), None, false)
             .await?;
-        Ok(Some(is_dir.then(|| (Kind::Directory, Stat::directory()))))
+        Ok(Some(
+            matches!(prefix, Prefix::Directory(_)).then(|| (Kind::Directory, Stat::directory())),
+        ))
     }
 
     /// [`Self::resolve`], with a link's target when the name is a link; `links`: ask for the link at all.
@@ -314,7 +358,7 @@ impl Superblock {
         first_bytes: bool,
         links: bool,
         hint: Hint,
-    ) -> FsResult<Option<(Kind, Stat, Option<String>)>> {
+    ) -> FsResult<Option<Resolved>> {
         let key = names::file_key(parent.key(), name);
         let dir_prefix = format!("{key}/");
         let object = async {
@@ -327,16 +371,20 @@ impl Superblock {
                     .map(|i| (i, Bytes::new())),
             }
         };
-        let is_dir = self.is_prefix(parent, name, &dir_prefix, hint.landing);
+        let directory = |page| Resolved {
+            page,
+            ..Resolved::found(Kind::Directory, Stat::directory(), None)
+        };
+        let prefix = self.is_prefix(parent, name, &dir_prefix, hint.landing, hint.page);
         let object = if hint.was_dir {
-            if is_dir.await? {
-                return Ok(Some((Kind::Directory, Stat::directory(), None)));
+            if let Prefix::Directory(page) = prefix.await? {
+                return Ok(Some(directory(page)));
             }
             object.await
         } else {
-            let (object, is_dir) = tokio::join!(object, is_dir);
-            if is_dir? {
-                return Ok(Some((Kind::Directory, Stat::directory(), None)));
+            let (object, prefix) = tokio::join!(object, prefix);
+            if let Prefix::Directory(page) = prefix? {
+                return Ok(Some(directory(page)));
             }
             object
         };
@@ -344,10 +392,13 @@ impl Superblock {
             Ok((info, first)) => {
                 self.first_bytes
                     .keep(&key, &info.etag, first, &self.config.memory);
-                Ok(Some((Kind::File, Stat::of(&info), None)))
+                Ok(Some(Resolved::found(Kind::File, Stat::of(&info), None)))
             }
             Err(e) => match FsError::client(&key, e) {
-                FsError::NotFound if links => self.resolve_link(parent, name).await,
+                FsError::NotFound if links => Ok(self
+                    .resolve_link(parent, name)
+                    .await?
+                    .map(|(kind, stat, target)| Resolved::found(kind, stat, target))),
                 FsError::NotFound => Ok(None),
                 other => Err(other),
             },
@@ -355,14 +406,15 @@ impl Superblock {
     }
 
     /// Whether the prefix `dir_prefix` (`name/` in `parent`) holds any key: from the parent's listing under way
-    /// (`landing`) if it lands, else from a one-key LIST.
+    /// (`landing`) if it lands, else from a LIST of one key, or of a page with `page` (see [`Hint::page`]).
     async fn is_prefix(
         &self,
         parent: &Node,
         name: &str,
         dir_prefix: &str,
         landing: Option<listing::Landing>,
-    ) -> FsResult<bool> {
+        page: bool,
+    ) -> FsResult<Prefix> {
         let landed = match landing {
             Some(landing) => tokio::time::timeout(LANDING_WAIT, listing::landed(landing))
                 .await
@@ -373,17 +425,30 @@ impl Superblock {
         if let Some(listing::Listed::Applied { .. }) = landed {
             // The listing put every name it found in the table, fresh; a name it did not find has no keys under it.
             let now = Instant::now();
-            return Ok(self
+            let is_dir = self
                 .table()
                 .child(parent.ino(), name)
-                .is_some_and(|n| n.kind() == Kind::Directory && n.is_fresh(now)));
+                .is_some_and(|n| n.kind() == Kind::Directory && n.is_fresh(now));
+            return Ok(if is_dir {
+                Prefix::Directory(Page::NotAsked)
+            } else {
+                Prefix::Empty
+            });
         }
         let list = self
             .client
-            .list_objects(dir_prefix, Some("/"), None, 1)
+            .list_objects(dir_prefix, Some("/"), None, if page { 1000 } else { 1 })
             .await
             .map_err(|e| FsError::client(dir_prefix, e))?;
-        Ok(!list.objects.is_empty() || !list.common_prefixes.is_empty())
+        if list.objects.is_empty() && list.common_prefixes.is_empty() {
+            return Ok(Prefix::Empty);
+        }
+        if !page {
+            return Ok(Prefix::Directory(Page::NotAsked));
+        }
+        Ok(Prefix::Directory(
+            listing::whole_from_one_page(dir_prefix, list).map_or(Page::Partial, Page::Whole),
+        ))
     }
 
     /// Looks `name` up in `parent`, taking the cheapest answer there is:
@@ -407,7 +472,7 @@ impl Superblock {
             // Counted as a lookup answered from the listing, so that a directory still being read (or
             // written) is listed again before what it knows expires.
             if self.storms.note_hit(parent, now) {
-                self.list_in_background(parent_node);
+                self.list_in_background(parent_node, listing::STORM_MAX_PAGES);
             }
             return Err(FsError::NotFound);
         }
@@ -423,8 +488,18 @@ impl Superblock {
                 None
             }
         };
-        if self.storms.note_miss(parent, now) {
-            self.list_in_background(parent_node.clone());
+        if let Some(max_pages) = self.storms.note_miss(parent, now) {
+            self.list_in_background(parent_node.clone(), max_pages);
+        }
+        if let Some(first_page) = self.storms.first_page_landing(parent) {
+            let _ = tokio::time::timeout(LANDING_WAIT, listing::landed(first_page)).await;
+            // Landed whole, the table answers below. Else the lookups that waited may call for a storm.
+            if let Some(max_pages) = self
+                .storms
+                .first_page_did_not_answer(parent, Instant::now())
+            {
+                self.list_in_background(parent_node.clone(), max_pages);
+            }
         }
         let landing = self.storms.landing(parent);
         // A listing of the directory that landed since this lookup found its entry stale answers it now. A
@@ -450,6 +525,7 @@ impl Superblock {
         let hint = Hint {
             was_dir: stale.was_dir,
             landing,
+            page: !stale.was_dir,
         };
         self.ask_bucket(&parent_node, name, now, !stale.page_cached, asking, hint)
             .await
@@ -500,18 +576,39 @@ impl Superblock {
             .resolve_with_target(parent_node, name, first_bytes, true, hint)
             .await?
         {
-            Some((kind, stat, target)) => {
-                let attr = {
+            Some(Resolved {
+                kind,
+                stat,
+                target,
+                page,
+            }) => {
+                let (attr, listed) = {
                     let mut table = self.table();
                     let etag = stat.etag.clone();
                     let ino = table.upsert(parent, name, kind, stat, self.expiry(), asked);
                     table.add_lookup(ino);
+                    let listed = match page {
+                        Page::Whole(whole) if self.storms.unchanged_since(ino, asked) => {
+                            let pages = pages_of(&whole.found);
+                            let trusted = (self.expiry(), self.every_name_known_for());
+                            take_whole_listing(&mut table, ino, whole, asked, trusted);
+                            Some((ino, pages))
+                        }
+                        Page::Partial => {
+                            self.storms.first_page_seen(ino);
+                            None
+                        }
+                        _ => None,
+                    };
                     let node = table.get_mut(ino).expect("just inserted");
                     if let (Some(target), Some(etag)) = (target, etag) {
                         node.remember_link_target(&etag, target);
                     }
-                    self.attr_of(node)
+                    (self.attr_of(node), listed)
                 };
+                if let Some((ino, pages)) = listed {
+                    self.storms.listed(ino, pages, asked.elapsed());
+                }
                 answered(Answer::Found);
                 Ok(attr)
             }
@@ -553,7 +650,7 @@ impl Superblock {
             drop(table);
             // A directory still being read through lists again before its listed entries expire together.
             if self.storms.note_hit(dir.ino(), now) {
-                self.list_in_background(dir.clone());
+                self.list_in_background(dir.clone(), listing::STORM_MAX_PAGES);
             }
             return Ok(attr);
         }
@@ -578,7 +675,7 @@ impl Superblock {
             return;
         }
         match self.dir_node(node.parent()) {
-            Ok(dir) => self.list_in_background(dir),
+            Ok(dir) => self.list_in_background(dir, listing::STORM_MAX_PAGES),
             Err(_) => self
                 .storms
                 .listing_done(node.parent(), listing::Listed::NotApplied),
@@ -697,9 +794,10 @@ impl Superblock {
         Ok(entries)
     }
 
-    /// Lists `dir` whole while its lookups go on, so that the next ones find their entries in the table (after a
-    /// storm of lookups that asked the bucket, and again before those entries expire while lookups go on).
-    fn list_in_background(&self, dir: Node) {
+    /// Lists `dir` whole while its lookups go on, so that the next ones find their entries in the table (at its
+    /// first lookup that must ask, when it fits in one page; after a storm of lookups that asked the bucket; and
+    /// again before those entries expire while lookups go on). Gives up on a directory of more than `max_pages`.
+    fn list_in_background(&self, dir: Node, max_pages: usize) {
         let client = Arc::clone(&self.client);
         let inodes = Arc::clone(&self.inodes);
         let storms = Arc::clone(&self.storms);
@@ -707,8 +805,7 @@ impl Superblock {
         let known_for = self.every_name_known_for();
         tokio::spawn(async move {
             let asked = Instant::now();
-            let listed =
-                listing::list_all(client.as_ref(), dir.key(), Some(listing::STORM_MAX_PAGES)).await;
+            let listed = listing::list_all(client.as_ref(), dir.key(), Some(max_pages)).await;
             if matches!(listed, Ok(Some(_))) && !storms.unchanged_since(dir.ino(), asked) {
                 // Overtaken by our changes: judged below against the table, which must first catch up with
                 // a change half done when the listing landed (rsync's renames, one after the other).
@@ -729,7 +826,7 @@ impl Superblock {
                             asked,
                             (Instant::now() + ttl, known_for),
                         );
-                        debug!(key = dir.key(), pages, "listed after a storm of lookups");
+                        debug!(key = dir.key(), pages, "listed for its lookups");
                         listing::Listed::Applied { pages }
                     } else if !known_for.is_zero()
                         && !shadowed
@@ -746,7 +843,7 @@ impl Superblock {
                         let pages = pages_of(&found);
                         debug!(
                             key = dir.key(),
-                            pages, "listed after a storm of lookups, overtaken by our changes"
+                            pages, "listed for its lookups, overtaken by our changes"
                         );
                         listing::Listed::Renewed { pages }
                     } else {
@@ -754,11 +851,14 @@ impl Superblock {
                     }
                 }
                 Ok(None) => {
-                    debug!(key = dir.key(), "too big to list for a storm of lookups");
+                    debug!(
+                        key = dir.key(),
+                        max_pages, "too big to list for its lookups"
+                    );
                     listing::Listed::TooBig
                 }
                 Err(e) => {
-                    debug!(key = dir.key(), error = %e.chain(), "listing for a storm of lookups failed");
+                    debug!(key = dir.key(), error = %e.chain(), "listing for its lookups failed");
                     listing::Listed::NotApplied
                 }
             };
@@ -778,6 +878,12 @@ impl Superblock {
         let trusted = (self.expiry(), self.every_name_known_for());
         take_whole_listing(&mut self.table(), ROOT_INO, whole, asked, trusted);
         self.storms.listed(ROOT_INO, pages, asked.elapsed());
+    }
+
+    /// Lookups in `dir` ask for their own names from the first, as in a directory bigger than one page.
+    #[cfg(test)]
+    pub fn as_if_bigger_than_a_page(&self, dir: u64) {
+        self.storms.first_page_seen(dir);
     }
 
     /// A listing of `dir` made within the TTL whose entries are all still known.

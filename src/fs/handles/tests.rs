@@ -14,6 +14,8 @@ use crate::s3::{ObjectClient, WriteCondition};
 #[tokio::test]
 async fn open_and_read_after_a_lookup_need_no_request() {
     let (fake, fs) = fs_with(&[("img.jpg", &[7u8; 5000])], config(), true).await;
+    // As in a directory bigger than one page: the lookup asks for the name, with its first bytes.
+    fs.sb.as_if_bigger_than_a_page(ROOT_INO);
     let attr = fs.sb.lookup(ROOT_INO, "img.jpg").await.unwrap();
     let read_mode = OpenMode {
         read: true,
@@ -346,6 +348,8 @@ async fn a_small_file_never_cached_comes_with_its_bytes_for_the_page_cache_once(
         let fs = &fs;
         async move { fs.sb.lookup(ROOT_INO, name).await.unwrap().ino }
     };
+    // As in a directory bigger than one page: each lookup asks for its name, with its first bytes.
+    fs.sb.as_if_bigger_than_a_page(ROOT_INO);
     let small_ino = ino("small.jpg").await;
     let before = fake.counts();
     let opened = fs.open(small_ino, read_mode, 1).await.unwrap();

@@ -60,6 +60,8 @@ async fn lookup_prefers_directories_and_lists_without_duplicates() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lookups_of_one_name_at_once_send_one_pair_of_requests() {
     let (fake, fs) = fs_with(&[("d/a.jpg", b"x")], config(), true).await;
+    // As in a directory bigger than one page: each lookup asks for its own name.
+    fs.sb.as_if_bigger_than_a_page(ROOT_INO);
     let fs = Arc::new(fs);
     let gate = fake.faults().hold(Op::List);
     let before = fake.counts();
@@ -133,10 +135,13 @@ async fn a_listing_from_before_an_unlink_does_not_bring_the_file_back() {
 /// table does not have (they could be ones we just removed); once it ends, everything is listed.
 #[tokio::test]
 async fn a_directory_that_keeps_changing_lists_only_names_already_known() {
-    let files: [(&str, &[u8]); 2] = [("d/known", b"1"), ("d/unseen", b"2")];
-    let (fake, fs) = fs_with(&files, config(), true).await;
+    let (fake, fs) = fs_with(&[("d/known", b"1")], config(), true).await;
     let dir = fs.sb.lookup(ROOT_INO, "d").await.unwrap().ino;
     fs.sb.lookup(dir, "known").await.unwrap();
+    // Another client's file, made after the lookup of `d` listed it: the table has no entry for it.
+    fake.put_object("d/unseen", Bytes::from_static(b"2"), WriteCondition::None)
+        .await
+        .unwrap();
     let names = |entries: Arc<Vec<DirEntry>>| -> Vec<String> {
         let mut v: Vec<String> = entries.iter().map(|e| e.name.clone()).collect();
         v.sort();
@@ -291,21 +296,22 @@ async fn a_name_that_was_a_directory_is_asked_again_by_its_prefix_only() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lookups_during_a_storm_listing_send_no_one_key_list() {
-    let names: Vec<String> = (0..40).map(|i| format!("d/{i:02}.jpg")).collect();
+    // More than one page, so that the lookup of `d` cannot list it whole from the page it asks for.
+    let names: Vec<String> = (0..1040).map(|i| format!("d/{i:04}.jpg")).collect();
     let keys: Vec<(&str, &[u8])> = names.iter().map(|n| (n.as_str(), &b"x"[..])).collect();
     let (fake, fs) = fs_with(&keys, config(), true).await;
     let fs = Arc::new(fs);
     let d = fs.sb.lookup(ROOT_INO, "d").await.unwrap().ino;
     // One short of a storm: each lookup asks for its object and its prefix.
     for i in 0..crate::fs::listing::STORM_THRESHOLD - 1 {
-        fs.sb.lookup(d, &format!("{i:02}.jpg")).await.unwrap();
+        fs.sb.lookup(d, &format!("{i:04}.jpg")).await.unwrap();
     }
     let before = fake.counts();
     let gate = fake.faults().hold(Op::List);
     let lookups: Vec<_> = (crate::fs::listing::STORM_THRESHOLD - 1..40)
         .map(|i| {
             let fs = Arc::clone(&fs);
-            tokio::spawn(async move { fs.sb.lookup(d, &format!("{i:02}.jpg")).await })
+            tokio::spawn(async move { fs.sb.lookup(d, &format!("{i:04}.jpg")).await })
         })
         .collect();
     tokio::time::sleep(Duration::from_millis(50)).await;
@@ -313,9 +319,82 @@ async fn lookups_during_a_storm_listing_send_no_one_key_list() {
     for lookup in lookups {
         assert_eq!(lookup.await.unwrap().unwrap().kind, FileKind::File);
     }
-    // The storm's listing (one page) answers "is it a directory" for every lookup made while it was under way.
+    // The storm's listing (two pages) answers "is it a directory" for every lookup made while it was under way.
     let sent = fake.counts().since(&before);
-    assert_eq!(sent.get(Op::List), 1, "{sent:?}");
+    assert_eq!(sent.get(Op::List), 2, "{sent:?}");
+}
+
+/// The first lookup that must ask in a directory never listed waits for one page of it, sent instead of the
+/// LIST of its name: a directory that fits is listed whole, so its names, subdirectories included, cost no
+/// lookup request of their own (no HEAD or GET that 404s for a subdirectory's name).
+#[tokio::test]
+async fn the_first_lookup_in_a_directory_never_listed_waits_for_its_first_page() {
+    let mut names: Vec<String> = (0..1001).map(|i| format!("big/{i:04}")).collect();
+    names.extend(["d/a".to_string(), "d/s/x".to_string()]);
+    let keys: Vec<(&str, &[u8])> = names
+        .iter()
+        .map(|n| {
+            (
+                n.as_str(),
+                if n == "d/s/x" { &b"22"[..] } else { &b"1"[..] },
+            )
+        })
+        .collect();
+    let (fake, fs) = fs_with(&keys, config(), true).await;
+    let before = fake.counts();
+    let d = fs.sb.lookup(ROOT_INO, "d").await.unwrap();
+    assert_eq!(d.kind, FileKind::Directory);
+    let s = fs.sb.lookup(d.ino, "s").await.unwrap();
+    assert_eq!(s.kind, FileKind::Directory);
+    let sent = fake.counts().since(&before);
+    assert_eq!(
+        (sent.get(Op::List), sent.total()),
+        (2, 2),
+        "the pages of the root and of d, nothing else: {sent:?}"
+    );
+    let listed = fake.counts();
+    assert_eq!(fs.sb.lookup(d.ino, "a").await.unwrap().size, 1);
+    assert!(matches!(
+        fs.sb.lookup(d.ino, "b").await,
+        Err(FsError::NotFound)
+    ));
+    assert_eq!(fake.counts(), listed, "answered from the page");
+    // A directory bigger than its first page: after the page, the lookup asks for its name as before.
+    let big = fs.sb.lookup(ROOT_INO, "big").await.unwrap();
+    let before = fake.counts();
+    assert_eq!(fs.sb.lookup(big.ino, "0007").await.unwrap().size, 1);
+    let sent = fake.counts().since(&before);
+    assert_eq!(
+        (sent.get(Op::List), sent.get(Op::Head)),
+        (2, 1),
+        "the first page, then the name's object and prefix: {sent:?}"
+    );
+}
+
+/// A directory found by its lookup is listed by the page of its prefix that found it, when that page holds all
+/// of it: the lookups in it (a file, a subdirectory, a missing name) then ask nothing. A lookup in the
+/// subdirectory, which no page listed, asks.
+#[tokio::test]
+async fn a_directory_found_by_its_lookup_is_listed_by_the_page_that_found_it() {
+    let (fake, fs) = fs_with(&[("d/a", b"1"), ("d/s/x", b"22")], config(), true).await;
+    // The root bigger than one page: its lookups ask for their own names.
+    fs.sb.as_if_bigger_than_a_page(ROOT_INO);
+    let before = fake.counts();
+    let d = fs.sb.lookup(ROOT_INO, "d").await.unwrap();
+    assert_eq!(d.kind, FileKind::Directory);
+    let sent = fake.counts().since(&before);
+    assert_eq!((sent.get(Op::List), sent.get(Op::Head)), (1, 1), "{sent:?}");
+    let found = fake.counts();
+    assert_eq!(fs.sb.lookup(d.ino, "a").await.unwrap().size, 1);
+    let s = fs.sb.lookup(d.ino, "s").await.unwrap();
+    assert_eq!(s.kind, FileKind::Directory);
+    assert!(matches!(
+        fs.sb.lookup(d.ino, "b").await,
+        Err(FsError::NotFound)
+    ));
+    assert_eq!(fake.counts(), found, "answered from the page");
+    assert_eq!(fs.sb.lookup(s.ino, "x").await.unwrap().size, 2);
+    assert!(fake.counts().since(&found).get(Op::List) > 0);
 }
 
 /// A directory listed whole answers for the names it does not hold, for as long as both TTLs trust it.
@@ -584,9 +663,14 @@ async fn a_listing_landing_in_the_middle_of_a_rename_renews_the_directory_once_i
         tokio::task::yield_now().await;
     }
     // The bucket has `b`, the table still `a`: a listing sent now shows a name the table does not have.
-    while !fs.sb.storms.note_miss(dir, std::time::Instant::now()) {}
+    let pages = loop {
+        if let Some(pages) = fs.sb.storms.note_miss(dir, std::time::Instant::now()) {
+            break pages;
+        }
+    };
     let landing = fs.sb.storms.landing(dir).expect("a listing under way");
-    fs.sb.list_in_background(fs.sb.dir_node(dir).unwrap());
+    fs.sb
+        .list_in_background(fs.sb.dir_node(dir).unwrap(), pages);
     tokio::time::sleep(Duration::from_millis(30)).await;
     gate.open();
     rename.await.unwrap().unwrap();
