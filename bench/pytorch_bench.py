@@ -10,7 +10,8 @@ Workloads: tar shards as an IterableDataset with 4 and 8 workers; shuffled loose
 Dataset with 8 workers. Per run: items/s, CPU seconds of all client processes (driver + loader workers +
 expressfs daemon; the daemon's share in brackets), the emulator's CPU seconds (it shares the cores with both clients; reported apart),
 the daemon's peak RSS, the loader workers' peak memory, and the emulator's requests per
-operation. Each TTFB gets its own emulator; the clients are alternated round by round; cells are medians.
+operation. Each TTFB gets its own emulator; the clients are alternated round by round; cells are medians, and
+"ratio by round" is the median and range of each round's pair (the two clients ran back to back).
 
 Run: `scripts/install-pytorch-peer.sh`, `cargo build --release -p expressfs -p expressfs-emulator`, then
 `.venv-pytorch/bin/python bench/pytorch_bench.py --ttfb-ms 4,0 --rounds 3` (or `expressfs-bench --pytorch`).
@@ -482,6 +483,19 @@ def median_ops(rows):
     return {op: median([dict(n=r["requests"].get(op, 0)) for r in rows], "n") for op in ops}
 
 
+def round_ratios(mount_rows, connector_rows):
+    """Mount over connector rate, round by round: the two ran back to back under the same conditions, so
+    each pair's ratio is spared the drift between rounds that the ratio of the two medians is not."""
+    return sorted(m["rate"] / c["rate"] for m, c in zip(mount_rows, connector_rows) if m.get("rate") and c.get("rate"))
+
+
+def fmt_round_ratios(ratios):
+    if not ratios:
+        return "-"
+    mid = ratios[(len(ratios) - 1) // 2]
+    return f"{mid:.2f} ({ratios[0]:.2f}-{ratios[-1]:.2f})" if len(ratios) > 1 else f"{mid:.2f}"
+
+
 def fmt_requests(ops, items):
     short = {"GetObject": "GET", "HeadObject": "HEAD", "ListObjectsV2": "LIST", "CreateSession": "session"}
     parts = [f"{short.get(op, op)} {n}" for op, n in sorted(ops.items(), key=lambda kv: -kv[1]) if n]
@@ -571,10 +585,10 @@ def report(table, args, torch_version):
     print(f"PyTorch DataLoader: expressfs mount (plain open()) vs s3torchconnector {conn}; torch {torch_version}, "
           f"{args.connector_reader} reader, {os.cpu_count()} CPUs, {args.rounds} round(s), medians; `{cmd}`")
     print()
-    head = "| TTFB | workload | items | connector items/s | mount items/s | ratio | CPU s connector / mount (daemon) |" \
+    head = "| TTFB | workload | items | connector items/s | mount items/s | ratio | ratio by round, median (range) | CPU s connector / mount (daemon) |" \
            " emulator CPU s connector / mount | daemon peak RSS MiB | workers' peak PSS MiB connector / mount | requests, connector | requests, mount |"
     print(head)
-    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|")
+    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|")
     for ttfb, (kind, workers), items, by in table:
         name = f"{args.shards} tar shards x {args.shard_mib} MiB, {workers} workers" if kind == "shards" else \
             f"{args.small_files} files of 100 KB, shuffled, {workers} workers"
@@ -584,7 +598,7 @@ def report(table, args, torch_version):
         f0 = lambda v: "-" if v is None else f"{v:,.0f}"  # noqa: E731
         f1 = lambda v: "-" if v is None else f"{v:.1f}"  # noqa: E731
         req = lambda rows: fmt_requests(median_ops(rows), items) if rows else "-"  # noqa: E731
-        print(f"| {ttfb} ms | {name} | {items:,} | {f0(cr)} | {f0(mr)} | {ratio} | "
+        print(f"| {ttfb} ms | {name} | {items:,} | {f0(cr)} | {f0(mr)} | {ratio} | {fmt_round_ratios(round_ratios(m, c))} | "
               f"{f1(median(c, 'cpu'))} / {f1(median(m, 'cpu'))} ({f1(median(m, 'daemon_cpu'))}) | "
               f"{f1(median(c, 'emulator_cpu'))} / {f1(median(m, 'emulator_cpu'))} | {f0(median(m, 'daemon_rss'))} | "
               f"{f0(median(c, 'workers_pss'))} / {f0(median(m, 'workers_pss'))} | {req(c)} | {req(m)} |")
