@@ -283,8 +283,12 @@ impl Node {
         }
         if asked < self.stat_at {
             // A listing sent after this answer (one a lookup waited for) carries no metadata; what this answer
-            // says of the same version still holds, as below.
-            if self.stat.attrs.is_none() && stat.etag.is_some() && stat.etag == self.stat.etag {
+            // says of the same version still holds, as below. Same ETag and same date to the second: a copy that
+            // replaced only the metadata keeps the ETag of a single-part object but not its date.
+            let same_version = stat.etag.is_some()
+                && stat.etag == self.stat.etag
+                && same_second(stat.mtime, self.stat.mtime);
+            if self.stat.attrs.is_none() && same_version {
                 self.stat.attrs = stat.attrs;
             }
             return false;
@@ -697,10 +701,66 @@ impl InodeTable {
     }
 }
 
+/// Whether two dates fall in the same second (a HEAD's Last-Modified has whole seconds, a listing's more).
+fn same_second(a: SystemTime, b: SystemTime) -> bool {
+    let secs = |t: SystemTime| {
+        t.duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .ok()
+    };
+    secs(a) == secs(b)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::time::Duration;
+
+    #[test]
+    fn an_older_answer_gives_its_metadata_only_to_the_version_it_saw() {
+        let date = std::time::UNIX_EPOCH + Duration::from_millis(1_700_000_000_250);
+        let stat = |etag: &str, mtime: SystemTime, mode: Option<u32>| Stat {
+            size: 3,
+            mtime,
+            etag: Some(etag.into()),
+            attrs: mode.map(|m| StoredAttrs {
+                mode: Some(m),
+                ..Default::default()
+            }),
+        };
+        let head_asked = Instant::now();
+        let listed = head_asked + Duration::from_millis(5);
+        for (etag, mtime, kept) in [
+            ("\"a\"", date, true),
+            // The listing's date has milliseconds, the HEAD's whole seconds.
+            (
+                "\"a\"",
+                std::time::UNIX_EPOCH + Duration::from_secs(1_700_000_000),
+                true,
+            ),
+            // A copy that replaced the metadata: same ETag, a later date.
+            ("\"a\"", date + Duration::from_secs(2), false),
+            ("\"b\"", date, false),
+        ] {
+            let mut t = InodeTable::new("");
+            let ino = t.upsert(
+                ROOT_INO,
+                "f",
+                Kind::File,
+                stat("\"a\"", date, None),
+                listed,
+                listed,
+            );
+            let node = t.get_mut(ino).unwrap();
+            assert!(!node.observe(stat(etag, mtime, Some(0o600)), head_asked));
+            assert_eq!(node.stat().attrs.is_some(), kept, "{etag} {mtime:?}");
+            assert_eq!(
+                node.stat().etag.as_deref(),
+                Some("\"a\""),
+                "the newer answer stands"
+            );
+        }
+    }
 
     impl InodeTable {
         /// A name the bucket just told us about (tests only).

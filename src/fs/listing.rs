@@ -237,7 +237,7 @@ impl Storms {
 
     fn state(dirs: &mut HashMap<u64, DirState>, dir: u64, now: Instant) -> &mut DirState {
         if dirs.len() >= TRACKED_DIRS && !dirs.contains_key(&dir) {
-            dirs.retain(|_, s| s.listing || s.changing > 0 || s.quiet_until > now);
+            Self::make_room(dirs, now);
         }
         dirs.entry(dir).or_insert(DirState {
             window_start: now,
@@ -255,6 +255,34 @@ impl Storms {
             first_page_asked: false,
             first_page_landing: false,
         })
+    }
+
+    /// Forgets the directories with nothing worth keeping. Kept: a listing or a change of ours under way, a
+    /// listing within its TTL, a directory too big for its first page (forgotten, it would be asked for that
+    /// page again). When that frees less than a quarter, the longest quiet of those kept go too, but never one
+    /// with a listing or a change of ours under way or behind it: a listing sent before that change must not be
+    /// applied. So the scan runs once per quarter of new directories, not once per directory.
+    fn make_room(dirs: &mut HashMap<u64, DirState>, now: Instant) {
+        dirs.retain(|_, s| {
+            s.listing
+                || s.changing > 0
+                || s.quiet_until > now
+                || (s.first_page_asked && s.listed_pages.is_none())
+        });
+        let target = TRACKED_DIRS * 3 / 4;
+        if dirs.len() <= target {
+            return;
+        }
+        let mut quiet: Vec<(Instant, u64)> = dirs
+            .iter()
+            .filter(|(_, s)| !s.listing && s.changing == 0 && s.last_change.is_none())
+            .map(|(dir, s)| (s.window_start, *dir))
+            .collect();
+        quiet.sort_unstable();
+        let excess = dirs.len() - target;
+        for (_, dir) in quiet.into_iter().take(excess) {
+            dirs.remove(&dir);
+        }
     }
 
     /// Marks a background listing of the directory under way.
@@ -565,6 +593,32 @@ mod tests {
             .filter(|_| storms.note_miss(7, next).is_some())
             .count();
         assert_eq!(again, 1);
+    }
+
+    #[test]
+    fn many_directories_are_forgotten_a_quarter_at_a_time_keeping_what_matters() {
+        let storms = Storms::new(Duration::from_secs(60));
+        let now = Instant::now();
+        // The oldest, which we are changing, then directories listed within their TTL, up to the limit.
+        let change = storms.changing(0);
+        for dir in 1..TRACKED_DIRS as u64 {
+            storms.listed(dir, 1, Duration::from_millis(1));
+        }
+        // One more: a quarter goes, the longest quiet first, not the one being changed.
+        let big = 1_000_000;
+        assert_eq!(storms.note_miss(big, now), Some(FIRST_PAGE));
+        storms.listing_done(big, Listed::TooBig);
+        assert_eq!(storms.dirs().len(), TRACKED_DIRS * 3 / 4 + 1);
+        assert!(storms.dirs().contains_key(&0), "a change under way is kept");
+        assert!(!storms.dirs().contains_key(&1), "the longest quiet went");
+        // No scan again until that quarter is used up.
+        for dir in 2_000_000..2_000_000 + (TRACKED_DIRS / 4 - 1) as u64 {
+            storms.listed(dir, 1, Duration::from_millis(1));
+        }
+        assert_eq!(storms.dirs().len(), TRACKED_DIRS);
+        // The directory too big for its first page is not asked for that page again.
+        assert_eq!(storms.note_miss(big, now), None);
+        drop(change);
     }
 
     #[test]

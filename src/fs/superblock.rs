@@ -491,17 +491,25 @@ impl Superblock {
         if let Some(max_pages) = self.storms.note_miss(parent, now) {
             self.list_in_background(parent_node.clone(), max_pages);
         }
-        if let Some(first_page) = self.storms.first_page_landing(parent) {
-            let _ = tokio::time::timeout(LANDING_WAIT, listing::landed(first_page)).await;
-            // Landed whole, the table answers below. Else the lookups that waited may call for a storm.
-            if let Some(max_pages) = self
-                .storms
-                .first_page_did_not_answer(parent, Instant::now())
-            {
-                self.list_in_background(parent_node.clone(), max_pages);
+        let waited = match self.storms.first_page_landing(parent) {
+            Some(first_page) => {
+                let _ = tokio::time::timeout(LANDING_WAIT, listing::landed(first_page)).await;
+                // Landed whole, the table answers below. Else the lookups that waited may call for a storm.
+                if let Some(max_pages) = self
+                    .storms
+                    .first_page_did_not_answer(parent, Instant::now())
+                {
+                    self.list_in_background(parent_node.clone(), max_pages);
+                }
+                true
             }
-        }
-        let landing = self.storms.landing(parent);
+            None => false,
+        };
+        // A first page still under way after that wait is not waited for again: this lookup asks for itself.
+        let landing = self
+            .storms
+            .landing(parent)
+            .filter(|_| !waited || self.storms.first_page_landing(parent).is_none());
         // A listing of the directory that landed since this lookup found its entry stale answers it now. A
         // lookup that lost that race (more often on a loaded machine) sent the one-key LIST the listing was
         // there to save.
@@ -872,6 +880,8 @@ impl Superblock {
     pub fn take_root_page(&self, page: ListPage, asked: Instant) {
         let root = self.config.prefix.as_str();
         let Some(whole) = listing::whole_from_one_page(root, page) else {
+            // A bigger root: its first lookup that must ask need not ask for this page again.
+            self.storms.first_page_seen(ROOT_INO);
             return;
         };
         let pages = pages_of(&whole.found);

@@ -371,6 +371,27 @@ async fn the_first_lookup_in_a_directory_never_listed_waits_for_its_first_page()
     );
 }
 
+/// A root bigger than the page the mount listed at startup: its first lookup that must ask sends the name's
+/// requests, not that page again.
+#[tokio::test]
+async fn a_root_bigger_than_the_mounts_first_page_is_not_asked_for_it_again() {
+    let (fake, fs) = fs_with(&[("a", b"1")], config(), true).await;
+    let page = crate::s3::ListPage {
+        objects: Vec::new(),
+        common_prefixes: Vec::new(),
+        next_continuation_token: Some("more".into()),
+    };
+    fs.sb.take_root_page(page, std::time::Instant::now());
+    let before = fake.counts();
+    assert_eq!(fs.sb.lookup(ROOT_INO, "a").await.unwrap().size, 1);
+    let sent = fake.counts().since(&before);
+    assert_eq!(
+        (sent.get(Op::List), sent.get(Op::Head)),
+        (1, 1),
+        "the name's object and prefix only: {sent:?}"
+    );
+}
+
 /// A directory found by its lookup is listed by the page of its prefix that found it, when that page holds all
 /// of it: the lookups in it (a file, a subdirectory, a missing name) then ask nothing. A lookup in the
 /// subdirectory, which no page listed, asks.
