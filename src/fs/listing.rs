@@ -16,9 +16,10 @@
 //! listing expire (a tenth of the TTL, or three times what the listing took), the next lookup that finds its entry
 //! fresh lists the directory again in the background, provided enough lookups found entries there since (a
 //! listing of many pages is not worth it for a few lookups): one listing per TTL while the directory is read. A
-//! readdir's listing counts as one too, and so does the mount's first LIST of its root when the root fits in it. Lookups that must ask while a listing is under way take the answer to
-//! "is it a directory" from that listing instead of a one-key LIST of their own. No entry is ever trusted for
-//! longer than one TTL after the bucket was asked.
+//! readdir's listing counts as one too, and so does one page that held a whole directory (the mount's first LIST
+//! of its root, a lookup's page of `name/`). Lookups that must ask while a listing is under way take the answer
+//! to "is it a directory" from that listing instead of a LIST of their own. No entry is ever trusted for longer
+//! than one TTL after the bucket was asked.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -87,8 +88,8 @@ pub async fn list_all(
 }
 
 /// The whole directory `dir_key` from a page asked for with delimiter `/`, if that page is all there is (it
-/// has no continuation token): the mount's first LIST of its root, which checks access, answers the first
-/// lookups there too.
+/// has no continuation token): the mount's first LIST of its root, which checks access, and a lookup's LIST of
+/// `name/` then answer the lookups there too.
 pub fn whole_from_one_page(dir_key: &str, page: ListPage) -> Option<Whole> {
     let mut merged = Merged::default();
     merged.add(dir_key, page).is_none().then(|| merged.finish())
@@ -315,7 +316,7 @@ impl Storms {
     /// directory ourselves (within the last window): a listing sent then is likely overtaken by our changes,
     /// and worth it only for a whole storm, as before.
     fn storm_threshold(&self, s: &DirState, now: Instant) -> u32 {
-        let changing = Self::changed_lately(s, now, self.window);
+        let changing = self.changed_lately(s, now);
         match s.listed_pages {
             Some(pages) if !changing => pages.clamp(RELIST_THRESHOLD_MIN, STORM_THRESHOLD),
             _ => STORM_THRESHOLD,
@@ -349,10 +350,7 @@ impl Storms {
         if s.listing || s.quiet_until > now {
             return None;
         }
-        if !s.first_page_asked
-            && s.listed_pages.is_none()
-            && !Self::changed_lately(s, now, self.window)
-        {
+        if !s.first_page_asked && s.listed_pages.is_none() && !self.changed_lately(s, now) {
             s.first_page_asked = true;
             s.first_page_landing = true;
             Self::start_listing(s, now);
@@ -365,8 +363,9 @@ impl Storms {
         Some(STORM_MAX_PAGES)
     }
 
-    /// The first page of `dir` was seen some other way (the lookup that found the directory asked for its
-    /// prefix with a page, which did not hold all of it): its first miss need not ask for that page again.
+    /// The first page of `dir` was seen some other way and did not hold all of it (the mount's first LIST of its
+    /// root, or the page of `name/` that the lookup which found the directory asked for): its first miss need not
+    /// ask for that page again.
     pub fn first_page_seen(&self, dir: u64) {
         if self.window.is_zero() {
             return;
@@ -374,11 +373,11 @@ impl Storms {
         Self::state(&mut self.dirs(), dir, Instant::now()).first_page_asked = true;
     }
 
-    /// One of our changes to the directory is under way or ended within the last `window`.
-    fn changed_lately(s: &DirState, now: Instant, window: Duration) -> bool {
+    /// One of our changes to the directory is under way or ended within the last window.
+    fn changed_lately(&self, s: &DirState, now: Instant) -> bool {
         s.changing > 0
             || s.last_change
-                .is_some_and(|t| now.saturating_duration_since(t) < window)
+                .is_some_and(|t| now.saturating_duration_since(t) < self.window)
     }
 
     /// Counts a lookup in `dir` that found its entry fresh. True when this one should list the directory again,

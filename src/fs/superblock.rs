@@ -491,7 +491,7 @@ impl Superblock {
         if let Some(max_pages) = self.storms.note_miss(parent, now) {
             self.list_in_background(parent_node.clone(), max_pages);
         }
-        let waited = match self.storms.first_page_landing(parent) {
+        let landing = match self.storms.first_page_landing(parent) {
             Some(first_page) => {
                 let _ = tokio::time::timeout(LANDING_WAIT, listing::landed(first_page)).await;
                 // Landed whole, the table answers below. Else the lookups that waited may call for a storm.
@@ -501,15 +501,13 @@ impl Superblock {
                 {
                     self.list_in_background(parent_node.clone(), max_pages);
                 }
-                true
+                // A first page still under way after that wait is not waited for again: this lookup asks.
+                self.storms
+                    .landing(parent)
+                    .filter(|_| self.storms.first_page_landing(parent).is_none())
             }
-            None => false,
+            None => self.storms.landing(parent),
         };
-        // A first page still under way after that wait is not waited for again: this lookup asks for itself.
-        let landing = self
-            .storms
-            .landing(parent)
-            .filter(|_| !waited || self.storms.first_page_landing(parent).is_none());
         // A listing of the directory that landed since this lookup found its entry stale answers it now. A
         // lookup that lost that race (more often on a loaded machine) sent the one-key LIST the listing was
         // there to save.
@@ -590,33 +588,24 @@ impl Superblock {
                 target,
                 page,
             }) => {
-                let (attr, listed) = {
+                let attr = {
                     let mut table = self.table();
                     let etag = stat.etag.clone();
                     let ino = table.upsert(parent, name, kind, stat, self.expiry(), asked);
                     table.add_lookup(ino);
-                    let listed = match page {
+                    match page {
                         Page::Whole(whole) if self.storms.unchanged_since(ino, asked) => {
-                            let pages = pages_of(&whole.found);
-                            let trusted = (self.expiry(), self.every_name_known_for());
-                            take_whole_listing(&mut table, ino, whole, asked, trusted);
-                            Some((ino, pages))
+                            self.take_listing(&mut table, ino, whole, asked);
                         }
-                        Page::Partial => {
-                            self.storms.first_page_seen(ino);
-                            None
-                        }
-                        _ => None,
-                    };
+                        Page::Partial => self.storms.first_page_seen(ino),
+                        _ => {}
+                    }
                     let node = table.get_mut(ino).expect("just inserted");
                     if let (Some(target), Some(etag)) = (target, etag) {
                         node.remember_link_target(&etag, target);
                     }
-                    (self.attr_of(node), listed)
+                    self.attr_of(node)
                 };
-                if let Some((ino, pages)) = listed {
-                    self.storms.listed(ino, pages, asked.elapsed());
-                }
                 answered(Answer::Found);
                 Ok(attr)
             }
@@ -884,10 +873,22 @@ impl Superblock {
             self.storms.first_page_seen(ROOT_INO);
             return;
         };
+        self.take_listing(&mut self.table(), ROOT_INO, whole, asked);
+    }
+
+    /// Takes `whole`, one page that held all of `dir`, sent at `asked`, as the directory's listing for one TTL,
+    /// as a readdir's would be.
+    fn take_listing(
+        &self,
+        table: &mut InodeTable,
+        dir: u64,
+        whole: listing::Whole,
+        asked: Instant,
+    ) {
         let pages = pages_of(&whole.found);
         let trusted = (self.expiry(), self.every_name_known_for());
-        take_whole_listing(&mut self.table(), ROOT_INO, whole, asked, trusted);
-        self.storms.listed(ROOT_INO, pages, asked.elapsed());
+        take_whole_listing(table, dir, whole, asked, trusted);
+        self.storms.listed(dir, pages, asked.elapsed());
     }
 
     /// Lookups in `dir` ask for their own names from the first, as in a directory bigger than one page.
