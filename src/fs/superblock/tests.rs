@@ -295,7 +295,7 @@ async fn a_name_that_was_a_directory_is_asked_again_by_its_prefix_only() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn lookups_during_a_storm_listing_send_no_one_key_list() {
+async fn lookups_during_a_storm_listing_send_no_list_of_their_own() {
     // More than one page, so that the lookup of `d` cannot list it whole from the page it asks for.
     let names: Vec<String> = (0..1040).map(|i| format!("d/{i:04}.jpg")).collect();
     let keys: Vec<(&str, &[u8])> = names.iter().map(|n| (n.as_str(), &b"x"[..])).collect();
