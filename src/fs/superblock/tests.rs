@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use super::LIST_ATTEMPTS;
+use super::listings::LIST_ATTEMPTS;
 use crate::fs::negative::MAX_ENTRIES;
 use crate::fs::test_support::{config, fs_with};
 use crate::fs::{DirEntry, FileKind, FsError, ROOT_INO};
