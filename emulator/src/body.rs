@@ -142,24 +142,65 @@ impl ResponseBody {
     }
 }
 
-/// The bytes of `pieces` (`len` in all), read into one buffer that is not zeroed first.
+/// The bytes of `pieces` (`len` in all): one piece of a blob kept in memory is a view of it; else they are
+/// copied into one buffer that is not zeroed first. A short blob read whole here is kept for the next GET.
 fn read_pieces(pieces: &[Piece], len: u64) -> std::io::Result<Bytes> {
-    use std::io::{Read, Seek, SeekFrom};
-    let mut buf = Vec::with_capacity(usize::try_from(len).map_err(std::io::Error::other)?);
+    let mut views = Vec::with_capacity(pieces.len());
     for (blob, offset, piece_len) in pieces {
-        let mut source = BlobFile::open(&blob.path)?;
-        source.check(*offset, *piece_len)?;
-        source.file.seek(SeekFrom::Start(*offset))?;
-        let want = buf.len() + usize::try_from(*piece_len).map_err(std::io::Error::other)?;
-        (&source.file).take(*piece_len).read_to_end(&mut buf)?;
-        if buf.len() != want {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::UnexpectedEof,
-                format!("{}: shorter than its object says", blob.path.display()),
-            ));
-        }
+        let whole = match blob.kept() {
+            Some(kept) => kept.clone(),
+            None if blob.len <= INLINE_AT_MOST => {
+                let whole = read_range(blob, 0, blob.len)?;
+                blob.keep(whole.clone());
+                whole
+            }
+            None => {
+                views.push(read_range(blob, *offset, *piece_len)?);
+                continue;
+            }
+        };
+        let end = offset
+            .checked_add(*piece_len)
+            .filter(|&end| end <= whole.len() as u64)
+            .ok_or_else(|| past_end(&blob.path, *offset, *piece_len, whole.len() as u64))?;
+        views.push(whole.slice(*offset as usize..end as usize));
+    }
+    if views.len() == 1 {
+        return Ok(views.pop().expect("one view"));
+    }
+    let mut buf = BytesMut::with_capacity(usize::try_from(len).map_err(std::io::Error::other)?);
+    for view in views {
+        buf.extend_from_slice(&view);
+    }
+    Ok(buf.freeze())
+}
+
+/// `len` bytes of `blob` from `offset`, read into a buffer that is not zeroed first.
+fn read_range(blob: &crate::store::Blob, offset: u64, len: u64) -> std::io::Result<Bytes> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut source = BlobFile::open(&blob.path)?;
+    source.check(offset, len)?;
+    source.file.seek(SeekFrom::Start(offset))?;
+    let mut buf = Vec::with_capacity(usize::try_from(len).map_err(std::io::Error::other)?);
+    (&source.file).take(len).read_to_end(&mut buf)?;
+    if buf.len() as u64 != len {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::UnexpectedEof,
+            format!("{}: shorter than its object says", blob.path.display()),
+        ));
     }
     Ok(Bytes::from(buf))
+}
+
+/// The error for `len` bytes at `offset` of a blob of `blob_len`.
+fn past_end(path: &Path, offset: u64, len: u64, blob_len: u64) -> std::io::Error {
+    std::io::Error::new(
+        std::io::ErrorKind::UnexpectedEof,
+        format!(
+            "{}: {len} bytes at {offset} run past its end ({blob_len})",
+            path.display()
+        ),
+    )
 }
 
 /// A blob file opened for one GET, with its length.
@@ -179,14 +220,7 @@ impl<'a> BlobFile<'a> {
     /// Whether the blob holds `len` bytes from `offset`.
     fn check(&self, offset: u64, len: u64) -> std::io::Result<()> {
         if offset.checked_add(len).is_none_or(|end| end > self.len) {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::UnexpectedEof,
-                format!(
-                    "{}: {len} bytes at {offset} run past its end ({})",
-                    self.path.display(),
-                    self.len
-                ),
-            ));
+            return Err(past_end(self.path, offset, len, self.len));
         }
         Ok(())
     }
@@ -677,6 +711,28 @@ mod tests {
         ));
         let cut = collect(body(100_000, BodyFault::Truncate)).await.unwrap();
         assert_eq!(cut.len(), 50_000, "a fault still cuts a short body at half");
+    }
+
+    #[tokio::test]
+    async fn a_short_blob_read_once_is_served_from_memory_after() {
+        let dir = tempfile::tempdir().unwrap();
+        let bytes = pattern(100_000, 6);
+        let blob = blob_of(dir.path(), "f", &bytes);
+        let get = |offset: u64, len: u64| {
+            collect(ResponseBody::pieces(
+                vec![(Arc::clone(&blob), offset, len)],
+                BodyFault::None,
+            ))
+        };
+        assert!(get(10, 20).await.unwrap() == bytes[10..30]);
+        // Gone from disk, the blob still answers: its bytes were kept by the first read.
+        std::fs::remove_file(&blob.path).unwrap();
+        assert!(get(0, 100_000).await.unwrap() == bytes);
+        assert!(get(99_990, 10).await.unwrap() == bytes[99_990..]);
+        assert!(
+            get(99_995, 10).await.is_err(),
+            "past its end is still an error"
+        );
     }
 
     #[tokio::test]
