@@ -25,7 +25,7 @@ const READ_CHUNK: usize = 1024 * 1024;
 /// it serves. Below it, a map and unmap cost more than they save (docs/BENCHMARKS.md).
 const MAP_AT_LEAST: u64 = 512 * 1024;
 
-/// The most of a range mapped at once.
+/// The most of a long range taken from its mapping at once (the blocking thread runs this far ahead).
 const MAP_WINDOW: u64 = 16 * 1024 * 1024;
 
 /// Bodies this short are read on the request's own task: handing them to a blocking thread and back cost more
@@ -85,19 +85,12 @@ impl ResponseBody {
                 if take == 0 {
                     continue;
                 }
-                let source = match BlobFile::open(&blob.path) {
-                    Ok(f) => f,
-                    Err(e) => {
-                        let _ = tx.blocking_send(Err(e));
-                        return;
-                    }
-                };
-                // A long range goes out in mapped windows, so that one GET of a huge object does not fault
-                // in (or, on a disk, read) all of it before its first byte is sent.
+                // A long range goes out in windows, so that one GET of a huge object is not read (on a
+                // disk) all at once before its first byte is sent.
                 let mut at = 0u64;
                 while at < take {
                     let n = (take - at).min(MAP_WINDOW);
-                    let window = match source.range(offset + at, n) {
+                    let window = match window_of(&blob, offset + at, n) {
                         Ok(w) => w,
                         Err(e) => {
                             let _ = tx.blocking_send(Err(e));
@@ -175,14 +168,31 @@ fn read_pieces(pieces: &[Piece], len: u64) -> std::io::Result<Bytes> {
     Ok(buf.freeze())
 }
 
+/// `len` bytes of `blob` from `offset`: a view of the blob's mapping when long enough ([`MAP_AT_LEAST`]), else
+/// read.
+fn window_of(blob: &crate::store::Blob, offset: u64, len: u64) -> std::io::Result<Bytes> {
+    if len < MAP_AT_LEAST {
+        return read_range(blob, offset, len);
+    }
+    let mapped = blob.mapping()?;
+    let end = offset
+        .checked_add(len)
+        .filter(|&end| end <= mapped.len() as u64)
+        .ok_or_else(|| past_end(&blob.path, offset, len, mapped.len() as u64))?;
+    Ok(mapped.slice(offset as usize..end as usize))
+}
+
 /// `len` bytes of `blob` from `offset`, read into a buffer that is not zeroed first.
 fn read_range(blob: &crate::store::Blob, offset: u64, len: u64) -> std::io::Result<Bytes> {
     use std::io::{Read, Seek, SeekFrom};
-    let mut source = BlobFile::open(&blob.path)?;
-    source.check(offset, len)?;
-    source.file.seek(SeekFrom::Start(offset))?;
+    let mut file = File::open(&blob.path)?;
+    let on_disk = file.metadata()?.len();
+    if offset.checked_add(len).is_none_or(|end| end > on_disk) {
+        return Err(past_end(&blob.path, offset, len, on_disk));
+    }
+    file.seek(SeekFrom::Start(offset))?;
     let mut buf = Vec::with_capacity(usize::try_from(len).map_err(std::io::Error::other)?);
-    (&source.file).take(len).read_to_end(&mut buf)?;
+    (&file).take(len).read_to_end(&mut buf)?;
     if buf.len() as u64 != len {
         return Err(std::io::Error::new(
             std::io::ErrorKind::UnexpectedEof,
@@ -201,54 +211,6 @@ fn past_end(path: &Path, offset: u64, len: u64, blob_len: u64) -> std::io::Error
             path.display()
         ),
     )
-}
-
-/// A blob file opened for one GET, with its length.
-struct BlobFile<'a> {
-    path: &'a Path,
-    file: File,
-    len: u64,
-}
-
-impl<'a> BlobFile<'a> {
-    fn open(path: &'a Path) -> std::io::Result<BlobFile<'a>> {
-        let file = File::open(path)?;
-        let len = file.metadata()?.len();
-        Ok(BlobFile { path, file, len })
-    }
-
-    /// Whether the blob holds `len` bytes from `offset`.
-    fn check(&self, offset: u64, len: u64) -> std::io::Result<()> {
-        if offset.checked_add(len).is_none_or(|end| end > self.len) {
-            return Err(past_end(self.path, offset, len, self.len));
-        }
-        Ok(())
-    }
-
-    /// `len` bytes from `offset`: mapped when long enough ([`MAP_AT_LEAST`]), else read into a buffer. A
-    /// mapping is faulted in up front and kept until the last view of the `Bytes` goes. A blob is never
-    /// written after it is created (a new upload or append makes a new blob), so the mapping cannot change
-    /// under a reader; an unlinked blob's pages stay while mapped.
-    fn range(&self, offset: u64, len: u64) -> std::io::Result<Bytes> {
-        self.check(offset, len)?;
-        let len = usize::try_from(len).map_err(std::io::Error::other)?;
-        if (len as u64) < MAP_AT_LEAST {
-            use std::os::unix::fs::FileExt;
-            let mut buf = vec![0u8; len];
-            self.file.read_exact_at(&mut buf, offset)?;
-            return Ok(Bytes::from(buf));
-        }
-        // SAFETY: blobs are immutable once written and never truncated (see `store::Blob`), so the mapped
-        // bytes cannot change or vanish while the mapping lives.
-        let map = unsafe {
-            memmap2::MmapOptions::new()
-                .offset(offset)
-                .len(len)
-                .populate()
-                .map(&self.file)?
-        };
-        Ok(Bytes::from_owner(map))
-    }
 }
 
 impl http_body::Body for ResponseBody {
@@ -733,6 +695,21 @@ mod tests {
             get(99_995, 10).await.is_err(),
             "past its end is still an error"
         );
+    }
+
+    #[tokio::test]
+    async fn a_long_blob_is_mapped_once_for_all_its_gets() {
+        let dir = tempfile::tempdir().unwrap();
+        let bytes = pattern(3 * MAP_AT_LEAST as usize, 7);
+        let blob = blob_of(dir.path(), "g", &bytes);
+        for (offset, len) in [(0, MAP_AT_LEAST), (MAP_AT_LEAST + 3, 2 * MAP_AT_LEAST - 3)] {
+            let body =
+                ResponseBody::pieces(vec![(Arc::clone(&blob), offset, len)], BodyFault::None);
+            let got = collect(body).await.unwrap();
+            assert!(got == bytes[offset as usize..(offset + len) as usize]);
+        }
+        let (a, b) = (blob.mapping().unwrap(), blob.mapping().unwrap());
+        assert_eq!(a.as_ptr(), b.as_ptr(), "one mapping, kept");
     }
 
     #[tokio::test]

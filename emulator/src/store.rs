@@ -59,6 +59,8 @@ pub struct Blob {
     pub len: u64,
     /// The whole file, once a GET read it and it was short enough to keep ([`Blob::keep`]).
     kept: OnceLock<Bytes>,
+    /// The whole file mapped read-only, once a GET asked for a long range of it ([`Blob::mapping`]).
+    mapped: OnceLock<Bytes>,
 }
 
 /// Bytes of short blobs kept in memory, all blobs together, at most. Every GET of a short object otherwise
@@ -74,7 +76,34 @@ impl Blob {
             path,
             len,
             kept: OnceLock::new(),
+            mapped: OnceLock::new(),
         })
+    }
+
+    /// The whole blob mapped read-only, mapped at the first ask and kept while the blob (or a view of the
+    /// mapping) lives: a GET of a long range sends views of it, and the socket copies straight from the page
+    /// cache, without a map and an unmap per GET. Pages are faulted in as they are first sent.
+    pub fn mapping(&self) -> std::io::Result<Bytes> {
+        if let Some(mapped) = self.mapped.get() {
+            return Ok(mapped.clone());
+        }
+        let file = std::fs::File::open(&self.path)?;
+        let on_disk = file.metadata()?.len();
+        if on_disk != self.len {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                format!(
+                    "{}: {on_disk} bytes, {} expected",
+                    self.path.display(),
+                    self.len
+                ),
+            ));
+        }
+        let len = usize::try_from(self.len).map_err(std::io::Error::other)?;
+        // SAFETY: a blob is never written after it is made, nor truncated, so the mapped bytes cannot change
+        // or vanish while the mapping lives (an unlinked file's pages stay while mapped).
+        let map = unsafe { memmap2::MmapOptions::new().len(len).map(&file)? };
+        Ok(self.mapped.get_or_init(|| Bytes::from_owner(map)).clone())
     }
 
     /// The blob's bytes, if kept in memory.

@@ -677,16 +677,18 @@ fn pattern_mib(block: &[u8], m: usize) -> &[u8] {
     &block[shift..shift + MIB]
 }
 
+/// The memory this process allocated, in MiB (`RssAnon`): the pages of blobs the emulator maps are the files'
+/// page cache, not memory it holds.
 fn rss_mib() -> i64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap();
-    let line = status.lines().find_map(|l| l.strip_prefix("VmRSS:"));
+    let line = status.lines().find_map(|l| l.strip_prefix("RssAnon:"));
     let kib = line.unwrap().trim().trim_end_matches("kB").trim();
     kib.parse::<i64>().unwrap() / 1024
 }
 
 /// Uploads `parts` parts of `part_mib` MiB (one part in memory at a time), then streams the object back
-/// chunk by chunk, checking SHA-256 and that this process's RSS (client + in-process emulator) does not
-/// grow by more than `max_growth_mib` while downloading.
+/// chunk by chunk, checking SHA-256 and that this process's allocated memory (client + in-process emulator)
+/// does not grow by more than `max_growth_mib` while downloading.
 async fn stream_large(parts: usize, part_mib: usize, max_growth_mib: i64) {
     use sha2::Digest;
     let env = start(Duration::from_secs(300));
