@@ -31,7 +31,7 @@ const MAP_WINDOW: u64 = 16 * 1024 * 1024;
 /// Bodies this short are read on the request's own task: handing them to a blocking thread and back cost more
 /// than the read (thread wake-ups were about a quarter of the emulator's CPU on 100 KB GETs), and the
 /// emulator shares the cores with the clients it serves. A blob is in the page cache in every run here.
-const INLINE_AT_MOST: u64 = 256 * 1024;
+const INLINE_AT_MOST: u64 = crate::store::SHORT_BLOB;
 
 /// How a streamed file body should misbehave (fault injection).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -135,22 +135,14 @@ impl ResponseBody {
     }
 }
 
-/// The bytes of `pieces` (`len` in all): one piece of a blob kept in memory is a view of it; else they are
-/// copied into one buffer that is not zeroed first. A short blob read whole here is kept for the next GET.
+/// The bytes of `pieces` (`len` in all): one piece of a short blob is a view of its bytes kept in memory;
+/// else they are copied into one buffer that is not zeroed first.
 fn read_pieces(pieces: &[Piece], len: u64) -> std::io::Result<Bytes> {
     let mut views = Vec::with_capacity(pieces.len());
     for (blob, offset, piece_len) in pieces {
-        let whole = match blob.kept() {
-            Some(kept) => kept.clone(),
-            None if blob.len <= INLINE_AT_MOST => {
-                let whole = read_range(blob, 0, blob.len)?;
-                blob.keep(whole.clone());
-                whole
-            }
-            None => {
-                views.push(read_range(blob, *offset, *piece_len)?);
-                continue;
-            }
+        let Some(whole) = blob.short_bytes()? else {
+            views.push(read_range(blob, *offset, *piece_len)?);
+            continue;
         };
         let end = offset
             .checked_add(*piece_len)

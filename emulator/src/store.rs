@@ -57,11 +57,14 @@ pub fn validate_bucket_name(name: &str) -> Result<(), String> {
 pub struct Blob {
     pub path: PathBuf,
     pub len: u64,
-    /// The whole file, once a GET read it and it was short enough to keep ([`Blob::keep`]).
+    /// The whole file, when short ([`Blob::short_bytes`]).
     kept: OnceLock<Bytes>,
     /// The whole file mapped read-only, once a GET asked for a long range of it ([`Blob::mapping`]).
     mapped: OnceLock<Bytes>,
 }
+
+/// Blobs this short are kept in memory ([`Blob::short_bytes`]).
+pub const SHORT_BLOB: u64 = 256 * 1024;
 
 /// Bytes of short blobs kept in memory, all blobs together, at most. Every GET of a short object otherwise
 /// reads it from its file again (a copy and a page-cache walk, about a third of the emulator's CPU on 100 KB
@@ -106,22 +109,35 @@ impl Blob {
         Ok(self.mapped.get_or_init(|| Bytes::from_owner(map)).clone())
     }
 
-    /// The blob's bytes, if kept in memory.
-    pub fn kept(&self) -> Option<&Bytes> {
-        self.kept.get()
-    }
-
-    /// Keeps `bytes`, the whole blob, in memory while the blob lives, if all blobs kept so far leave room.
-    /// A blob is never written after it is made, so its bytes cannot go stale.
-    pub fn keep(&self, bytes: Bytes) {
-        debug_assert_eq!(bytes.len() as u64, self.len);
-        let len = bytes.len() as u64;
-        let room = KEPT.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |kept| {
-            (kept + len <= KEPT_AT_MOST).then_some(kept + len)
-        });
-        if room.is_ok() && self.kept.set(bytes).is_err() {
-            KEPT.fetch_sub(len, Ordering::Relaxed);
+    /// The whole blob, from memory when it is short ([`SHORT_BLOB`]): read and kept at the first ask, while
+    /// all blobs kept so far leave room ([`KEPT_AT_MOST`]). None for a longer blob. A blob is never written
+    /// after it is made, so its bytes cannot go stale.
+    pub fn short_bytes(&self) -> std::io::Result<Option<Bytes>> {
+        if let Some(kept) = self.kept.get() {
+            return Ok(Some(kept.clone()));
         }
+        if self.len > SHORT_BLOB {
+            return Ok(None);
+        }
+        let bytes = Bytes::from(std::fs::read(&self.path)?);
+        if bytes.len() as u64 != self.len {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                format!(
+                    "{}: {} bytes, {} expected",
+                    self.path.display(),
+                    bytes.len(),
+                    self.len
+                ),
+            ));
+        }
+        let room = KEPT.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |kept| {
+            (kept + self.len <= KEPT_AT_MOST).then_some(kept + self.len)
+        });
+        if room.is_ok() && self.kept.set(bytes.clone()).is_err() {
+            KEPT.fetch_sub(self.len, Ordering::Relaxed);
+        }
+        Ok(Some(bytes))
     }
 }
 
