@@ -166,7 +166,10 @@ fn window_of(blob: &crate::store::Blob, offset: u64, len: u64) -> std::io::Resul
     if len < MAP_AT_LEAST {
         return read_range(blob, offset, len);
     }
-    let mapped = blob.mapping()?;
+    // A mapping that cannot be made (the process's map count is finite) is no reason to fail the GET.
+    let Ok(mapped) = blob.mapping() else {
+        return read_range(blob, offset, len);
+    };
     let end = offset
         .checked_add(len)
         .filter(|&end| end <= mapped.len() as u64)
