@@ -73,6 +73,12 @@ const KEPT_AT_MOST: u64 = 1 << 30;
 
 static KEPT: AtomicU64 = AtomicU64::new(0);
 
+/// Blobs kept mapped ([`Blob::mapping`]), all together, at most: well below the kernel's default map count
+/// (65,530), which the rest of the process needs too.
+const MAPPED_AT_MOST: u64 = 8192;
+
+static MAPPED: AtomicU64 = AtomicU64::new(0);
+
 impl Blob {
     pub fn new(path: PathBuf, len: u64) -> Arc<Blob> {
         Arc::new(Blob {
@@ -83,9 +89,10 @@ impl Blob {
         })
     }
 
-    /// The whole blob mapped read-only, mapped at the first ask and kept while the blob (or a view of the
-    /// mapping) lives: a GET of a long range sends views of it, and the socket copies straight from the page
-    /// cache, without a map and an unmap per GET. Pages are faulted in as they are first sent.
+    /// The whole blob mapped read-only: a GET of a long range sends views of it, and the socket copies straight
+    /// from the page cache. The mapping is made at the first ask and kept while the blob (or a view of it)
+    /// lives, so a GET costs no map and unmap; past [`MAPPED_AT_MOST`] blobs kept mapped, a mapping serves
+    /// its GET only (the process's map count is finite).
     pub fn mapping(&self) -> std::io::Result<Bytes> {
         if let Some(mapped) = self.mapped.get() {
             return Ok(mapped.clone());
@@ -105,8 +112,17 @@ impl Blob {
         let len = usize::try_from(self.len).map_err(std::io::Error::other)?;
         // SAFETY: a blob is never written after it is made, nor truncated, so the mapped bytes cannot change
         // or vanish while the mapping lives (an unlinked file's pages stay while mapped).
-        let map = unsafe { memmap2::MmapOptions::new().len(len).map(&file)? };
-        Ok(self.mapped.get_or_init(|| Bytes::from_owner(map)).clone())
+        let map = Bytes::from_owner(unsafe { memmap2::MmapOptions::new().len(len).map(&file)? });
+        let room = MAPPED.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+            (n < MAPPED_AT_MOST).then_some(n + 1)
+        });
+        if room.is_err() {
+            return Ok(map);
+        }
+        if self.mapped.set(map).is_err() {
+            MAPPED.fetch_sub(1, Ordering::Relaxed);
+        }
+        Ok(self.mapped.get().expect("set just now").clone())
     }
 
     /// The whole blob, from memory when it is short ([`SHORT_BLOB`]): read and kept at the first ask, while
@@ -119,8 +135,22 @@ impl Blob {
         if self.len > SHORT_BLOB {
             return Ok(None);
         }
-        let bytes = Bytes::from(std::fs::read(&self.path)?);
+        // Room first: past the budget, a GET reads only the range it asks for.
+        let room = KEPT.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |kept| {
+            (kept + self.len <= KEPT_AT_MOST).then_some(kept + self.len)
+        });
+        if room.is_err() {
+            return Ok(None);
+        }
+        let bytes = match std::fs::read(&self.path) {
+            Ok(bytes) => Bytes::from(bytes),
+            Err(e) => {
+                KEPT.fetch_sub(self.len, Ordering::Relaxed);
+                return Err(e);
+            }
+        };
         if bytes.len() as u64 != self.len {
+            KEPT.fetch_sub(self.len, Ordering::Relaxed);
             return Err(std::io::Error::new(
                 std::io::ErrorKind::UnexpectedEof,
                 format!(
@@ -131,10 +161,7 @@ impl Blob {
                 ),
             ));
         }
-        let room = KEPT.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |kept| {
-            (kept + self.len <= KEPT_AT_MOST).then_some(kept + self.len)
-        });
-        if room.is_ok() && self.kept.set(bytes.clone()).is_err() {
+        if self.kept.set(bytes.clone()).is_err() {
             KEPT.fetch_sub(self.len, Ordering::Relaxed);
         }
         Ok(Some(bytes))
@@ -145,6 +172,9 @@ impl Drop for Blob {
     fn drop(&mut self) {
         if let Some(kept) = self.kept.get() {
             KEPT.fetch_sub(kept.len() as u64, Ordering::Relaxed);
+        }
+        if self.mapped.get().is_some() {
+            MAPPED.fetch_sub(1, Ordering::Relaxed);
         }
         let _ = std::fs::remove_file(&self.path);
     }
