@@ -64,9 +64,8 @@ impl ResponseBody {
     }
 
     /// The pieces (a range of an object, possibly across several blobs): a short body at once, else streamed
-    /// from a blocking thread that takes each window from the blob's mapping (faulting its pages in there,
-    /// so that a blob not in the page cache is read off the async workers) or reads it, a window ahead of the
-    /// socket. The pieces hold their blobs until the last byte is sent.
+    /// from a blocking thread that takes each window from the blob's mapping ([`crate::store::Blob::mapping`])
+    /// or reads it, a window ahead of the socket. The pieces hold their blobs until the last byte is sent.
     pub fn pieces(pieces: Vec<Piece>, fault: BodyFault) -> Self {
         let len: u64 = pieces.iter().map(|p| p.2).sum();
         if fault == BodyFault::None && len <= INLINE_AT_MOST {
@@ -176,10 +175,7 @@ fn window_of(blob: &crate::store::Blob, offset: u64, len: u64) -> std::io::Resul
         .checked_add(len)
         .filter(|&end| end <= mapped.len() as u64)
         .ok_or_else(|| past_end(&blob.path, offset, len, mapped.len() as u64))?;
-    let window = mapped.slice(offset as usize..end as usize);
-    // Its pages are faulted in here, on the blocking thread, not in the socket write on an async worker.
-    std::hint::black_box(window.iter().step_by(4096).fold(0u8, |a, &b| a ^ b));
-    Ok(window)
+    Ok(mapped.slice(offset as usize..end as usize))
 }
 
 /// `len` bytes of `blob` from `offset`, read into a buffer that is not zeroed first.

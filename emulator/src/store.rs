@@ -110,12 +110,27 @@ impl Blob {
             ));
         }
         let len = usize::try_from(self.len).map_err(std::io::Error::other)?;
-        // SAFETY: a blob is never written after it is made, nor truncated, so the mapped bytes cannot change
-        // or vanish while the mapping lives (an unlinked file's pages stay while mapped).
-        let map = Bytes::from_owner(unsafe { memmap2::MmapOptions::new().len(len).map(&file)? });
         let room = MAPPED.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
             (n < MAPPED_AT_MOST).then_some(n + 1)
         });
+        let mut options = memmap2::MmapOptions::new();
+        options.len(len);
+        if room.is_ok() {
+            // A mapping kept for the blob's life is faulted in once, here on the caller's blocking thread, not
+            // page by page in socket writes on the async workers.
+            options.populate();
+        }
+        // SAFETY: a blob is never written after it is made, nor truncated, so the mapped bytes cannot change
+        // or vanish while the mapping lives (an unlinked file's pages stay while mapped).
+        let map = match unsafe { options.map(&file) } {
+            Ok(map) => Bytes::from_owner(map),
+            Err(e) => {
+                if room.is_ok() {
+                    MAPPED.fetch_sub(1, Ordering::Relaxed);
+                }
+                return Err(e);
+            }
+        };
         if room.is_err() {
             return Ok(map);
         }
