@@ -17,12 +17,14 @@ use tokio::sync::mpsc;
 use crate::error::S3Error;
 use crate::store::Piece;
 
-/// Chunk size for reads from disk: large enough that loopback throughput is not syscall-bound.
+/// Size of the chunks a streamed body is handed to hyper in: large enough that loopback throughput is not
+/// syscall-bound.
 const READ_CHUNK: usize = 1024 * 1024;
 
-/// Ranges this long or longer are mapped rather than read: the read's copy and the faults on a fresh buffer
-/// were about half of the emulator's CPU per GiB served, and the emulator shares the cores with the clients
-/// it serves. Below it, a map and unmap cost more than they save (docs/BENCHMARKS.md).
+/// Ranges this long or longer are sent from the blob's mapping rather than read: the read's copy and the
+/// faults on a fresh buffer were about half of the emulator's CPU per GiB served, and the emulator shares the
+/// cores with the clients it serves. Below it, a read costs less than mapping a blob for it
+/// (docs/BENCHMARKS.md).
 const MAP_AT_LEAST: u64 = 512 * 1024;
 
 /// The most of a long range taken at once (the blocking thread runs this far ahead of the socket).
