@@ -147,11 +147,7 @@ fn read_pieces(pieces: &[Piece], len: u64) -> std::io::Result<Bytes> {
             views.push(read_range(blob, *offset, *piece_len)?);
             continue;
         };
-        let end = offset
-            .checked_add(*piece_len)
-            .filter(|&end| end <= whole.len() as u64)
-            .ok_or_else(|| past_end(&blob.path, *offset, *piece_len, whole.len() as u64))?;
-        views.push(whole.slice(*offset as usize..end as usize));
+        views.push(view(&whole, &blob.path, *offset, *piece_len)?);
     }
     if views.len() == 1 {
         return Ok(views.pop().expect("one view"));
@@ -173,11 +169,16 @@ fn window_of(blob: &crate::store::Blob, offset: u64, len: u64) -> std::io::Resul
     let Ok(mapped) = blob.mapping() else {
         return read_range(blob, offset, len);
     };
+    view(&mapped, &blob.path, offset, len)
+}
+
+/// `len` bytes of `whole` (all of the blob at `path`) from `offset`, without a copy.
+fn view(whole: &Bytes, path: &Path, offset: u64, len: u64) -> std::io::Result<Bytes> {
     let end = offset
         .checked_add(len)
-        .filter(|&end| end <= mapped.len() as u64)
-        .ok_or_else(|| past_end(&blob.path, offset, len, mapped.len() as u64))?;
-    Ok(mapped.slice(offset as usize..end as usize))
+        .filter(|&end| end <= whole.len() as u64)
+        .ok_or_else(|| past_end(path, offset, len, whole.len() as u64))?;
+    Ok(whole.slice(offset as usize..end as usize))
 }
 
 /// `len` bytes of `blob` from `offset`, read into a buffer that is not zeroed first.
@@ -192,9 +193,10 @@ fn read_range(blob: &crate::store::Blob, offset: u64, len: u64) -> std::io::Resu
     let mut buf = Vec::with_capacity(usize::try_from(len).map_err(std::io::Error::other)?);
     (&file).take(len).read_to_end(&mut buf)?;
     if buf.len() as u64 != len {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::UnexpectedEof,
-            format!("{}: shorter than its object says", blob.path.display()),
+        return Err(crate::store::length_mismatch(
+            &blob.path,
+            buf.len() as u64,
+            len,
         ));
     }
     Ok(Bytes::from(buf))

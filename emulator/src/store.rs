@@ -66,18 +66,59 @@ pub struct Blob {
 /// Blobs this short are kept in memory ([`Blob::short_bytes`]).
 pub const SHORT_BLOB: u64 = 256 * 1024;
 
+/// A limit on what all blobs together hold (bytes kept in memory, mappings kept): taken before a blob keeps
+/// something, given back when it does not keep it after all or when the blob goes.
+struct Budget {
+    used: AtomicU64,
+    limit: u64,
+}
+
+impl Budget {
+    const fn new(limit: u64) -> Budget {
+        Budget {
+            used: AtomicU64::new(0),
+            limit,
+        }
+    }
+
+    fn take(&self, n: u64) -> bool {
+        self.used
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |used| {
+                (used + n <= self.limit).then_some(used + n)
+            })
+            .is_ok()
+    }
+
+    fn give_back(&self, n: u64) {
+        self.used.fetch_sub(n, Ordering::Relaxed);
+    }
+}
+
 /// Bytes of short blobs kept in memory, all blobs together, at most. Every GET of a short object otherwise
 /// reads it from its file again (a copy and a page-cache walk, about a third of the emulator's CPU on 100 KB
 /// GETs), on the cores the clients under test share with the emulator.
-const KEPT_AT_MOST: u64 = 1 << 30;
-
-static KEPT: AtomicU64 = AtomicU64::new(0);
+static KEPT: Budget = Budget::new(1 << 30);
 
 /// Blobs kept mapped ([`Blob::mapping`]), all together, at most: well below the kernel's default map count
 /// (65,530), which the rest of the process needs too.
-const MAPPED_AT_MOST: u64 = 8192;
+static MAPPED: Budget = Budget::new(8192);
 
-static MAPPED: AtomicU64 = AtomicU64::new(0);
+/// Keeps `value` in `cell`, whose budget share (`n` of `budget`) was taken for it; a value another request kept
+/// first wins, and the share taken for this one goes back. Returns the kept value.
+fn keep(cell: &OnceLock<Bytes>, value: Bytes, budget: &Budget, n: u64) -> Bytes {
+    if cell.set(value).is_err() {
+        budget.give_back(n);
+    }
+    cell.get().expect("set just now").clone()
+}
+
+/// A blob file whose length is not the one recorded for it.
+pub fn length_mismatch(path: &Path, found: u64, expected: u64) -> std::io::Error {
+    std::io::Error::new(
+        std::io::ErrorKind::UnexpectedEof,
+        format!("{}: {found} bytes, {expected} expected", path.display()),
+    )
+}
 
 impl Blob {
     pub fn new(path: PathBuf, len: u64) -> Arc<Blob> {
@@ -91,7 +132,7 @@ impl Blob {
 
     /// The whole blob mapped read-only: a GET of a long range sends views of it, and the socket copies straight
     /// from the page cache. The mapping is made at the first ask and kept while the blob (or a view of it)
-    /// lives, so a GET costs no map and unmap; past [`MAPPED_AT_MOST`] blobs kept mapped, a mapping serves
+    /// lives, so a GET costs no map and unmap; past [`MAPPED`] blobs kept mapped, a mapping serves
     /// its GET only (the process's map count is finite).
     pub fn mapping(&self) -> std::io::Result<Bytes> {
         if let Some(mapped) = self.mapped.get() {
@@ -100,22 +141,13 @@ impl Blob {
         let file = std::fs::File::open(&self.path)?;
         let on_disk = file.metadata()?.len();
         if on_disk != self.len {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::UnexpectedEof,
-                format!(
-                    "{}: {on_disk} bytes, {} expected",
-                    self.path.display(),
-                    self.len
-                ),
-            ));
+            return Err(length_mismatch(&self.path, on_disk, self.len));
         }
         let len = usize::try_from(self.len).map_err(std::io::Error::other)?;
-        let room = MAPPED.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
-            (n < MAPPED_AT_MOST).then_some(n + 1)
-        });
+        let kept = MAPPED.take(1);
         let mut options = memmap2::MmapOptions::new();
         options.len(len);
-        if room.is_ok() {
+        if kept {
             // A mapping kept for the blob's life is faulted in once, here on the caller's blocking thread, not
             // page by page in socket writes on the async workers.
             options.populate();
@@ -125,23 +157,20 @@ impl Blob {
         let map = match unsafe { options.map(&file) } {
             Ok(map) => Bytes::from_owner(map),
             Err(e) => {
-                if room.is_ok() {
-                    MAPPED.fetch_sub(1, Ordering::Relaxed);
+                if kept {
+                    MAPPED.give_back(1);
                 }
                 return Err(e);
             }
         };
-        if room.is_err() {
+        if !kept {
             return Ok(map);
         }
-        if self.mapped.set(map).is_err() {
-            MAPPED.fetch_sub(1, Ordering::Relaxed);
-        }
-        Ok(self.mapped.get().expect("set just now").clone())
+        Ok(keep(&self.mapped, map, &MAPPED, 1))
     }
 
     /// The whole blob, from memory when it is short ([`SHORT_BLOB`]): read and kept at the first ask, while
-    /// all blobs kept so far leave room ([`KEPT_AT_MOST`]). None for a longer blob. A blob is never written
+    /// all blobs kept so far leave room ([`KEPT`]). None for a longer blob. A blob is never written
     /// after it is made, so its bytes cannot go stale.
     pub fn short_bytes(&self) -> std::io::Result<Option<Bytes>> {
         if let Some(kept) = self.kept.get() {
@@ -151,45 +180,30 @@ impl Blob {
             return Ok(None);
         }
         // Room first: past the budget, a GET reads only the range it asks for.
-        let room = KEPT.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |kept| {
-            (kept + self.len <= KEPT_AT_MOST).then_some(kept + self.len)
-        });
-        if room.is_err() {
+        if !KEPT.take(self.len) {
             return Ok(None);
         }
-        let bytes = match std::fs::read(&self.path) {
-            Ok(bytes) => Bytes::from(bytes),
+        let bytes = std::fs::read(&self.path).and_then(|bytes| match bytes.len() as u64 {
+            found if found == self.len => Ok(Bytes::from(bytes)),
+            found => Err(length_mismatch(&self.path, found, self.len)),
+        });
+        match bytes {
+            Ok(bytes) => Ok(Some(keep(&self.kept, bytes, &KEPT, self.len))),
             Err(e) => {
-                KEPT.fetch_sub(self.len, Ordering::Relaxed);
-                return Err(e);
+                KEPT.give_back(self.len);
+                Err(e)
             }
-        };
-        if bytes.len() as u64 != self.len {
-            KEPT.fetch_sub(self.len, Ordering::Relaxed);
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::UnexpectedEof,
-                format!(
-                    "{}: {} bytes, {} expected",
-                    self.path.display(),
-                    bytes.len(),
-                    self.len
-                ),
-            ));
         }
-        if self.kept.set(bytes.clone()).is_err() {
-            KEPT.fetch_sub(self.len, Ordering::Relaxed);
-        }
-        Ok(Some(bytes))
     }
 }
 
 impl Drop for Blob {
     fn drop(&mut self) {
-        if let Some(kept) = self.kept.get() {
-            KEPT.fetch_sub(kept.len() as u64, Ordering::Relaxed);
+        if self.kept.get().is_some() {
+            KEPT.give_back(self.len);
         }
         if self.mapped.get().is_some() {
-            MAPPED.fetch_sub(1, Ordering::Relaxed);
+            MAPPED.give_back(1);
         }
         let _ = std::fs::remove_file(&self.path);
     }
@@ -424,6 +438,17 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_budget_takes_up_to_its_limit_and_again_what_was_given_back() {
+        let budget = Budget::new(10);
+        assert!(budget.take(6));
+        assert!(!budget.take(5), "past the limit");
+        assert!(budget.take(4));
+        assert!(!budget.take(1));
+        budget.give_back(6);
+        assert!(budget.take(6));
+    }
 
     fn object(lens: &[u64], dir: &Path) -> Object {
         let data = lens
