@@ -167,7 +167,8 @@ fn shards_reopened_past_the_ttl_of_their_listing_cost_one_listing_not_a_list_per
         .map(|i| (format!("shards/{i:03}.tar"), pattern(i as u64, 20_000 + i)))
         .collect();
     put_many(emulator(), &bucket, shards.clone());
-    let mount = Mount::new(&bucket, &[]);
+    // Debug logging: should this fail, the log printed with it names each LIST and the lookup that sent it.
+    let mount = Mount::new(&bucket, &["--debug"]);
     assert_eq!(
         fs::read_dir(mount.path().join("shards")).unwrap().count(),
         16

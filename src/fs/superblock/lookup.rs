@@ -283,7 +283,20 @@ impl Superblock {
             return Err(FsError::NotFound);
         }
         let asking = match self.lookups_in_flight.join(parent, name) {
-            Joined::Asking(asking) => Some(asking),
+            // Another lookup of the name may have answered between our look at the table and the join (a
+            // loaded machine preempts there): asking again would send its LIST and count a miss towards a
+            // storm listing of the directory.
+            Joined::Asking(asking) => match self.fresh_child(&parent_node, name, Instant::now()) {
+                Ok(attr) => {
+                    asking.answer(Answer::Found);
+                    return Ok(attr);
+                }
+                Err(_) if self.negative.is_missing(parent, name, Instant::now()) => {
+                    asking.answer(Answer::Missing);
+                    return Err(FsError::NotFound);
+                }
+                Err(_) => Some(asking),
+            },
             Joined::Waiting(answer) => {
                 if let Some(found) = self.answer_of_other(&parent_node, name, answer).await {
                     return found;
