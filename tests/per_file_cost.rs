@@ -192,8 +192,13 @@ fn shards_reopened_past_the_ttl_of_their_listing_cost_one_listing_not_a_list_per
     let cost = Requests::of(&bucket).since(before);
     eprintln!("8 shards opened past the TTL: {cost:?}");
     // Budget: the lookup of `shards` itself (a one-key LIST), the first lookup's one-key LIST and the listing's
-    // page (10 before: one per name).
-    assert!(cost.lists <= 3, "{cost:?}");
+    // page (10 before: one per name), plus one for each lookup that the listing kept waiting longer than it
+    // waits (a machine loaded enough to take 250 ms over a LIST; the daemon logs each).
+    let gave_up = mount.log().matches("did not land in time").count() as u64;
+    assert!(
+        cost.lists <= 3 + gave_up,
+        "{cost:?}, {gave_up} gave up waiting"
+    );
     assert_eq!(cost.heads, 0, "{cost:?}");
     assert!(cost.gets <= 8, "{cost:?}");
 }

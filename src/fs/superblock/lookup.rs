@@ -17,6 +17,22 @@ use crate::fs::{Attr, FsError, FsResult, names};
 /// listing of a few pages lands well within it, and a directory too big to list does not hold lookups up longer.
 const LANDING_WAIT: std::time::Duration = std::time::Duration::from_millis(250);
 
+/// The outcome of a listing under way, if it lands within [`LANDING_WAIT`]. One that does not is logged (at
+/// debug): a lookup then sends the LIST the listing was to save, which a count of requests should be able to tell
+/// from a lookup that did not wait.
+async fn wait_for_landing(landing: listing::Landing, key: &str) -> Option<listing::Listed> {
+    match tokio::time::timeout(LANDING_WAIT, listing::landed(landing)).await {
+        Ok(listed) => listed,
+        Err(_) => {
+            tracing::debug!(
+                key,
+                "listing under way did not land in time; the lookup asks itself"
+            );
+            None
+        }
+    }
+}
+
 /// What a lookup that must ask the bucket already knows, so that it asks less.
 #[derive(Default)]
 struct Hint {
@@ -219,10 +235,7 @@ impl Superblock {
         page: bool,
     ) -> FsResult<Prefix> {
         let landed = match landing {
-            Some(landing) => tokio::time::timeout(LANDING_WAIT, listing::landed(landing))
-                .await
-                .ok()
-                .flatten(),
+            Some(landing) => wait_for_landing(landing, dir_prefix).await,
             None => None,
         };
         if let Some(listing::Listed::Applied { .. }) = landed {
@@ -309,7 +322,7 @@ impl Superblock {
         }
         let landing = match self.storms.first_page_landing(parent) {
             Some(first_page) => {
-                let _ = tokio::time::timeout(LANDING_WAIT, listing::landed(first_page)).await;
+                let _ = wait_for_landing(first_page, parent_node.key()).await;
                 // Landed whole, the table answers below. Else the lookups that waited may call for a storm.
                 if let Some(max_pages) = self
                     .storms
