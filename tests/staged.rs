@@ -268,14 +268,25 @@ fn random_faults_during_staged_uploads_never_mix_versions() {
     }
 }
 
-/// The daemon is killed while a staged upload is held mid-way: the object is the old one.
+/// The daemon is killed while a staged upload is held mid-way: the object is the old one, and the staged copy
+/// (24 MiB) is not left behind in the staging directory.
 #[test]
 fn kill_during_a_staged_upload_leaves_the_old_object() {
     let bucket = directory_bucket("stagedkill");
     let emu = own_emulator(&bucket, None);
     let old = pattern(5, 24 * MIB);
     put(&emu, &bucket, "f", old.clone());
-    let mut mount = Mount::on(&emu, &bucket, &["--allow-overwrite"]);
+    let cache = tempfile::tempdir().unwrap();
+    let staging = cache.path().join("staging");
+    let mut mount = Mount::on(
+        &emu,
+        &bucket,
+        &[
+            "--allow-overwrite",
+            "--cache",
+            cache.path().to_str().unwrap(),
+        ],
+    );
     let f = open_rw(&mount.path().join("f"));
     f.write_all_at(&[0xEE; 4096], (12 * MIB) as u64).unwrap();
     // The part sent is held 20 s by the server; the copies go through.
@@ -288,9 +299,19 @@ fn kill_during_a_staged_upload_leaves_the_old_object() {
         std::thread::sleep(Duration::from_millis(20));
     }
     std::thread::sleep(Duration::from_millis(300));
+    // The daemon holds its staged copy open in the staging directory (a file with no name there).
+    let pid = mount.pid().unwrap();
+    let held = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .filter_map(|fd| std::fs::read_link(fd.ok()?.path()).ok())
+        .filter(|target| target.starts_with(&staging))
+        .count();
+    assert!(held > 0, "no staged copy open under {}", staging.display());
     mount.kill();
     let closed = closer.join().unwrap();
     assert!(closed.is_err(), "close cannot succeed on a killed daemon");
+    let left: Vec<_> = std::fs::read_dir(&staging).unwrap().collect();
+    assert!(left.is_empty(), "left in the staging directory: {left:?}");
     set_faults(&emu, 0.0, 0, &[], &[]);
     assert!(get(&emu, &bucket, "f").unwrap() == old);
     // Even once the held part is answered, nothing completes the upload.

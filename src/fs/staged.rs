@@ -11,6 +11,7 @@
 //! object was replaced meanwhile, the upload fails, the staged file is kept on local disk for the user, and
 //! every handle sees EIO from then on.
 
+mod local;
 mod ranges;
 #[cfg(test)]
 mod tests;
@@ -19,12 +20,11 @@ use std::collections::VecDeque;
 use std::ops::Range;
 use std::os::fd::AsFd;
 use std::os::unix::fs::FileExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::SystemTime;
 
 use bytes::Bytes;
-use tempfile::NamedTempFile;
 use tokio::task::JoinHandle;
 use tracing::{debug, warn};
 
@@ -34,6 +34,7 @@ use crate::s3::{
     ClientError, ObjectClient, ObjectInfo, PutResult, UploadedPart, UserMetadata, WriteCondition,
 };
 use crate::source::ReadSource;
+pub use local::LocalCopy;
 pub use ranges::RangeSet;
 
 /// Bytes of the base fetched at once around a read that misses: a database's page reads then cost one
@@ -70,7 +71,7 @@ struct Base {
 /// How a staged file begins when it takes over a streaming writer's bytes.
 pub struct Adopted {
     /// The writer's local copy, holding bytes `0..size` if `complete`.
-    pub local: NamedTempFile,
+    pub local: LocalCopy,
     pub size: u64,
     pub complete: bool,
     /// The object the writer uploaded, if it did, and nothing was written since.
@@ -84,7 +85,7 @@ pub struct Adopted {
 pub struct StagedFile {
     ctx: StagingContext,
     key: String,
-    local: NamedTempFile,
+    local: LocalCopy,
     size: u64,
     base: Option<Base>,
     /// Bytes `0..base_len` of the base still stand where not written (a truncation below them cuts it).
@@ -114,7 +115,7 @@ impl StagedFile {
         info: &ObjectInfo,
         attrs: Option<StoredAttrs>,
     ) -> FsResult<StagedFile> {
-        let local = local_copy(&ctx.dir, key)?;
+        let local = LocalCopy::create(&ctx.dir, key)?;
         local
             .as_file()
             .set_len(info.size)
@@ -690,16 +691,7 @@ impl StagedFile {
             self.key.replace('%', "%25").replace('/', "%2F")
         );
         let path = dir.join(name);
-        std::fs::hard_link(self.local.path(), &path).ok()?;
+        self.local.keep_as(&path).ok()?;
         Some(path)
     }
-}
-
-/// A new local file for `key` in the staging directory: a staged file's, or a streaming writer's copy (whose
-/// bytes may later become a staged file).
-pub fn local_copy(dir: &Path, key: &str) -> FsResult<NamedTempFile> {
-    tempfile::Builder::new()
-        .prefix("expressfs-staged-")
-        .tempfile_in(dir)
-        .map_err(|e| FsError::local(&format!("{key}: staging file"), e))
 }

@@ -23,7 +23,7 @@ use tracing::{debug, warn};
 
 use super::attrs::StoredAttrs;
 use super::error::{FsError, FsResult};
-use super::staged::{Adopted, local_copy};
+use super::staged::{Adopted, LocalCopy};
 use crate::memory::MemoryBudget;
 use crate::s3::{ObjectClient, PutResult, UploadedPart, WriteCondition};
 
@@ -74,7 +74,7 @@ pub struct Writer {
     failed: Option<FsError>,
     /// Local copy of a streamed file (within the staging limit), kept so that a later out-of-order write
     /// can still switch to staging after parts were uploaded. Started when the first part leaves.
-    tee: Option<tempfile::NamedTempFile>,
+    tee: Option<LocalCopy>,
     /// The file outgrew the staging limit (or the copy failed): no local copy any more.
     tee_off: bool,
     /// The object was uploaded and the handle takes no more writes (stream and staged modes).
@@ -269,7 +269,7 @@ impl Writer {
         let result = match &self.tee {
             Some(file) => file.as_file().write_all_at(data, offset),
             None if self.multipart.is_none() && self.buffer.len() >= self.part_size => {
-                local_copy(dir, &self.key)
+                LocalCopy::create(dir, &self.key)
                     .map_err(std::io::Error::other)
                     .and_then(|f| f.as_file().write_all_at(&self.buffer, 0).map(|_| f))
                     .map(|f| {
@@ -361,7 +361,7 @@ impl Writer {
             let (local, complete) = match self.tee.take() {
                 Some(tee) => (tee, true),
                 None => {
-                    let f = local_copy(&dir, &self.key)?;
+                    let f = LocalCopy::create(&dir, &self.key)?;
                     f.as_file().set_len(self.size).map_err(staging)?;
                     (f, false)
                 }
@@ -382,7 +382,7 @@ impl Writer {
                 tee
             }
             (None, None) => {
-                let f = local_copy(&dir, &self.key)?;
+                let f = LocalCopy::create(&dir, &self.key)?;
                 f.as_file().write_all_at(&self.buffer, 0).map_err(staging)?;
                 f
             }
@@ -785,7 +785,10 @@ mod tests {
     }
 
     fn local_bytes(adopted: &Adopted) -> Vec<u8> {
-        std::fs::read(adopted.local.path()).unwrap()
+        let file = adopted.local.as_file();
+        let mut bytes = vec![0; file.metadata().unwrap().len() as usize];
+        file.read_exact_at(&mut bytes, 0).unwrap();
+        bytes
     }
 
     #[tokio::test]

@@ -369,6 +369,11 @@ impl Mount {
         (status, started.elapsed(), self.log())
     }
 
+    /// The daemon's process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// SIGKILLs the daemon (a crash), then detaches the dead mount as an operator would (`umount -l`).
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {

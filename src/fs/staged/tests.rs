@@ -390,7 +390,7 @@ async fn a_replaced_object_found_by_a_read_is_a_conflict() {
 #[tokio::test]
 async fn a_new_file_does_not_replace_one_created_meanwhile() {
     let s = setup(64 * MIB);
-    let local = super::local_copy(s.dir.path(), "new").unwrap();
+    let local = super::LocalCopy::create(s.dir.path(), "new").unwrap();
     let mut f = StagedFile::adopt(
         s.ctx.clone(),
         "new",
@@ -496,7 +496,7 @@ async fn a_late_part_failure_with_parts_in_flight_leaves_nothing_open() {
 #[tokio::test]
 async fn the_limit_counts_each_byte_once() {
     let s = setup(MIB);
-    let local = super::local_copy(s.dir.path(), "new").unwrap();
+    let local = super::LocalCopy::create(s.dir.path(), "new").unwrap();
     let mut f = StagedFile::adopt(
         s.ctx.clone(),
         "new",
