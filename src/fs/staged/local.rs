@@ -9,10 +9,10 @@ use nix::fcntl::{AT_FDCWD, AtFlags};
 
 use crate::fs::error::{FsError, FsResult};
 
-/// A file in the staging directory with no name: the kernel frees its blocks when the daemon closes it,
-/// however the daemon ends (a named file outlived a SIGKILL or a crash, a copy of every file being written,
-/// until someone cleaned the directory by hand). It is given a name only to be kept ([`LocalCopy::keep_as`]).
-/// Only the daemon can read it (0600).
+/// A file in the staging directory with no name: the kernel frees its blocks when the daemon closes it, however
+/// the daemon ends. A named file outlived a SIGKILL or a crash, one for every file being written, until someone
+/// cleaned the directory by hand. It gets a name only to be kept ([`LocalCopy::keep_as`]); only the daemon's
+/// user can read it (0600).
 #[derive(Debug)]
 pub struct LocalCopy(File);
 
