@@ -30,15 +30,20 @@ impl LocalCopy {
             // A file system without O_TMPFILE: a named file, unlinked at once (then it cannot be kept as
             // itself, see `keep_as`).
             Err(e) if matches!(e.raw_os_error(), Some(libc::EOPNOTSUPP | libc::EISDIR)) => {
-                tempfile::Builder::new()
-                    .prefix("expressfs-staged-")
-                    .tempfile_in(dir)
-                    .map(tempfile::NamedTempFile::into_file)
+                Self::unlinked_in(dir)
             }
             Err(e) => Err(e),
         };
         file.map(LocalCopy)
             .map_err(|e| FsError::local(&format!("{key}: staging file"), e))
+    }
+
+    /// Where the file system has no O_TMPFILE: a named file (0600), unlinked at once.
+    fn unlinked_in(dir: &Path) -> std::io::Result<File> {
+        tempfile::Builder::new()
+            .prefix("expressfs-staged-")
+            .tempfile_in(dir)
+            .map(tempfile::NamedTempFile::into_file)
     }
 
     pub fn as_file(&self) -> &File {
@@ -87,6 +92,24 @@ mod tests {
         assert_eq!(std::fs::read(&kept).unwrap(), b"Staged bytes");
         drop(copy);
         assert_eq!(std::fs::read(&kept).unwrap(), b"Staged bytes");
+    }
+
+    /// Without O_TMPFILE the file cannot be linked again once unlinked: its bytes are copied instead.
+    #[test]
+    fn an_unlinked_named_copy_is_kept_as_a_copy() {
+        let dir = tempfile::tempdir().unwrap();
+        let copy = LocalCopy(LocalCopy::unlinked_in(dir.path()).unwrap());
+        copy.as_file().write_all_at(b"staged bytes", 0).unwrap();
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+        let kept = dir.path().join("kept");
+        copy.keep_as(&kept).unwrap();
+        assert_eq!(std::fs::read(&kept).unwrap(), b"staged bytes");
+        assert_eq!(
+            std::fs::metadata(&kept).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
+        copy.as_file().write_all_at(b"S", 0).unwrap();
+        assert_eq!(std::fs::read(&kept).unwrap(), b"staged bytes", "a copy");
     }
 
     #[test]
