@@ -74,21 +74,28 @@ mod tests {
 
     use super::*;
 
-    #[test]
-    fn a_local_copy_has_no_name_until_kept_and_is_private_once_kept() {
-        let dir = tempfile::tempdir().unwrap();
-        let copy = LocalCopy::create(dir.path(), "k").unwrap();
+    /// Writes into `copy` (made in `dir`), checks that `dir` shows no name for it, keeps it as `kept` in `dir`
+    /// and checks what `kept` holds and that it is private. Then writes once more over the first byte.
+    fn written_kept_and_written_again(dir: &Path, copy: &LocalCopy) -> std::path::PathBuf {
         copy.as_file().write_all_at(b"staged bytes", 0).unwrap();
-        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
-        let kept = dir.path().join("kept");
+        assert_eq!(std::fs::read_dir(dir).unwrap().count(), 0);
+        let kept = dir.join("kept");
         copy.keep_as(&kept).unwrap();
         assert_eq!(std::fs::read(&kept).unwrap(), b"staged bytes");
         assert_eq!(
             std::fs::metadata(&kept).unwrap().permissions().mode() & 0o777,
             0o600
         );
-        // The kept name is the same file: later writes show through it until the copy is dropped.
         copy.as_file().write_all_at(b"S", 0).unwrap();
+        kept
+    }
+
+    #[test]
+    fn a_local_copy_has_no_name_until_kept_and_is_private_once_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let copy = LocalCopy::create(dir.path(), "k").unwrap();
+        let kept = written_kept_and_written_again(dir.path(), &copy);
+        // The kept name is the same file: the later write shows through it, and it stays once the copy is dropped.
         assert_eq!(std::fs::read(&kept).unwrap(), b"Staged bytes");
         drop(copy);
         assert_eq!(std::fs::read(&kept).unwrap(), b"Staged bytes");
@@ -99,16 +106,7 @@ mod tests {
     fn an_unlinked_named_copy_is_kept_as_a_copy() {
         let dir = tempfile::tempdir().unwrap();
         let copy = LocalCopy(LocalCopy::unlinked_in(dir.path()).unwrap());
-        copy.as_file().write_all_at(b"staged bytes", 0).unwrap();
-        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
-        let kept = dir.path().join("kept");
-        copy.keep_as(&kept).unwrap();
-        assert_eq!(std::fs::read(&kept).unwrap(), b"staged bytes");
-        assert_eq!(
-            std::fs::metadata(&kept).unwrap().permissions().mode() & 0o777,
-            0o600
-        );
-        copy.as_file().write_all_at(b"S", 0).unwrap();
+        let kept = written_kept_and_written_again(dir.path(), &copy);
         assert_eq!(std::fs::read(&kept).unwrap(), b"staged bytes", "a copy");
     }
 
