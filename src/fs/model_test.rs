@@ -106,7 +106,10 @@ async fn check_bytes(fs: &S3Filesystem, fh: u64, want: &[u8], what: &str) {
 async fn run(ops: Vec<Op>) {
     let fake = Arc::new(FakeClient::new("b", true));
     let client: Arc<dyn ObjectClient> = fake.clone();
+    // Refused uploads keep their local copies under the staging directory: this run's own, removed after it.
+    let staging = tempfile::tempdir().unwrap();
     let mut config = FsConfig::new(0, 0);
+    config.staging_dir = Some(staging.path().to_path_buf());
     config.allow_overwrite = true;
     config.allow_delete = true;
     config.metadata_ttl = std::time::Duration::from_secs(60);

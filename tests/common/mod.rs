@@ -233,6 +233,8 @@ pub fn sha256_file(path: &Path) -> std::io::Result<String> {
 /// A live `expressfs --foreground` mount of a bucket on the emulator. Dropping it unmounts and reaps the daemon.
 pub struct Mount {
     dir: tempfile::TempDir,
+    /// The daemon's TMPDIR, so staged copies it keeps (deliberate conflicts, refused uploads) go with the test.
+    _tmp: tempfile::TempDir,
     child: Option<Child>,
     pub bucket: String,
     log_path: PathBuf,
@@ -281,11 +283,16 @@ impl Mount {
             .unwrap();
         let log_path = dir.path().with_extension("log");
         let log = std::fs::File::create(&log_path).unwrap();
+        let tmp = tempfile::Builder::new()
+            .prefix("expressfs-tmp-")
+            .tempdir()
+            .unwrap();
         let mut cmd = expressfs_command(emu);
         cmd.arg("--foreground")
             .args(args)
             .arg(bucket)
             .arg(dir.path())
+            .env("TMPDIR", tmp.path())
             .envs(env.iter().copied());
         cmd.stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
@@ -293,6 +300,7 @@ impl Mount {
         let child = cmd.spawn().expect("spawn expressfs");
         let mut mount = Mount {
             dir,
+            _tmp: tmp,
             child: Some(child),
             bucket: bucket.to_string(),
             log_path,
