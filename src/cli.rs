@@ -21,7 +21,8 @@ pub struct Args {
     /// ARN or alias, or s3://bucket/prefix/ (the same as --prefix prefix/)
     pub bucket: String,
 
-    /// Directory to mount the bucket at (must exist and be empty)
+    /// Directory to mount the bucket at (must exist and be empty), or /dev/fd/N: a /dev/fuse descriptor
+    /// the caller opened and mounted (with fd=N), and unmounts
     pub mountpoint: PathBuf,
 
     // ---- Bucket options
@@ -296,7 +297,25 @@ impl Args {
         if self.max_threads == 0 {
             return Err("--max-threads must be at least 1".into());
         }
+        if let crate::mountpoint::MountTarget::Descriptor(fd) = self.mount_target()? {
+            if self.auto_unmount {
+                return Err(format!(
+                    "--auto-unmount cannot be used with /dev/fd/{fd}: the caller that mounted the descriptor unmounts it"
+                ));
+            }
+            if self.allow_other || self.allow_root {
+                return Err(format!(
+                    "--allow-other and --allow-root cannot be used with /dev/fd/{fd}: who may enter is set by the \
+                     caller's mount (its allow_other and user_id options)"
+                ));
+            }
+        }
         self.validate_request_options()
+    }
+
+    /// The mount point: a directory, or the descriptor `/dev/fd/N` names.
+    pub fn mount_target(&self) -> Result<crate::mountpoint::MountTarget, String> {
+        crate::mountpoint::MountTarget::parse(&self.mountpoint)
     }
 
     /// The flags that change requests, checked as far as they can be without knowing the bucket (see
@@ -520,6 +539,33 @@ mod tests {
         let a = Args::try_parse_from(expand_mount_options(argv)?).map_err(|e| e.to_string())?;
         a.validate()?;
         Ok(a)
+    }
+
+    #[test]
+    fn a_dev_fd_mount_point_is_a_descriptor_the_caller_mounted_and_unmounts() {
+        use crate::mountpoint::MountTarget;
+        let a = parse(&["b--use1-az4--x-s3", "/dev/fd/7", "--read-only"]).unwrap();
+        assert_eq!(a.mount_target(), Ok(MountTarget::Descriptor(7)));
+        for (flag, says) in [
+            ("--auto-unmount", "the caller that mounted"),
+            ("--allow-other", "caller's mount"),
+            ("--allow-root", "caller's mount"),
+        ] {
+            let e = parse(&["b--use1-az4--x-s3", "/dev/fd/7", flag]).unwrap_err();
+            assert!(e.contains(says), "{flag}: {e}");
+        }
+        let e = parse(&["b--use1-az4--x-s3", "/dev/fd/seven"]).unwrap_err();
+        assert!(e.contains("/dev/fd/N"), "{e}");
+        // Elsewhere those flags stand.
+        assert!(
+            parse(&[
+                "b--use1-az4--x-s3",
+                "/mnt",
+                "--allow-other",
+                "--auto-unmount"
+            ])
+            .is_ok()
+        );
     }
 
     #[test]

@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use crate::bucket::{self, BucketName};
 use crate::cli::Args;
 use crate::fs::FsConfig;
+use crate::mountpoint::MountTarget;
 use crate::s3::sdk::SdkClientConfig;
 
 /// The local block cache (`--cache`).
@@ -253,7 +254,10 @@ impl Args {
 
     pub fn fuse_options(&self, bucket: &BucketName) -> crate::fuse::FuseOptions {
         crate::fuse::FuseOptions {
-            mountpoint: self.mountpoint.clone(),
+            // `validate` refused a /dev/fd/ path that names no descriptor.
+            target: self
+                .mount_target()
+                .unwrap_or_else(|_| MountTarget::Directory(self.mountpoint.clone())),
             fs_name: self.fs_name(bucket),
             read_only: self.read_only,
             allow_other: self.allow_other,
@@ -708,7 +712,7 @@ mod tests {
         let b = directory_bucket();
         let o = args(&[]).fuse_options(&b);
         assert_eq!(o.fs_name, "expressfs:b--use1-az4--x-s3");
-        assert_eq!(o.mountpoint, PathBuf::from("/mnt"));
+        assert_eq!(o.target, MountTarget::Directory(PathBuf::from("/mnt")));
         assert_eq!(o.threads, 16);
         assert!(!o.read_only && !o.allow_other && !o.allow_root && !o.auto_unmount);
         let o = args(&[

@@ -24,6 +24,7 @@ use crate::cli::{Args, expand_mount_options};
 use crate::config::prepare_host;
 use crate::fuse;
 use crate::metrics::Probes;
+use crate::mountpoint::MountTarget;
 use crate::stack::{build_stack, probe_filesystem};
 
 /// Where startup outcome goes: straight to the terminal, or through the pipe to the waiting parent.
@@ -135,11 +136,22 @@ pub fn main() -> i32 {
         Ok(r) => r,
         Err(e) => return terminal.fail(&e),
     };
-    let healed = match crate::mountpoint::prepare(&args.mountpoint) {
-        Ok(note) => note,
+    let target = match args.mount_target() {
+        Ok(t) => t,
         Err(e) => return terminal.fail(&e),
     };
-    if !Path::new("/dev/fuse").exists() {
+    let healed = match &target {
+        MountTarget::Directory(path) => match crate::mountpoint::prepare(path) {
+            Ok(note) => note,
+            Err(e) => return terminal.fail(&e),
+        },
+        // The caller opened /dev/fuse and mounted it: this process needs neither.
+        MountTarget::Descriptor(fd) => match crate::mountpoint::check_fuse_descriptor(*fd) {
+            Ok(()) => None,
+            Err(e) => return terminal.fail(&e),
+        },
+    };
+    if matches!(target, MountTarget::Directory(_)) && !Path::new("/dev/fuse").exists() {
         return terminal.fail("FUSE is not available: /dev/fuse is missing (load the fuse module; in a container, pass --device /dev/fuse)");
     }
     if args.foreground {
@@ -332,13 +344,24 @@ fn serve(
     let mounted = match fuse::mount(fs, runtime.handle().clone(), &args.fuse_options(&name)) {
         Ok(m) => m,
         Err(e) => {
+            // Read from before its mount, a /dev/fuse descriptor answers EPERM.
+            let hint = match args.mount_target() {
+                Ok(MountTarget::Descriptor(fd)) if e.raw_os_error() == Some(libc::EPERM) => {
+                    format!(
+                        " (the descriptor is not mounted: mount /dev/fuse with fd={fd} before starting expressfs)"
+                    )
+                }
+                _ => String::new(),
+            };
             return reporter.fail(&format!(
-                "cannot mount at {}: {e}",
+                "cannot mount at {}: {e}{hint}",
                 args.mountpoint.display()
             ));
         }
     };
-    raise_readahead(&args.mountpoint, args.read_ahead_kb);
+    if let Ok(MountTarget::Directory(path)) = args.mount_target() {
+        raise_readahead(&path, args.read_ahead_kb);
+    }
     info!(bucket = %name.name, mountpoint = %args.mountpoint.display(), %region, "mounted");
     reporter.ready(&format!(
         "{} mounted at {}",
@@ -347,6 +370,7 @@ fn serve(
     ));
     drop(reporter);
 
+    let by_descriptor = matches!(args.mount_target(), Ok(MountTarget::Descriptor(_)));
     let stop = Arc::new(AtomicBool::new(false));
     {
         let stop = Arc::clone(&stop);
@@ -370,7 +394,13 @@ fn serve(
             break left;
         }
         if stop.load(Ordering::SeqCst) {
-            info!("signal received; unmounting");
+            if by_descriptor {
+                info!(
+                    "signal received; finishing uploads and leaving: the mount is its caller's to unmount"
+                );
+            } else {
+                info!("signal received; unmounting");
+            }
             notify_systemd("STOPPING=1");
             match mounted.unmount(FINISH_AFTER_UNMOUNT) {
                 Ok(left) => break left,

@@ -2,8 +2,9 @@
 //! no FUSE worker thread ever waits on the network. The only place an errno is chosen is [`errno`].
 
 use std::ffi::OsStr;
+use std::os::fd::{FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime};
 
@@ -18,11 +19,12 @@ use tracing::{Instrument, Span, debug, debug_span, info, warn};
 
 use crate::fs::attrs::StoredAttrs;
 use crate::fs::{Attr, FileKind, FsError, FsResult, KernelNotice, OpenMode, S3Filesystem};
+use crate::mountpoint::MountTarget;
 
 /// Mount-level options decided by the CLI.
 #[derive(Debug, Clone)]
 pub struct FuseOptions {
-    pub mountpoint: PathBuf,
+    pub target: MountTarget,
     /// Source shown by `mount` and `df` (the bucket, with the prefix if any).
     pub fs_name: String,
     pub read_only: bool,
@@ -906,10 +908,12 @@ fn not_offered<R>(op: &'static str, ino: INodeNo, reply: R, errno: Errno, error:
     error(reply, errno)
 }
 
-/// A live mount. Dropping it unmounts.
+/// A live mount. Dropping it unmounts (a mount of ours; a descriptor's mount is its caller's).
 pub struct MountedFs {
     session: fuser::BackgroundSession,
     closing: Closing,
+    /// Served on a descriptor the caller mounted (`/dev/fd/N`): we have no mount to take down.
+    by_descriptor: bool,
 }
 
 /// What is left to do once the kernel session has ended ([`Closing::finish`]).
@@ -998,8 +1002,22 @@ impl MountedFs {
 
     /// Unmounts, waits for the session to end, then (at most `limit`) for releases still being worked on.
     /// Returns how many were left unfinished.
+    ///
+    /// On a descriptor's mount there is nothing of ours to unmount, and its session ends only when the caller
+    /// unmounts: the releases under way and the handles left are finished here (uploads included), and the
+    /// session is left to end with the process, whose exit closes the descriptor. The kernel then fails what
+    /// is still asked of the mount (ENOTCONN) until its caller unmounts it.
     pub fn unmount(self, limit: Duration) -> std::io::Result<usize> {
-        let MountedFs { session, closing } = self;
+        let MountedFs {
+            session,
+            closing,
+            by_descriptor,
+        } = self;
+        if by_descriptor {
+            let left = closing.finish(limit);
+            std::mem::forget(session);
+            return Ok(left);
+        }
         session.umount_and_join()?;
         Ok(closing.finish(limit))
     }
@@ -1144,7 +1162,19 @@ pub fn mount(
     config.acl = acl;
     config.n_threads = Some(options.threads.max(1));
     config.clone_fd = options.threads > 1;
-    let session = fuser::spawn_mount(adapter, &options.mountpoint, &config)?;
+    let session = match &options.target {
+        MountTarget::Directory(path) => fuser::spawn_mount(adapter, path, &config)?,
+        MountTarget::Descriptor(fd) => {
+            // SAFETY: the descriptor was checked to be an open /dev/fuse (`check_fuse_descriptor`) and is
+            // owned by the session from here on; nothing else in this process uses it.
+            let fd = unsafe { OwnedFd::from_raw_fd(*fd) };
+            // The caller's mount options decide who may enter, and the daemon's user need not be the mount's
+            // owner (a CSI driver mounts as root for an unprivileged daemon). Every thread reads the one
+            // descriptor: cloning it opens /dev/fuse, which such a daemon may not be able to.
+            config.clone_fd = false;
+            fuser::Session::from_fd(adapter, fd, SessionACL::All, config)?.spawn()?
+        }
+    };
     let _ = notifier.set(session.notifier());
     Ok(MountedFs {
         session,
@@ -1153,6 +1183,7 @@ pub fn mount(
             fs,
             runtime,
         },
+        by_descriptor: matches!(options.target, MountTarget::Descriptor(_)),
     })
 }
 

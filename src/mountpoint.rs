@@ -1,8 +1,66 @@
 //! The mount point before mounting: an empty directory, or a dead mount of ours that a daemon left when it
 //! died (detached lazily, then mounted over, which is what a `Restart=on-failure` unit needs). A live FUSE
 //! mount, or a dead mount of another file system, is refused: it is not ours to take down.
+//!
+//! Or `/dev/fd/N`: a FUSE device descriptor that the caller opened and mounted itself, as mount-s3 takes it,
+//! so that a daemon without the right to mount (a container, a CSI driver's unprivileged pod) can serve it.
 
+use std::os::fd::RawFd;
 use std::path::{Path, PathBuf};
+
+/// Where the file system is served.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MountTarget {
+    /// A directory the daemon mounts on (and unmounts at SIGTERM).
+    Directory(PathBuf),
+    /// `/dev/fd/N`: an open `/dev/fuse` descriptor already mounted by the caller, which also unmounts it.
+    Descriptor(RawFd),
+}
+
+impl MountTarget {
+    /// `/dev/fd/N` names a descriptor; any other path is a directory. A `/dev/fd/` path whose rest is not
+    /// a descriptor number is refused rather than taken for a directory.
+    pub fn parse(path: &Path) -> Result<MountTarget, String> {
+        let Some(rest) = path.to_str().and_then(|p| p.strip_prefix("/dev/fd/")) else {
+            return Ok(MountTarget::Directory(path.to_path_buf()));
+        };
+        match rest.parse::<RawFd>() {
+            Ok(fd) if fd >= 0 && !rest.starts_with('+') => Ok(MountTarget::Descriptor(fd)),
+            _ => Err(format!(
+                "mount point {}: a /dev/fd/ mount point must be /dev/fd/N, N the number of an open /dev/fuse descriptor",
+                path.display()
+            )),
+        }
+    }
+}
+
+/// `/dev/fuse` is character device 10:229.
+const FUSE_DEVICE: (u32, u32) = (10, 229);
+
+/// Checks that descriptor `fd` is open and is `/dev/fuse` (what the caller mounted with `fd=N`).
+pub fn check_fuse_descriptor(fd: RawFd) -> Result<(), String> {
+    use std::os::fd::BorrowedFd;
+    // SAFETY: only fstat'ed here; the descriptor is not closed or kept.
+    let stat = nix::sys::stat::fstat(unsafe { BorrowedFd::borrow_raw(fd) }).map_err(|e| {
+        if e == nix::errno::Errno::EBADF {
+            format!(
+                "mount point /dev/fd/{fd}: descriptor {fd} is not open in this process \
+                 (pass the mounted /dev/fuse descriptor without close-on-exec)"
+            )
+        } else {
+            format!("mount point /dev/fd/{fd}: {e}")
+        }
+    })?;
+    let is_char = stat.st_mode & libc::S_IFMT == libc::S_IFCHR;
+    let rdev = stat.st_rdev;
+    if !is_char || (libc::major(rdev), libc::minor(rdev)) != FUSE_DEVICE {
+        return Err(format!(
+            "mount point /dev/fd/{fd}: descriptor {fd} is not /dev/fuse \
+             (open /dev/fuse, mount it with fd={fd}, then start expressfs with it)"
+        ));
+    }
+    Ok(())
+}
 
 /// One line of /proc/self/mountinfo, the fields we judge by.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -170,6 +228,50 @@ fn detach(at: &Path) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn dev_fd_paths_name_descriptors_and_nothing_else_does() {
+        assert_eq!(
+            MountTarget::parse(Path::new("/dev/fd/5")),
+            Ok(MountTarget::Descriptor(5))
+        );
+        assert_eq!(
+            MountTarget::parse(Path::new("/mnt/data")),
+            Ok(MountTarget::Directory(PathBuf::from("/mnt/data")))
+        );
+        assert_eq!(
+            MountTarget::parse(Path::new("/dev/fdx/5")),
+            Ok(MountTarget::Directory(PathBuf::from("/dev/fdx/5")))
+        );
+        for bad in [
+            "/dev/fd/",
+            "/dev/fd/x",
+            "/dev/fd/-1",
+            "/dev/fd/+3",
+            "/dev/fd/3/",
+        ] {
+            let e = MountTarget::parse(Path::new(bad)).unwrap_err();
+            assert!(e.contains("/dev/fd/N"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn only_an_open_fuse_device_is_taken_as_a_descriptor() {
+        let null = std::fs::File::open("/dev/null").unwrap();
+        use std::os::fd::AsRawFd;
+        let e = check_fuse_descriptor(null.as_raw_fd()).unwrap_err();
+        assert!(e.contains("is not /dev/fuse"), "{e}");
+        // A number no descriptor of this process has (tests run in parallel threads: a freed one is reused).
+        let e = check_fuse_descriptor(999_999).unwrap_err();
+        assert!(e.contains("is not open"), "{e}");
+        if let Ok(fuse) = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open("/dev/fuse")
+        {
+            check_fuse_descriptor(fuse.as_raw_fd()).unwrap();
+        }
+    }
 
     const INFO: &str = "\
 22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw

@@ -508,3 +508,195 @@ fn warm_as_a_bucket_name_still_mounts() {
     assert!(out.status.success(), "{stdout}");
     assert!(stdout.contains("warmed 1 files"), "{stdout}");
 }
+
+/// A FUSE mount made the way a CSI driver or a container runtime makes one for an unprivileged daemon: this
+/// process opens /dev/fuse and mounts it with `fd=N`, then starts `expressfs BUCKET /dev/fd/N` with the
+/// descriptor and closes its own copy.
+struct DescriptorMount {
+    dir: tempfile::TempDir,
+    daemon: std::process::Child,
+    log: PathBuf,
+}
+
+impl DescriptorMount {
+    fn start(bucket: &str, extra: &[&str]) -> DescriptorMount {
+        use std::os::fd::AsRawFd;
+        use std::os::unix::process::CommandExt;
+        let dir = tempfile::tempdir().unwrap();
+        // Close-on-exec here, so that daemons other tests start meanwhile do not hold it too.
+        let fuse = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open("/dev/fuse")
+            .unwrap();
+        let fd = fuse.as_raw_fd();
+        nix::mount::mount(
+            Some(format!("expressfs:{bucket}").as_str()),
+            dir.path(),
+            Some("fuse.expressfs"),
+            nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV,
+            Some(format!("fd={fd},rootmode=40000,user_id=0,group_id=0").as_str()),
+        )
+        .unwrap();
+        let log = dir.path().with_extension("log");
+        let mut cmd = expressfs_command(emulator());
+        cmd.arg("--foreground")
+            .args(extra)
+            .arg(bucket)
+            .arg(format!("/dev/fd/{fd}"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap());
+        // SAFETY: between fork and exec only fcntl, which is async-signal-safe: the daemon keeps the
+        // descriptor across its exec.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::fcntl(fd, libc::F_SETFD, 0) == -1 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let daemon = cmd.spawn().unwrap();
+        // Once the daemon holds it, only the daemon may: its exit must end the connection.
+        drop(fuse);
+        let mount = DescriptorMount { dir, daemon, log };
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while std::fs::read_dir(mount.path()).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "the descriptor's mount is not served:\n{}",
+                mount.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        mount
+    }
+
+    fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// The daemon's exit status, waited for at most 30 s.
+    fn exit_status(&mut self) -> std::process::ExitStatus {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(status) = self.daemon.try_wait().unwrap() {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the daemon did not exit:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for DescriptorMount {
+    fn drop(&mut self) {
+        let _ = self.daemon.kill();
+        let _ = self.daemon.wait();
+        let _ = nix::mount::umount2(self.dir.path(), nix::mount::MntFlags::MNT_DETACH);
+        let _ = std::fs::remove_file(&self.log);
+    }
+}
+
+#[test]
+fn a_fuse_descriptor_mounted_by_the_caller_is_served_until_the_caller_unmounts() {
+    let bucket = fresh_bucket(true, "fd");
+    let seed = pattern(31, 300_000);
+    put(emulator(), &bucket, "data/seed.bin", seed.clone());
+    let mut mount = DescriptorMount::start(&bucket, &["--allow-overwrite"]);
+    assert!(std::fs::read(mount.path().join("data/seed.bin")).unwrap() == seed);
+    let written = pattern(32, 3 << 20);
+    std::fs::write(mount.path().join("data/new.bin"), &written).unwrap();
+    assert!(common::get(emulator(), &bucket, "data/new.bin").unwrap() == written);
+    let mut names: Vec<_> = std::fs::read_dir(mount.path().join("data"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["new.bin", "seed.bin"]);
+
+    // The caller's unmount ends the session, and the daemon exits 0 without trying to unmount anything.
+    nix::mount::umount(mount.path()).unwrap();
+    let status = mount.exit_status();
+    let log = mount.log();
+    assert!(status.success(), "{status}:\n{log}");
+    assert!(log.contains("mounted at /dev/fd/"), "{log}");
+    assert!(!log.to_lowercase().contains("unmount failed"), "{log}");
+}
+
+#[test]
+fn sigterm_on_a_descriptors_mount_uploads_open_files_and_leaves_the_unmount_to_its_caller() {
+    let bucket = fresh_bucket(true, "fdterm");
+    let mut mount = DescriptorMount::start(&bucket, &[]);
+    // Written through the kernel and still open when the signal comes: the daemon releases it on its way
+    // out, as it does at an unmount.
+    let mut open = std::fs::File::create(mount.path().join("open.bin")).unwrap();
+    let bytes = pattern(33, 1000);
+    std::io::Write::write_all(&mut open, &bytes).unwrap();
+    signal(mount.daemon.id() as i32, nix::sys::signal::Signal::SIGTERM);
+    let status = mount.exit_status();
+    let log = mount.log();
+    assert!(status.success(), "{status}:\n{log}");
+    assert!(
+        common::get(emulator(), &bucket, "open.bin").as_deref() == Some(&bytes[..]),
+        "{log}"
+    );
+    // The daemon is gone and its descriptor with it: the mount, still the caller's, fails until unmounted.
+    let err = std::fs::read_dir(mount.path()).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::ENOTCONN), "{err}");
+    drop(open);
+    nix::mount::umount2(mount.path(), nix::mount::MntFlags::MNT_DETACH).unwrap();
+}
+
+#[test]
+fn a_dev_fd_mount_point_must_be_an_open_fuse_descriptor() {
+    let bucket = fresh_bucket(true, "fdbad");
+    for (target, says) in [
+        // Standard input is /dev/null here.
+        ("/dev/fd/0", "is not /dev/fuse"),
+        ("/dev/fd/987", "is not open"),
+        ("/dev/fd/x", "/dev/fd/N"),
+    ] {
+        let mut cmd = expressfs_command(emulator());
+        cmd.arg("--foreground").arg(&bucket).arg(target);
+        let out = run(cmd);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{target}: {stderr}");
+        assert!(stderr.contains(says), "{target}: {stderr}");
+    }
+    // A /dev/fuse descriptor nobody mounted yet.
+    use std::os::fd::AsRawFd;
+    use std::os::unix::process::CommandExt;
+    let fuse = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/fuse")
+        .unwrap();
+    let fd = fuse.as_raw_fd();
+    let mut cmd = expressfs_command(emulator());
+    cmd.arg("--foreground")
+        .arg(&bucket)
+        .arg(format!("/dev/fd/{fd}"));
+    // SAFETY: only fcntl between fork and exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::fcntl(fd, libc::F_SETFD, 0) == -1 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let out = run(cmd);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("the descriptor is not mounted"), "{stderr}");
+}
