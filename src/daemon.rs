@@ -3,7 +3,7 @@
 //!
 //! By default the process forks before any thread exists; the parent waits on a pipe and exits 0 only once
 //! the mount is live, or prints why it is not and exits 1. `--foreground` stays attached. SIGINT/SIGTERM
-//! unmount cleanly; an external `umount` ends the session and the daemon exits 0.
+//! unmount cleanly; an external `umount` ends the session and the daemon exits 0. SIGUSR2 toggles debug logs.
 
 use std::io::{Read, Write};
 use std::os::fd::OwnedFd;
@@ -341,6 +341,21 @@ fn serve(
             signal(SignalKind::terminate()).ok(),
         )
     };
+    // SIGUSR2 turns debug logging on and off on a live mount (its default action would end the process).
+    if let Ok(mut usr2) = {
+        let _guard = runtime.enter();
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::user_defined2())
+    } {
+        runtime.spawn(async move {
+            while usr2.recv().await.is_some() {
+                match crate::logging::toggle_debug() {
+                    Some(true) => info!("SIGUSR2: debug logging on"),
+                    Some(false) => info!("SIGUSR2: debug logging off"),
+                    None => {}
+                }
+            }
+        });
+    }
     let mounted = match fuse::mount(fs, runtime.handle().clone(), &args.fuse_options(&name)) {
         Ok(m) => m,
         Err(e) => {

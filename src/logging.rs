@@ -3,6 +3,8 @@
 //! the client layer logs keys and operations, never signatures, tokens or secrets.
 
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, OnceLock};
 
 use tracing_subscriber::EnvFilter;
 
@@ -15,27 +17,77 @@ pub struct LogGuard {
     _guard: Option<tracing_appender::non_blocking::WorkerGuard>,
 }
 
+/// Swaps the live subscriber's filter: set once by whichever `init` installed the subscriber.
+type Reload = Box<dyn Fn(EnvFilter) -> bool + Send + Sync>;
+
+static RELOAD: OnceLock<Reload> = OnceLock::new();
+
+/// The filter the daemon started with (`--debug`, `RUST_LOG`) and whether debug is forced on over it now.
+static STARTED_WITH_DEBUG: AtomicBool = AtomicBool::new(false);
+static FORCED: Mutex<Option<bool>> = Mutex::new(None);
+
+/// Installs the live subscriber's reload handle; later calls (a second `init`) are ignored, as `try_init` is.
+fn keep_reload<N, E, W>(
+    handle: tracing_subscriber::reload::Handle<
+        EnvFilter,
+        tracing_subscriber::fmt::Formatter<N, E, W>,
+    >,
+) where
+    tracing_subscriber::fmt::Formatter<N, E, W>: tracing::Subscriber + 'static,
+{
+    let _ = RELOAD.set(Box::new(move |f| handle.reload(f).is_ok()));
+}
+
+/// SIGUSR2: debug logging on if it is off, back to the starting filter if it is on, without remounting (as
+/// mount-s3 does). Returns whether debug is on now, or None when no subscriber can be changed.
+pub fn toggle_debug() -> Option<bool> {
+    let reload = RELOAD.get()?;
+    let mut forced = FORCED.lock().unwrap_or_else(|e| e.into_inner());
+    let started = STARTED_WITH_DEBUG.load(Ordering::Relaxed);
+    let debug_now = !forced.unwrap_or(started);
+    // On: debug for expressfs whatever RUST_LOG said; off: what the daemon started with.
+    let next = if debug_now == started {
+        filter(started)
+    } else {
+        with_quiet_internals(EnvFilter::new(default_directives(debug_now)))
+    };
+    if !reload(next) {
+        return None;
+    }
+    *forced = (debug_now != started).then_some(debug_now);
+    Some(debug_now)
+}
+
 /// `RUST_LOG` wins when set; otherwise `--debug` selects debug for expressfs and warnings elsewhere.
 pub fn init(debug: bool, log_directory: Option<&Path>, quiet: bool) -> std::io::Result<LogGuard> {
+    STARTED_WITH_DEBUG.store(debug, Ordering::Relaxed);
     let filter = filter(debug);
     if let Some(dir) = log_directory {
         std::fs::create_dir_all(dir)?;
         let appender = tracing_appender::rolling::daily(dir, "expressfs.log");
         let (writer, guard) = tracing_appender::non_blocking(appender);
-        let _ = tracing_subscriber::fmt()
+        let builder = tracing_subscriber::fmt()
             .with_env_filter(filter)
             .with_writer(writer)
             .with_ansi(false)
-            .try_init();
+            .with_filter_reloading();
+        let handle = builder.reload_handle();
+        if builder.try_init().is_ok() {
+            keep_reload(handle);
+        }
         return Ok(LogGuard {
             _guard: Some(guard),
         });
     }
     if !quiet {
-        let _ = tracing_subscriber::fmt()
+        let builder = tracing_subscriber::fmt()
             .with_env_filter(filter)
             .with_writer(std::io::stderr)
-            .try_init();
+            .with_filter_reloading();
+        let handle = builder.reload_handle();
+        if builder.try_init().is_ok() {
+            keep_reload(handle);
+        }
     }
     Ok(LogGuard { _guard: None })
 }
@@ -47,24 +99,37 @@ pub fn init_syslog(debug: bool) -> bool {
     let Some(sink) = syslog::Sink::open() else {
         return false;
     };
-    let _ = tracing_subscriber::fmt()
+    STARTED_WITH_DEBUG.store(debug, Ordering::Relaxed);
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter(debug))
         .with_writer(sink)
         .with_ansi(false)
         .without_time()
         .with_level(false)
-        .try_init();
+        .with_filter_reloading();
+    let handle = builder.reload_handle();
+    if builder.try_init().is_ok() {
+        keep_reload(handle);
+    }
     true
 }
 
-fn filter(debug: bool) -> EnvFilter {
-    let default = if debug {
+fn default_directives(debug: bool) -> &'static str {
+    if debug {
         "expressfs=debug,warn"
     } else {
         "expressfs=info,warn"
-    };
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
-    // The SDK logs request details at debug/trace; keep its signing internals out even with --debug.
+    }
+}
+
+fn filter(debug: bool) -> EnvFilter {
+    let filter = EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| EnvFilter::new(default_directives(debug)));
+    with_quiet_internals(filter)
+}
+
+/// The SDK logs request details at debug/trace; keep its signing internals out even with --debug.
+fn with_quiet_internals(filter: EnvFilter) -> EnvFilter {
     filter
         .add_directive("aws_sigv4=warn".parse().expect("static directive"))
         .add_directive("aws_smithy_runtime=info".parse().expect("static directive"))

@@ -700,3 +700,50 @@ fn a_dev_fd_mount_point_must_be_an_open_fuse_descriptor() {
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("the descriptor is not mounted"), "{stderr}");
 }
+
+/// Waits (at most 15 s) until the mount's log holds `needle`; returns the log.
+fn log_with(mount: &Mount, needle: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let log = mount.log();
+        if log.contains(needle) {
+            return log;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no {needle:?} in the log:\n{log}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn sigusr2_turns_debug_logging_on_and_off_on_a_live_mount() {
+    let bucket = fresh_bucket(true, "usr2");
+    for name in ["a", "b", "c"] {
+        put(emulator(), &bucket, name, pattern(40, 1000));
+    }
+    let mount = Mount::on(emulator(), &bucket, &[]);
+    let pid = mount.pid().unwrap() as i32;
+    // Each read is a first open: one GET, which logs "s3 call done" at debug only.
+    std::fs::read(mount.path().join("a")).unwrap();
+    assert!(!mount.log().contains("s3 call done"), "{}", mount.log());
+
+    signal(pid, nix::sys::signal::Signal::SIGUSR2);
+    let on = log_with(&mount, "debug logging on").len();
+    std::fs::read(mount.path().join("b")).unwrap();
+    let log = log_with(&mount, "s3 call done");
+    assert!(log[on..].contains("s3 call done"), "{log}");
+
+    signal(pid, nix::sys::signal::Signal::SIGUSR2);
+    let off = log_with(&mount, "debug logging off").len();
+    std::fs::read(mount.path().join("c")).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let log = mount.log();
+    assert!(!log[off..].contains("s3 call done"), "{log}");
+    assert!(
+        !log.contains(common::SECRET_KEY),
+        "the secret key was logged"
+    );
+    assert!(mount.unmount().success());
+}
