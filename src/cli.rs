@@ -297,6 +297,7 @@ impl Args {
         if self.max_threads == 0 {
             return Err("--max-threads must be at least 1".into());
         }
+        crate::config::max_attempts(std::env::var("AWS_MAX_ATTEMPTS").ok().as_deref())?;
         if let crate::mountpoint::MountTarget::Descriptor(fd) = self.mount_target()? {
             if self.auto_unmount {
                 return Err(format!(

@@ -164,6 +164,11 @@ impl Args {
         config.ca_bundle = self.ca_bundle.clone();
         config.user_agent_prefix = self.user_agent_prefix.clone();
         config.bind = self.bind.clone();
+        // `validate` refused a value that is not a count.
+        if let Ok(Some(attempts)) = max_attempts(std::env::var("AWS_MAX_ATTEMPTS").ok().as_deref())
+        {
+            config.max_attempts = attempts;
+        }
         config
     }
 
@@ -265,6 +270,20 @@ impl Args {
             auto_unmount: self.auto_unmount,
             threads: self.max_threads,
         }
+    }
+}
+
+/// `AWS_MAX_ATTEMPTS`, as the AWS CLI and mount-s3 read it: attempts per request, the first included (the
+/// default, 10, is the SDK client's). Empty or unset: None.
+pub fn max_attempts(env: Option<&str>) -> Result<Option<u32>, String> {
+    match env.map(str::trim).filter(|v| !v.is_empty()) {
+        None => Ok(None),
+        Some(v) => match v.parse::<u32>() {
+            Ok(n) if n >= 1 => Ok(Some(n)),
+            _ => Err(format!(
+                "AWS_MAX_ATTEMPTS={v:?}: must be a whole number of attempts, at least 1"
+            )),
+        },
     }
 }
 
@@ -705,6 +724,18 @@ mod tests {
         assert_eq!(a.log_directory, Some(PathBuf::from("/var/log/x")));
         assert_eq!(a.metrics_addr, Some("127.0.0.1:9464".parse().unwrap()));
         assert_eq!(a.read_ahead_kb, 1024);
+    }
+
+    #[test]
+    fn aws_max_attempts_counts_attempts_or_is_refused() {
+        assert_eq!(max_attempts(None), Ok(None));
+        assert_eq!(max_attempts(Some("")), Ok(None));
+        assert_eq!(max_attempts(Some("3")), Ok(Some(3)));
+        assert_eq!(max_attempts(Some(" 1 ")), Ok(Some(1)));
+        for bad in ["0", "-2", "ten", "2.5"] {
+            let e = max_attempts(Some(bad)).unwrap_err();
+            assert!(e.contains("AWS_MAX_ATTEMPTS"), "{bad}: {e}");
+        }
     }
 
     #[test]

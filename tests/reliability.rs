@@ -663,3 +663,59 @@ fn a_failed_writer_still_open_leaves_the_next_open_alone() {
         );
     }
 }
+
+/// `AWS_MAX_ATTEMPTS` sets the attempts per request, as for the AWS CLI and mount-s3: a GET the bucket
+/// keeps failing is sent that many times, then the read fails.
+#[test]
+fn aws_max_attempts_bounds_the_attempts_of_a_failing_get() {
+    let (bucket, emu) = own_emulator(true, "attempts");
+    put(&emu, &bucket, "d/f", pattern(50, 4096));
+    // GETs the failed read sent with one attempt each (the open's, then the kernel's reads).
+    let mut requests = 0;
+    for attempts in [1u64, 3] {
+        let value = attempts.to_string();
+        let mount = Mount::on_with_env(
+            &emu,
+            &bucket,
+            &["--read-only"],
+            &[("AWS_MAX_ATTEMPTS", value.as_str())],
+        );
+        // The listing answers the lookup, so the open's GET is the only one.
+        let names: Vec<_> = std::fs::read_dir(mount.path().join("d"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, ["f"]);
+        let before = emulator_stat(&emu, Some(&bucket), Some("GetObject"), "requests");
+        set_faults(&emu, 1.0, 7, &["GetObject"], &["internal-error"]);
+        let read = std::fs::read(mount.path().join("d/f"));
+        set_faults(&emu, 0.0, 0, &[], &[]);
+        assert_eq!(
+            read.map_err(|e| e.raw_os_error()).unwrap_err(),
+            Some(libc::EIO)
+        );
+        let sent = emulator_stat(&emu, Some(&bucket), Some("GetObject"), "requests") - before;
+        if attempts == 1 {
+            assert!(sent >= 1, "{}", mount.log());
+            requests = sent;
+        }
+        assert_eq!(
+            sent,
+            attempts * requests,
+            "AWS_MAX_ATTEMPTS={attempts}:\n{}",
+            mount.log()
+        );
+        assert!(mount.unmount().success());
+    }
+    // A value that is no count is refused before mounting.
+    let mut cmd = common::expressfs_command(&emu);
+    cmd.env("AWS_MAX_ATTEMPTS", "many")
+        .arg("--foreground")
+        .arg(&bucket)
+        .arg("/nonexistent")
+        .stdin(std::process::Stdio::null());
+    let out = cmd.output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("AWS_MAX_ATTEMPTS"), "{stderr}");
+}
