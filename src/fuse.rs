@@ -546,11 +546,20 @@ impl Filesystem for Adapter {
         offset: u64,
         data: &[u8],
         _write_flags: WriteFlags,
-        _flags: OpenFlags,
+        flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
         let span = debug_span!("write", ino = ino.0, offset);
+        // O_SYNC includes O_DSYNC's bit.
+        if flags.0 & libc::O_DSYNC != 0 {
+            let (fs, data) = (Arc::clone(&self.fs), data.to_vec());
+            let work = async move { fs.write_durably(fh.0, offset, &data).await };
+            return self.serve("write", span, reply, work, |reply, n| {
+                crate::metrics::written_bytes(u64::from(n));
+                reply.written(n)
+            });
+        }
         // The fast path answers here, without a future or a task: it is every write of a streaming checkpoint.
         if let Some(n) = span.in_scope(|| self.fs.write_now(fh.0, offset, data)) {
             crate::metrics::fuse_request("write");

@@ -738,3 +738,42 @@ fn rmdir_of_a_directory_marker_needs_allow_delete() {
     assert!(mount.path().join("d").is_dir());
     assert_eq!(get(common::emulator(), &bucket, "d/"), Some(vec![]));
 }
+
+/// A write through an O_SYNC or O_DSYNC descriptor returns once its bytes are in the bucket (`dd oflag=sync`,
+/// loggers): after each write, before any close or fsync, the object holds everything written so far.
+#[test]
+fn o_sync_and_o_dsync_writes_are_in_the_bucket_when_they_return() {
+    use std::os::unix::fs::OpenOptionsExt;
+    for (directory, flags) in [
+        (true, &["--allow-overwrite"][..]),
+        (true, &["--allow-overwrite", "--incremental-upload"][..]),
+        (false, &["--allow-overwrite"][..]),
+    ] {
+        let bucket = fresh_bucket(directory, "osync");
+        let mount = Mount::new(&bucket, flags);
+        for (name, sync_flag) in [("sync.log", libc::O_SYNC), ("dsync.log", libc::O_DSYNC)] {
+            let mut f = OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .custom_flags(sync_flag)
+                .open(mount.path().join(name))
+                .unwrap();
+            let mut expected = Vec::new();
+            for (i, len) in [1000usize, 6 << 20, 3].into_iter().enumerate() {
+                let piece = pattern(60 + i as u64, len);
+                f.write_all(&piece).unwrap();
+                expected.extend_from_slice(&piece);
+                let stored = get(common::emulator(), &bucket, name);
+                assert!(
+                    stored.as_deref() == Some(&expected[..]),
+                    "{bucket} {flags:?} {name}: after write {i}, the bucket holds {:?} bytes of {}",
+                    stored.map(|s| s.len()),
+                    expected.len()
+                );
+            }
+            drop(f);
+            assert!(fs::read(mount.path().join(name)).unwrap() == expected);
+        }
+    }
+}

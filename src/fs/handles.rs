@@ -618,6 +618,17 @@ impl S3Filesystem {
         self.commit_handle(&handle, false).await
     }
 
+    /// A write through a descriptor opened with O_SYNC or O_DSYNC: it returns once the bytes are in the
+    /// bucket, as if each write were followed by fsync. The kernel asks for that fsync itself only for files it
+    /// caches; our write handles bypass the page cache, so without this such a write would return with its
+    /// bytes in memory only. Each one is an upload (an append with `--incremental-upload` on a directory
+    /// bucket; otherwise the whole file so far).
+    pub async fn write_durably(&self, fh: u64, offset: u64, data: &[u8]) -> FsResult<u32> {
+        let written = self.write(fh, offset, data).await?;
+        self.fsync(fh).await?;
+        Ok(written)
+    }
+
     /// Uploads what was written through `handle` and is not in the bucket yet (fsync, and a rename of its
     /// file). `unless_failed`: a handle whose upload failed is left with its error instead of returning it.
     pub(super) async fn commit_handle(&self, handle: &Handle, unless_failed: bool) -> FsResult<()> {
