@@ -411,7 +411,8 @@ fn serve(
         if stop.load(Ordering::SeqCst) {
             if by_descriptor {
                 info!(
-                    "signal received; finishing uploads and leaving: the mount is its caller's to unmount"
+                    "signal received; refusing new requests, finishing the uploads of closed files, then \
+                     leaving: the mount is its caller's to unmount"
                 );
             } else {
                 info!("signal received; unmounting");

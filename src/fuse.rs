@@ -88,6 +88,9 @@ struct Adapter {
     drop_releases: bool,
     /// Pushes bytes into the kernel's page cache; set once the session runs.
     notifier: Arc<OnceLock<fuser::Notifier>>,
+    /// Set when a daemon serving a caller's descriptor stops with its session still live
+    /// ([`MountedFs::unmount`]): every request from then on is refused, as the kernel will once we are gone.
+    stopping: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// The kernel sends RELEASE after close(2) has returned, and on a loaded machine it may arrive long after:
@@ -207,6 +210,9 @@ impl Adapter {
         R: ErrorReply,
     {
         crate::metrics::fuse_request(op);
+        if self.stopping() {
+            return reply.fail(Errno::ENOTCONN);
+        }
         // A release may upload (the last handle of a staged file): unmount waits for it ([`Outstanding`]).
         let waited_for = op == "release";
         self.spawn(
@@ -219,6 +225,10 @@ impl Adapter {
             .instrument(span),
             waited_for,
         );
+    }
+
+    fn stopping(&self) -> bool {
+        self.stopping.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// Runs the work of one request. It is polled once here, on the FUSE thread, with a waker that does
@@ -561,7 +571,10 @@ impl Filesystem for Adapter {
             });
         }
         // The fast path answers here, without a future or a task: it is every write of a streaming checkpoint.
-        if let Some(n) = span.in_scope(|| self.fs.write_now(fh.0, offset, data)) {
+        if let Some(n) = (!self.stopping())
+            .then(|| span.in_scope(|| self.fs.write_now(fh.0, offset, data)))
+            .flatten()
+        {
             crate::metrics::fuse_request("write");
             crate::metrics::written_bytes(u64::from(n));
             return reply.written(n);
@@ -923,6 +936,8 @@ pub struct MountedFs {
     closing: Closing,
     /// Served on a descriptor the caller mounted (`/dev/fd/N`): we have no mount to take down.
     by_descriptor: bool,
+    /// Shared with the adapter: refuse every request from now on.
+    stopping: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// What is left to do once the kernel session has ended ([`Closing::finish`]).
@@ -1013,17 +1028,21 @@ impl MountedFs {
     /// Returns how many were left unfinished.
     ///
     /// On a descriptor's mount there is nothing of ours to unmount, and its session ends only when the caller
-    /// unmounts: the releases under way and the handles left are finished here (uploads included), and the
-    /// session is left to end with the process, whose exit closes the descriptor. The kernel then fails what
-    /// is still asked of the mount (ENOTCONN) until its caller unmounts it.
+    /// unmounts. So the session is shut first: every request from now on is refused (ENOTCONN), as the kernel
+    /// will refuse them once the process has exited and closed the descriptor. Then the releases under way
+    /// (files closed before, uploading) are finished, and files still open are abandoned, their multipart
+    /// uploads aborted: uploading what a writer had written so far would leave a torn file that looks whole.
+    /// Returns the releases left unfinished.
     pub fn unmount(self, limit: Duration) -> std::io::Result<usize> {
         let MountedFs {
             session,
             closing,
             by_descriptor,
+            stopping,
         } = self;
         if by_descriptor {
-            let left = closing.finish(limit);
+            stopping.store(true, std::sync::atomic::Ordering::SeqCst);
+            let left = closing.abandon(limit);
             std::mem::forget(session);
             return Ok(left);
         }
@@ -1033,6 +1052,28 @@ impl MountedFs {
 }
 
 impl Closing {
+    /// The releases under way (at most `limit` in all), then every handle still open abandoned: nothing more
+    /// of it is uploaded (logged with how many files had bytes the bucket lacks). For a session we stop
+    /// serving while it is live. Returns how many releases were left unfinished.
+    fn abandon(&self, limit: Duration) -> usize {
+        let deadline = std::time::Instant::now() + limit;
+        let left = self.outstanding.finish(limit);
+        let rest = deadline.saturating_duration_since(std::time::Instant::now());
+        let fs = Arc::clone(&self.fs);
+        let abandoned = self
+            .runtime
+            .block_on(async move { tokio::time::timeout(rest, fs.abandon_all_left()).await });
+        match abandoned {
+            Ok(0) => {}
+            Ok(files) => warn!(
+                files,
+                "stopped while files were being written: what was written to them is not uploaded"
+            ),
+            Err(_) => warn!("stopped before every open file was abandoned"),
+        }
+        left
+    }
+
     /// The releases under way first (at most `limit` in all), then every handle still open. The kernel tears
     /// a connection down at unmount with the requests it has not handed over yet, so the RELEASE of a file
     /// closed just before `umount` may never come; for a staged file that is the request that uploads it. No
@@ -1128,6 +1169,7 @@ pub fn mount(
         warn!("test build: every release is dropped (EXPRESSFS_TEST_DROP_RELEASES)");
     }
     let outstanding = Arc::new(Outstanding::default());
+    let stopping = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let notifier = Arc::new(OnceLock::new());
     {
         let notifier = Arc::clone(&notifier);
@@ -1142,6 +1184,7 @@ pub fn mount(
         release_delay,
         drop_releases,
         notifier: Arc::clone(&notifier),
+        stopping: Arc::clone(&stopping),
     };
     let mut mount_options = vec![
         MountOption::FSName(options.fs_name.clone()),
@@ -1174,6 +1217,11 @@ pub fn mount(
     let session = match &options.target {
         MountTarget::Directory(path) => fuser::spawn_mount(adapter, path, &config)?,
         MountTarget::Descriptor(fd) => {
+            // Not handed on to what the daemon runs (a credential_process, say).
+            // SAFETY: fcntl on a descriptor number; it changes no memory.
+            if unsafe { libc::fcntl(*fd, libc::F_SETFD, libc::FD_CLOEXEC) } == -1 {
+                return Err(std::io::Error::last_os_error());
+            }
             // SAFETY: the descriptor was checked to be an open /dev/fuse (`check_fuse_descriptor`) and is
             // owned by the session from here on; nothing else in this process uses it.
             let fd = unsafe { OwnedFd::from_raw_fd(*fd) };
@@ -1193,6 +1241,7 @@ pub fn mount(
             runtime,
         },
         by_descriptor: matches!(options.target, MountTarget::Descriptor(_)),
+        stopping,
     })
 }
 

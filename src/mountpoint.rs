@@ -25,7 +25,12 @@ impl MountTarget {
             return Ok(MountTarget::Directory(path.to_path_buf()));
         };
         match rest.parse::<RawFd>() {
-            Ok(fd) if fd >= 0 && !rest.starts_with('+') => Ok(MountTarget::Descriptor(fd)),
+            // The daemon's standard streams: it points them at /dev/null when it detaches.
+            Ok(0..=2) if !rest.starts_with('+') => Err(format!(
+                "mount point {}: descriptors 0-2 are standard input, output and error; pass the FUSE descriptor as 3 or above",
+                path.display()
+            )),
+            Ok(fd) if fd >= 3 && !rest.starts_with('+') => Ok(MountTarget::Descriptor(fd)),
             _ => Err(format!(
                 "mount point {}: a /dev/fd/ mount point must be /dev/fd/N, N the number of an open /dev/fuse descriptor",
                 path.display()
@@ -252,6 +257,10 @@ mod tests {
         ] {
             let e = MountTarget::parse(Path::new(bad)).unwrap_err();
             assert!(e.contains("/dev/fd/N"), "{bad}: {e}");
+        }
+        for standard in ["/dev/fd/0", "/dev/fd/1", "/dev/fd/2"] {
+            let e = MountTarget::parse(Path::new(standard)).unwrap_err();
+            assert!(e.contains("3 or above"), "{standard}: {e}");
         }
     }
 

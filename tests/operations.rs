@@ -535,7 +535,9 @@ impl DescriptorMount {
             dir.path(),
             Some("fuse.expressfs"),
             nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV,
-            Some(format!("fd={fd},rootmode=40000,user_id=0,group_id=0").as_str()),
+            Some(
+                format!("fd={fd},rootmode=40000,user_id=0,group_id=0,default_permissions").as_str(),
+            ),
         )
         .unwrap();
         let log = dir.path().with_extension("log");
@@ -634,20 +636,28 @@ fn a_fuse_descriptor_mounted_by_the_caller_is_served_until_the_caller_unmounts()
 }
 
 #[test]
-fn sigterm_on_a_descriptors_mount_uploads_open_files_and_leaves_the_unmount_to_its_caller() {
+fn sigterm_on_a_descriptors_mount_keeps_closed_files_and_abandons_open_ones() {
     let bucket = fresh_bucket(true, "fdterm");
     let mut mount = DescriptorMount::start(&bucket, &[]);
-    // Written through the kernel and still open when the signal comes: the daemon releases it on its way
-    // out, as it does at an unmount.
+    // Closed before the signal: uploaded at its close.
+    let closed = pattern(33, 3 << 20);
+    std::fs::write(mount.path().join("closed.bin"), &closed).unwrap();
+    // Still being written when the signal comes: past one part, so a multipart upload is under way. The
+    // daemon cannot know the writer was done; uploading what it has would leave a torn file that looks whole.
     let mut open = std::fs::File::create(mount.path().join("open.bin")).unwrap();
-    let bytes = pattern(33, 1000);
-    std::io::Write::write_all(&mut open, &bytes).unwrap();
+    std::io::Write::write_all(&mut open, &pattern(34, 20 << 20)).unwrap();
     signal(mount.daemon.id() as i32, nix::sys::signal::Signal::SIGTERM);
     let status = mount.exit_status();
     let log = mount.log();
     assert!(status.success(), "{status}:\n{log}");
+    assert!(common::get(emulator(), &bucket, "closed.bin").unwrap() == closed);
+    let uploaded = common::get(emulator(), &bucket, "open.bin").map(|b| b.len());
+    assert_eq!(uploaded, None, "a file still open was uploaded:\n{log}");
+    let (_, uploads) =
+        common::admin_get(emulator(), &format!("/_emulator/uploads?bucket={bucket}"));
+    assert_eq!(uploads.trim(), "[]", "multipart uploads left behind");
     assert!(
-        common::get(emulator(), &bucket, "open.bin").as_deref() == Some(&bytes[..]),
+        log.contains("what was written to them is not uploaded"),
         "{log}"
     );
     // The daemon is gone and its descriptor with it: the mount, still the caller's, fails until unmounted.
@@ -661,8 +671,7 @@ fn sigterm_on_a_descriptors_mount_uploads_open_files_and_leaves_the_unmount_to_i
 fn a_dev_fd_mount_point_must_be_an_open_fuse_descriptor() {
     let bucket = fresh_bucket(true, "fdbad");
     for (target, says) in [
-        // Standard input is /dev/null here.
-        ("/dev/fd/0", "is not /dev/fuse"),
+        ("/dev/fd/1", "3 or above"),
         ("/dev/fd/987", "is not open"),
         ("/dev/fd/x", "/dev/fd/N"),
     ] {
@@ -673,32 +682,37 @@ fn a_dev_fd_mount_point_must_be_an_open_fuse_descriptor() {
         assert_eq!(out.status.code(), Some(1), "{target}: {stderr}");
         assert!(stderr.contains(says), "{target}: {stderr}");
     }
-    // A /dev/fuse descriptor nobody mounted yet.
-    use std::os::fd::AsRawFd;
-    use std::os::unix::process::CommandExt;
-    let fuse = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open("/dev/fuse")
-        .unwrap();
-    let fd = fuse.as_raw_fd();
-    let mut cmd = expressfs_command(emulator());
-    cmd.arg("--foreground")
-        .arg(&bucket)
-        .arg(format!("/dev/fd/{fd}"));
-    // SAFETY: only fcntl between fork and exec.
-    unsafe {
-        cmd.pre_exec(move || {
-            if libc::fcntl(fd, libc::F_SETFD, 0) == -1 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
+    // Descriptors handed over open: one that is not /dev/fuse, and a /dev/fuse nobody mounted yet.
+    for (device, says) in [
+        ("/dev/null", "is not /dev/fuse"),
+        ("/dev/fuse", "the descriptor is not mounted"),
+    ] {
+        use std::os::fd::AsRawFd;
+        use std::os::unix::process::CommandExt;
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(device)
+            .unwrap();
+        let fd = file.as_raw_fd();
+        let mut cmd = expressfs_command(emulator());
+        cmd.arg("--foreground")
+            .arg(&bucket)
+            .arg(format!("/dev/fd/{fd}"));
+        // SAFETY: only fcntl between fork and exec.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::fcntl(fd, libc::F_SETFD, 0) == -1 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let out = run(cmd);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{device}: {stderr}");
+        assert!(stderr.contains(says), "{device}: {stderr}");
     }
-    let out = run(cmd);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
-    assert!(stderr.contains("the descriptor is not mounted"), "{stderr}");
 }
 
 /// Waits (at most 15 s) until the mount's log holds `needle`; returns the log.

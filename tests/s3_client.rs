@@ -908,3 +908,37 @@ fn a_body_that_stalls_midway_is_cut_and_resumed() {
         }
     }
 }
+
+/// A session the bucket rejects is renewed once even when the attempt budget is one (AWS_MAX_ATTEMPTS=1): new
+/// credentials are not a retry of a failed request. With every GET answered ExpiredToken, a GET costs one
+/// request per attempt, plus the one renewal when the budget is a single attempt.
+#[test]
+fn a_rejected_session_is_renewed_once_whatever_the_attempt_budget() {
+    for (attempts, gets) in [(1u32, 2u64), (3, 3)] {
+        let bucket = common::directory_bucket("renewonce");
+        let emu = common::start_emulator(EmulatorConfig {
+            buckets: vec![bucket.clone()],
+            ..Default::default()
+        });
+        let c = client_with(&emu, &bucket, |config| config.max_attempts = attempts);
+        block(async {
+            c.put_object("obj", Bytes::from_static(b"x"), WriteCondition::None)
+                .await
+                .unwrap();
+        });
+        admin(
+            &emu,
+            "POST",
+            "/_emulator/faults",
+            r#"{"rate":1.0,"seed":1,"operations":["GetObject"],"kinds":["expired-token"]}"#,
+        );
+        let result = block(c.get_object("obj", 0..1, None));
+        assert!(result.is_err(), "every GET was refused: {result:?}");
+        let sent = common::emulator_stat(&emu, Some(&bucket), Some("GetObject"), "requests");
+        assert_eq!(sent, gets, "max_attempts {attempts}");
+        assert!(
+            c.counters().session_renewals >= 1,
+            "max_attempts {attempts}"
+        );
+    }
+}

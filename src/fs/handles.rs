@@ -719,6 +719,42 @@ impl S3Filesystem {
         left.len()
     }
 
+    /// Drops every handle still open without uploading anything more of it: a streamed file's multipart
+    /// upload is aborted, a staged file's local copy goes with its last handle. For a daemon that stops
+    /// while its files are open and will not be asked again (see `fuse::MountedFs::unmount`). Returns how
+    /// many handles wrote something the bucket does not have.
+    pub async fn abandon_all_left(&self) -> usize {
+        let left: Vec<u64> = self.handles.open().keys().copied().collect();
+        let mut abandoned = 0;
+        // A staged file is counted once, whatever the number of its handles.
+        let mut staged_seen = std::collections::HashSet::new();
+        for fh in left {
+            let Some(handle) = self.handles.remove(fh) else {
+                continue;
+            };
+            let Some((_, state, _)) = handle.as_writer() else {
+                continue;
+            };
+            let mut state = state.lock().await;
+            match &mut *state {
+                WriteState::Stream(w) => {
+                    if w.is_dirty() {
+                        abandoned += 1;
+                    }
+                    w.abort().await;
+                }
+                WriteState::Staged(shared) => {
+                    if staged_seen.insert(Arc::as_ptr(shared))
+                        && shared.file.lock().await.is_changed()
+                    {
+                        abandoned += 1;
+                    }
+                }
+            }
+        }
+        abandoned
+    }
+
     pub async fn release(&self, fh: u64) -> FsResult<()> {
         let Some(handle) = self.handles.remove(fh) else {
             return Ok(());

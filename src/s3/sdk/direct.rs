@@ -258,6 +258,9 @@ impl Direct {
         let mut attempt = 0u32;
         let mut bare_400_retried = false;
         let mut skew_retried = false;
+        // New credentials are not a retry of a failed request: the first renewal is allowed even on the last
+        // attempt (AWS_MAX_ATTEMPTS=1 would otherwise fail every request a session expired early under).
+        let mut renewals = 0u32;
         // Quota held by the latest retry, given back if the request then succeeds (as the SDK does).
         let mut held_quota = None;
         loop {
@@ -267,9 +270,10 @@ impl Direct {
                 Ok(held) => held,
                 Err(e)
                     if self.signing.express
-                        && !last
+                        && (!last || renewals == 0)
                         && session_rejected(&e, &mut bare_400_retried) =>
                 {
+                    renewals += 1;
                     debug!(bucket, key, attempt, op, "CreateSession refused; retrying");
                     tokio::time::sleep(super::backoff_delay(attempt)).await;
                     continue;
@@ -303,7 +307,10 @@ impl Direct {
                 }
                 // The session's on a directory bucket, the provider's on a general-purpose one: new ones may
                 // be good.
-                Err(e) if !last && session_rejected(e, &mut bare_400_retried) => {
+                Err(e)
+                    if (!last || renewals == 0) && session_rejected(e, &mut bare_400_retried) =>
+                {
+                    renewals += 1;
                     self.forget(sdk, generation);
                     tokio::time::sleep(super::backoff_delay(attempt)).await;
                     continue;

@@ -325,7 +325,8 @@ impl SdkClient {
             let (generation, client) = self.current();
             let result = request(&client).await;
             let renew = match &result {
-                _ if renewals + 1 >= self.config.max_attempts.max(1) => false,
+                // New credentials are not a retry of a failed request: one renewal even with one attempt.
+                _ if renewals + 1 >= self.config.max_attempts.max(2) => false,
                 Err(e) => session_rejected(e, &mut bare_400_retried),
                 Ok(_) => false,
             };
