@@ -1052,24 +1052,41 @@ impl MountedFs {
 }
 
 impl Closing {
+    /// Waits for the releases under way, then runs `last` on the runtime, both within `limit`. Returns how
+    /// many releases were left unfinished, and what `last` gave if it ended in time.
+    fn after_outstanding<T, F>(
+        &self,
+        limit: Duration,
+        last: impl FnOnce(Arc<S3Filesystem>) -> F,
+    ) -> (usize, Option<T>)
+    where
+        F: Future<Output = T>,
+    {
+        let deadline = std::time::Instant::now() + limit;
+        let left = self.outstanding.finish(limit);
+        let rest = deadline.saturating_duration_since(std::time::Instant::now());
+        let work = last(Arc::clone(&self.fs));
+        // The timer is made inside the runtime: this thread is not one of its own.
+        let done = self
+            .runtime
+            .block_on(async move { tokio::time::timeout(rest, work).await })
+            .ok();
+        (left, done)
+    }
+
     /// The releases under way (at most `limit` in all), then every handle still open abandoned: nothing more
     /// of it is uploaded (logged with how many files had bytes the bucket lacks). For a session we stop
     /// serving while it is live. Returns how many releases were left unfinished.
     fn abandon(&self, limit: Duration) -> usize {
-        let deadline = std::time::Instant::now() + limit;
-        let left = self.outstanding.finish(limit);
-        let rest = deadline.saturating_duration_since(std::time::Instant::now());
-        let fs = Arc::clone(&self.fs);
-        let abandoned = self
-            .runtime
-            .block_on(async move { tokio::time::timeout(rest, fs.abandon_all_left()).await });
+        let (left, abandoned) =
+            self.after_outstanding(limit, |fs| async move { fs.abandon_all_left().await });
         match abandoned {
-            Ok(0) => {}
-            Ok(files) => warn!(
+            Some(0) => {}
+            Some(files) => warn!(
                 files,
                 "stopped while files were being written: what was written to them is not uploaded"
             ),
-            Err(_) => warn!("stopped before every open file was abandoned"),
+            None => warn!("stopped before every open file was abandoned"),
         }
         left
     }
@@ -1080,24 +1097,18 @@ impl Closing {
     /// request can come any more, so those handles are released here, as the kernel would have. Returns how
     /// many releases were left unfinished.
     fn finish(&self, limit: Duration) -> usize {
-        let deadline = std::time::Instant::now() + limit;
-        let left = self.outstanding.finish(limit);
-        let rest = deadline.saturating_duration_since(std::time::Instant::now());
-        let fs = Arc::clone(&self.fs);
-        // The timer is made inside the runtime: this thread is not one of its own.
-        let released = self
-            .runtime
-            .block_on(async move { tokio::time::timeout(rest, fs.release_all_left()).await });
+        let (left, released) =
+            self.after_outstanding(limit, |fs| async move { fs.release_all_left().await });
         match released {
-            Ok(0) => left,
-            Ok(released) => {
+            Some(0) => left,
+            Some(released) => {
                 info!(
                     released,
                     "released at unmount the handles whose release the kernel never sent"
                 );
                 left
             }
-            Err(_) => left + 1,
+            None => left + 1,
         }
     }
 }

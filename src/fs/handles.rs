@@ -719,6 +719,21 @@ impl S3Filesystem {
         left.len()
     }
 
+    /// HEADs `node`'s object and records what the bucket holds now in the node (as of when it was asked): an
+    /// open or a staging that must know the version it works on.
+    async fn head_observed(&self, node: &Node) -> FsResult<crate::s3::ObjectInfo> {
+        let asked = std::time::Instant::now();
+        let info = self
+            .client
+            .head_object(node.key())
+            .await
+            .map_err(|e| FsError::client(node.key(), e))?;
+        if let Some(n) = self.sb.table().get_mut(node.ino()) {
+            n.observe(super::inode::Stat::of(&info), asked);
+        }
+        Ok(info)
+    }
+
     /// Drops every handle still open without uploading anything more of it: a streamed file's multipart
     /// upload is aborted, a staged file's local copy goes with its last handle. For a daemon that stops
     /// while its files are open and will not be asked again (see `fuse::MountedFs::unmount`). Returns how

@@ -126,15 +126,9 @@ impl S3Filesystem {
                 node.stat().etag.clone().unwrap_or_default(),
             )
         } else {
-            let asked = Instant::now();
-            let info = self
-                .client
-                .head_object(node.key())
-                .await
-                .map_err(|e| FsError::client(node.key(), e))?;
+            let info = self.head_observed(&node).await?;
             let expires = self.sb.expiry();
             if let Some(n) = self.sb.table().get_mut(ino) {
-                n.observe(Stat::of(&info), asked);
                 n.trust_until(expires);
             }
             (info.size, info.etag)

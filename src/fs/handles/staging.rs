@@ -5,14 +5,13 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Instant;
 
 use tokio::sync::Mutex as AsyncMutex;
 use tracing::warn;
 
 use super::{Handle, WriteState, WriterMark, tgid_of};
 use crate::fs::attrs::StoredAttrs;
-use crate::fs::inode::{Kind, Node, Stat};
+use crate::fs::inode::{Kind, Node};
 use crate::fs::staged::{StagedFile, StagingContext};
 use crate::fs::{FsError, FsResult, OpenMode, Opened, S3Filesystem};
 
@@ -117,19 +116,13 @@ impl S3Filesystem {
         let ctx = self.staging_context().ok_or(FsError::NotPermitted(
             "changing an existing object needs a staging directory",
         ))?;
-        let asked = Instant::now();
-        let info = self
-            .client
-            .head_object(node.key())
-            .await
-            .map_err(|e| FsError::client(node.key(), e))?;
+        let info = self.head_observed(node).await?;
         let attrs = self
             .config
             .preserve_metadata
             .then(|| StoredAttrs::of_object(&info));
         let file = StagedFile::of_object(ctx, node.key(), &info, attrs)?;
         if let Some(n) = self.sb.table().get_mut(node.ino()) {
-            n.observe(Stat::of(&info), asked);
             n.drop_page_cache();
         }
         match self
