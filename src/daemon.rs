@@ -356,12 +356,13 @@ fn serve(
             }
         });
     }
-    let mounted = match fuse::mount(fs, runtime.handle().clone(), &args.fuse_options(&name)) {
+    let options = args.fuse_options(&name);
+    let mounted = match fuse::mount(fs, runtime.handle().clone(), &options) {
         Ok(m) => m,
         Err(e) => {
             // Read from before its mount, a /dev/fuse descriptor answers EPERM.
-            let hint = match args.mount_target() {
-                Ok(MountTarget::Descriptor(fd)) if e.raw_os_error() == Some(libc::EPERM) => {
+            let hint = match options.target {
+                MountTarget::Descriptor(fd) if e.raw_os_error() == Some(libc::EPERM) => {
                     format!(
                         " (the descriptor is not mounted: mount /dev/fuse with fd={fd} before starting expressfs)"
                     )
@@ -374,8 +375,8 @@ fn serve(
             ));
         }
     };
-    if let Ok(MountTarget::Directory(path)) = args.mount_target() {
-        raise_readahead(&path, args.read_ahead_kb);
+    if let MountTarget::Directory(path) = &options.target {
+        raise_readahead(path, args.read_ahead_kb);
     }
     info!(bucket = %name.name, mountpoint = %args.mountpoint.display(), %region, "mounted");
     reporter.ready(&format!(
@@ -385,7 +386,7 @@ fn serve(
     ));
     drop(reporter);
 
-    let by_descriptor = matches!(args.mount_target(), Ok(MountTarget::Descriptor(_)));
+    let by_descriptor = matches!(options.target, MountTarget::Descriptor(_));
     let stop = Arc::new(AtomicBool::new(false));
     {
         let stop = Arc::clone(&stop);

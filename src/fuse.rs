@@ -571,9 +571,8 @@ impl Filesystem for Adapter {
             });
         }
         // The fast path answers here, without a future or a task: it is every write of a streaming checkpoint.
-        if let Some(n) = (!self.stopping())
-            .then(|| span.in_scope(|| self.fs.write_now(fh.0, offset, data)))
-            .flatten()
+        if !self.stopping()
+            && let Some(n) = span.in_scope(|| self.fs.write_now(fh.0, offset, data))
         {
             crate::metrics::fuse_request("write");
             crate::metrics::written_bytes(u64::from(n));

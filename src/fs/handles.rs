@@ -737,7 +737,7 @@ impl S3Filesystem {
     /// Drops every handle still open without uploading anything more of it: a streamed file's multipart
     /// upload is aborted, a staged file's local copy goes with its last handle. For a daemon that stops
     /// while its files are open and will not be asked again (see `fuse::MountedFs::unmount`). Returns how
-    /// many handles wrote something the bucket does not have.
+    /// many of those files held bytes the bucket does not have.
     pub async fn abandon_all_left(&self) -> usize {
         let left: Vec<u64> = self.handles.open().keys().copied().collect();
         let mut abandoned = 0;
