@@ -1112,6 +1112,38 @@ impl Closing {
     }
 }
 
+/// How long a descriptor handed over may take to show its INIT: the kernel queues it at mount time, so a
+/// descriptor mounted for us has it at once.
+const INIT_WAIT: Duration = Duration::from_secs(5);
+
+/// Waits (at most [`INIT_WAIT`]) until descriptor `fd` has something to read. One whose INIT another daemon
+/// answered has nothing while its mount is idle, and the handshake would wait for an INIT that never comes.
+/// (A descriptor not mounted yet is ready at once, with an error the handshake reports.)
+fn wait_for_init(fd: std::os::fd::RawFd) -> std::io::Result<()> {
+    let mut waiting = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let ms = i32::try_from(INIT_WAIT.as_millis()).unwrap_or(i32::MAX);
+    // SAFETY: poll on one pollfd that lives for the call.
+    match unsafe { libc::poll(&mut waiting, 1, ms) } {
+        -1 => Err(std::io::Error::last_os_error()),
+        0 => Err(served_before(
+            fd,
+            &format!("no FUSE INIT within {INIT_WAIT:?}"),
+        )),
+        _ => Ok(()),
+    }
+}
+
+fn served_before(fd: std::os::fd::RawFd, what: &str) -> std::io::Error {
+    std::io::Error::other(format!(
+        "{what}: descriptor {fd} was served by a daemon before (a FUSE descriptor is served once); \
+         unmount it and mount a new one"
+    ))
+}
+
 /// Stores `bytes` as the whole of `ino`'s page cache (FUSE_NOTIFY_STORE). The cache is known to be empty, and
 /// nothing else has opened or truncated the inode since this open began (`Preload::store_if_untouched`).
 /// Returns whether the kernel took them: if not, the open is answered without keeping the cache and the
@@ -1232,14 +1264,22 @@ pub fn mount(
             if unsafe { libc::fcntl(*fd, libc::F_SETFD, libc::FD_CLOEXEC) } == -1 {
                 return Err(std::io::Error::last_os_error());
             }
+            wait_for_init(*fd)?;
             // SAFETY: the descriptor was checked to be an open /dev/fuse (`check_fuse_descriptor`) and is
             // owned by the session from here on; nothing else in this process uses it.
-            let fd = unsafe { OwnedFd::from_raw_fd(*fd) };
+            let owned = unsafe { OwnedFd::from_raw_fd(*fd) };
             // The caller's mount options decide who may enter, and the daemon's user need not be the mount's
             // owner (a CSI driver mounts as root for an unprivileged daemon). Every thread reads the one
             // descriptor: cloning it opens /dev/fuse, which such a daemon may not be able to.
             config.clone_fd = false;
-            fuser::Session::from_fd(adapter, fd, SessionACL::All, config)?.spawn()?
+            match fuser::Session::from_fd(adapter, owned, SessionACL::All, config) {
+                Ok(session) => session.spawn()?,
+                // The first request was not INIT: another daemon served this descriptor already.
+                Err(e) if e.kind() == std::io::ErrorKind::InvalidData => {
+                    return Err(served_before(*fd, &e.to_string()));
+                }
+                Err(e) => return Err(e),
+            }
         }
     };
     let _ = notifier.set(session.notifier());

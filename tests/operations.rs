@@ -516,12 +516,46 @@ struct DescriptorMount {
     dir: tempfile::TempDir,
     daemon: std::process::Child,
     log: PathBuf,
+    /// This process's copy of the descriptor, when kept ([`DescriptorMount::start_keeping`]).
+    kept: Option<std::fs::File>,
+}
+
+/// Starts `expressfs --foreground BUCKET /dev/fd/N` on `cmd` with descriptor `fd` kept across its exec.
+fn spawn_with_descriptor(
+    mut cmd: Command,
+    fd: std::os::fd::RawFd,
+    bucket: &str,
+) -> std::process::Child {
+    use std::os::unix::process::CommandExt;
+    cmd.arg("--foreground")
+        .arg(bucket)
+        .arg(format!("/dev/fd/{fd}"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null());
+    // SAFETY: between fork and exec only fcntl, which is async-signal-safe.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::fcntl(fd, libc::F_SETFD, 0) == -1 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    cmd.spawn().unwrap()
 }
 
 impl DescriptorMount {
     fn start(bucket: &str, extra: &[&str]) -> DescriptorMount {
+        Self::start_with(bucket, extra, false)
+    }
+
+    /// [`DescriptorMount::start`], and this process keeps its copy of the descriptor.
+    fn start_keeping(bucket: &str, extra: &[&str]) -> DescriptorMount {
+        Self::start_with(bucket, extra, true)
+    }
+
+    fn start_with(bucket: &str, extra: &[&str], keep: bool) -> DescriptorMount {
         use std::os::fd::AsRawFd;
-        use std::os::unix::process::CommandExt;
         let dir = tempfile::tempdir().unwrap();
         // Close-on-exec here, so that daemons other tests start meanwhile do not hold it too.
         let fuse = std::fs::OpenOptions::new()
@@ -542,27 +576,16 @@ impl DescriptorMount {
         .unwrap();
         let log = dir.path().with_extension("log");
         let mut cmd = expressfs_command(emulator());
-        cmd.arg("--foreground")
-            .args(extra)
-            .arg(bucket)
-            .arg(format!("/dev/fd/{fd}"))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap());
-        // SAFETY: between fork and exec only fcntl, which is async-signal-safe: the daemon keeps the
-        // descriptor across its exec.
-        unsafe {
-            cmd.pre_exec(move || {
-                if libc::fcntl(fd, libc::F_SETFD, 0) == -1 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
-        let daemon = cmd.spawn().unwrap();
-        // Once the daemon holds it, only the daemon may: its exit must end the connection.
-        drop(fuse);
-        let mount = DescriptorMount { dir, daemon, log };
+        cmd.args(extra).stderr(std::fs::File::create(&log).unwrap());
+        let daemon = spawn_with_descriptor(cmd, fd, bucket);
+        // Once the daemon holds it, only the daemon may (unless kept): its exit must end the connection.
+        let kept = keep.then_some(fuse);
+        let mount = DescriptorMount {
+            dir,
+            daemon,
+            log,
+            kept,
+        };
         let deadline = Instant::now() + Duration::from_secs(15);
         while std::fs::read_dir(mount.path()).is_err() {
             assert!(
@@ -668,6 +691,36 @@ fn sigterm_on_a_descriptors_mount_keeps_closed_files_and_abandons_open_ones() {
 }
 
 #[test]
+fn a_descriptor_another_daemon_served_is_refused_not_waited_on() {
+    use std::os::fd::AsRawFd;
+    let bucket = fresh_bucket(true, "fdtwice");
+    let mount = DescriptorMount::start_keeping(&bucket, &[]);
+    let fd = mount.kept.as_ref().unwrap().as_raw_fd();
+    // Its INIT was answered by the first daemon, and the mount is idle: a second one would wait forever.
+    let mut cmd = expressfs_command(emulator());
+    cmd.stderr(Stdio::piped());
+    let mut second = spawn_with_descriptor(cmd, fd, &bucket);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while second.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = second.kill();
+            panic!("the second daemon still waits on a descriptor served before");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = second.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("served by a daemon before"), "{stderr}");
+    // The first daemon serves on.
+    std::fs::write(mount.path().join("still.txt"), b"served").unwrap();
+    assert_eq!(
+        common::get(emulator(), &bucket, "still.txt").as_deref(),
+        Some(&b"served"[..])
+    );
+}
+
+#[test]
 fn a_dev_fd_mount_point_must_be_an_open_fuse_descriptor() {
     let bucket = fresh_bucket(true, "fdbad");
     for (target, says) in [
@@ -688,27 +741,16 @@ fn a_dev_fd_mount_point_must_be_an_open_fuse_descriptor() {
         ("/dev/fuse", "the descriptor is not mounted"),
     ] {
         use std::os::fd::AsRawFd;
-        use std::os::unix::process::CommandExt;
         let file = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
             .open(device)
             .unwrap();
-        let fd = file.as_raw_fd();
         let mut cmd = expressfs_command(emulator());
-        cmd.arg("--foreground")
-            .arg(&bucket)
-            .arg(format!("/dev/fd/{fd}"));
-        // SAFETY: only fcntl between fork and exec.
-        unsafe {
-            cmd.pre_exec(move || {
-                if libc::fcntl(fd, libc::F_SETFD, 0) == -1 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
-        let out = run(cmd);
+        cmd.stderr(Stdio::piped());
+        let out = spawn_with_descriptor(cmd, file.as_raw_fd(), &bucket)
+            .wait_with_output()
+            .unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(1), "{device}: {stderr}");
         assert!(stderr.contains(says), "{device}: {stderr}");
