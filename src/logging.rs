@@ -22,9 +22,10 @@ type Reload = Box<dyn Fn(EnvFilter) -> bool + Send + Sync>;
 
 static RELOAD: OnceLock<Reload> = OnceLock::new();
 
-/// The filter the daemon started with (`--debug`, `RUST_LOG`) and whether debug is forced on over it now.
+/// Whether the daemon started with `--debug`, and whether SIGUSR2 has switched the filter away from the one it
+/// started with (`--debug`, `RUST_LOG`): the next SIGUSR2 switches back.
 static STARTED_WITH_DEBUG: AtomicBool = AtomicBool::new(false);
-static FORCED: Mutex<Option<bool>> = Mutex::new(None);
+static SWITCHED: Mutex<bool> = Mutex::new(false);
 
 /// Installs the live subscriber's reload handle; later calls (a second `init`) are ignored, as `try_init` is.
 fn keep_reload<N, E, W>(
@@ -38,24 +39,23 @@ fn keep_reload<N, E, W>(
     let _ = RELOAD.set(Box::new(move |f| handle.reload(f).is_ok()));
 }
 
-/// SIGUSR2: debug logging on if it is off, back to the starting filter if it is on, without remounting (as
-/// mount-s3 does). Returns whether debug is on now, or None when no subscriber can be changed.
+/// SIGUSR2, without remounting: the opposite of `--debug` as the daemon started (debug for expressfs whatever
+/// `RUST_LOG` said, or info), and at the next signal the starting filter again. Returns whether debug is on
+/// now, or None when no subscriber can be changed.
 pub fn toggle_debug() -> Option<bool> {
     let reload = RELOAD.get()?;
-    let mut forced = FORCED.lock().unwrap_or_else(|e| e.into_inner());
+    let mut switched = SWITCHED.lock().unwrap_or_else(|e| e.into_inner());
     let started = STARTED_WITH_DEBUG.load(Ordering::Relaxed);
-    let debug_now = !forced.unwrap_or(started);
-    // On: debug for expressfs whatever RUST_LOG said; off: what the daemon started with.
-    let next = if debug_now == started {
+    let next = if *switched {
         filter(started)
     } else {
-        with_quiet_internals(EnvFilter::new(default_directives(debug_now)))
+        with_quiet_internals(EnvFilter::new(default_directives(!started)))
     };
     if !reload(next) {
         return None;
     }
-    *forced = (debug_now != started).then_some(debug_now);
-    Some(debug_now)
+    *switched = !*switched;
+    Some(started != *switched)
 }
 
 /// `RUST_LOG` wins when set; otherwise `--debug` selects debug for expressfs and warnings elsewhere.

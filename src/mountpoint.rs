@@ -24,14 +24,20 @@ impl MountTarget {
         let Some(rest) = path.to_str().and_then(|p| p.strip_prefix("/dev/fd/")) else {
             return Ok(MountTarget::Directory(path.to_path_buf()));
         };
-        match rest.parse::<RawFd>() {
+        // Digits only: `parse` alone would take "+3".
+        let number = rest
+            .bytes()
+            .all(|b| b.is_ascii_digit())
+            .then(|| rest.parse::<RawFd>().ok())
+            .flatten();
+        match number {
             // The daemon's standard streams: it points them at /dev/null when it detaches.
-            Ok(0..=2) if !rest.starts_with('+') => Err(format!(
+            Some(0..=2) => Err(format!(
                 "mount point {}: descriptors 0-2 are standard input, output and error; pass the FUSE descriptor as 3 or above",
                 path.display()
             )),
-            Ok(fd) if fd >= 3 && !rest.starts_with('+') => Ok(MountTarget::Descriptor(fd)),
-            _ => Err(format!(
+            Some(fd) => Ok(MountTarget::Descriptor(fd)),
+            None => Err(format!(
                 "mount point {}: a /dev/fd/ mount point must be /dev/fd/N, N the number of an open /dev/fuse descriptor",
                 path.display()
             )),
