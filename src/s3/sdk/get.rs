@@ -90,17 +90,22 @@ impl SdkClient {
             let drain = skip + want >= window.len;
             // Sized by what this answer can deliver, never by the caller's range alone (the object size may be
             // unknown: `Content-Range: bytes a-b/*`).
+            let mut body = Body::new(response.body, self.config.stall_timeout);
+            // All that was asked, in one chunk: no buffer of ours, no copy (small objects).
+            let first = if buf.is_none() && skip == 0 && want == end - offset {
+                match body.whole(want, drain).await {
+                    Ok(Some(bytes)) => return Ok(bytes),
+                    other => other.map(|_| ()),
+                }
+            } else {
+                Ok(())
+            };
             let out = buf.get_or_insert_with(|| crate::buffers::take(want as usize));
             let before = out.len();
-            let outcome = read_body(
-                response.body,
-                out,
-                skip,
-                want,
-                drain,
-                self.config.stall_timeout,
-            )
-            .await;
+            let outcome = match first {
+                Ok(()) => read_body(&mut body, out, skip, want, drain).await,
+                Err(e) => Err(e),
+            };
             let problem = match outcome {
                 Ok(()) if (out.len() - before) as u64 == want => None,
                 Ok(()) => Some(format!(
@@ -184,13 +189,19 @@ impl SdkClient {
             metadata: super::user_metadata(Some(&response.metadata)),
         };
         let want = window.len.min(len);
-        let mut buf = BytesMut::with_capacity(want as usize);
         let drain = want >= window.len;
-        let stall = self.config.stall_timeout;
-        let bytes = match read_body(response.body, &mut buf, 0, want, drain, stall).await {
-            Ok(()) if buf.len() as u64 == want => buf.freeze(),
-            // The body broke or failed its checksum: the resuming GET, pinned to this version, finishes it.
-            _ => self.get_range(key, 0..want, Some(&info.etag)).await?,
+        let mut body = Body::new(response.body, self.config.stall_timeout);
+        let bytes = match body.whole(want, drain).await {
+            Ok(Some(bytes)) => bytes,
+            Ok(None) => {
+                let mut buf = BytesMut::with_capacity(want as usize);
+                match read_body(&mut body, &mut buf, 0, want, drain).await {
+                    Ok(()) if buf.len() as u64 == want => buf.freeze(),
+                    // Broken or failed its checksum: the resuming GET, pinned to this version, finishes it.
+                    _ => self.get_range(key, 0..want, Some(&info.etag)).await?,
+                }
+            }
+            Err(_) => self.get_range(key, 0..want, Some(&info.etag)).await?,
         };
         Ok((info, bytes))
     }
@@ -299,21 +310,82 @@ fn etag_eq(a: &str, b: &str) -> bool {
     bare(a) == bare(b)
 }
 
+#[derive(Debug)]
 enum BodyError {
     ChecksumMismatch(String),
     Broken(String),
 }
 
+/// A GET's body as it streams in, with one chunk that can be put back. A body that sends nothing for its
+/// `stall` is broken (the SDK's stalled-stream protection does the same for its own GETs; GETs sent without
+/// the orchestrator have only this).
+struct Body {
+    stream: ByteStream,
+    put_back: Option<Bytes>,
+    stall: std::time::Duration,
+}
+
+impl Body {
+    fn new(stream: ByteStream, stall: std::time::Duration) -> Body {
+        Body {
+            stream,
+            put_back: None,
+            stall,
+        }
+    }
+
+    async fn next(&mut self) -> Result<Option<Bytes>, BodyError> {
+        if let Some(chunk) = self.put_back.take() {
+            return Ok(Some(chunk));
+        }
+        let Ok(next) = tokio::time::timeout(self.stall, self.stream.next()).await else {
+            return Err(BodyError::Broken(format!(
+                "no body bytes for {:?}",
+                self.stall
+            )));
+        };
+        match next {
+            None => Ok(None),
+            Some(Ok(chunk)) => Ok(Some(chunk)),
+            Some(Err(e)) => {
+                let detail = super::errors::describe(&e);
+                debug!(error = %detail, "GET body error");
+                Err(if is_checksum_mismatch(&e) {
+                    BodyError::ChecksumMismatch(detail)
+                } else {
+                    BodyError::Broken(detail)
+                })
+            }
+        }
+    }
+
+    /// The body's first `want` bytes when its first chunk is exactly those (a small object's answer, read by
+    /// one `recv`): handed on as they are, without a copy into a buffer of ours. With `drain`, the end of the
+    /// stream must follow, so that a checksum mismatch or a surplus found there is seen. `None` when the first
+    /// chunk is another size; it is put back for [`read_body`].
+    async fn whole(&mut self, want: u64, drain: bool) -> Result<Option<Bytes>, BodyError> {
+        let Some(first) = self.next().await? else {
+            return Ok(None);
+        };
+        if first.len() as u64 != want {
+            self.put_back = Some(first);
+            return Ok(None);
+        }
+        if drain {
+            read_body(self, &mut BytesMut::new(), 0, 0, true).await?;
+        }
+        Ok(Some(first))
+    }
+}
+
 /// Appends bytes `skip..skip + want` of the body to `out`. Stops once they are in unless `drain` asks to read
-/// to the end of the stream. A body that sends nothing for `stall` is broken (the SDK's stalled-stream
-/// protection does the same for its own GETs; GETs sent without the orchestrator have only this).
+/// to the end of the stream.
 async fn read_body(
-    mut body: ByteStream,
+    body: &mut Body,
     out: &mut BytesMut,
     skip: u64,
     want: u64,
     drain: bool,
-    stall: std::time::Duration,
 ) -> Result<(), BodyError> {
     let mut to_skip = skip;
     let mut to_take = want;
@@ -321,35 +393,21 @@ async fn read_body(
         if to_take == 0 && !drain {
             return Ok(());
         }
-        let Ok(next) = tokio::time::timeout(stall, body.next()).await else {
-            return Err(BodyError::Broken(format!("no body bytes for {stall:?}")));
+        let Some(mut chunk) = body.next().await? else {
+            return Ok(());
         };
-        match next {
-            None => return Ok(()),
-            Some(Ok(mut chunk)) => {
-                if to_skip > 0 {
-                    let n = to_skip.min(chunk.len() as u64);
-                    let _ = chunk.split_to(n as usize);
-                    to_skip -= n;
-                }
-                let n = to_take.min(chunk.len() as u64) as usize;
-                out.extend_from_slice(&chunk[..n]);
-                to_take -= n as u64;
-                if n < chunk.len() && drain {
-                    return Err(BodyError::Broken(
-                        "body longer than its Content-Length".into(),
-                    ));
-                }
-            }
-            Some(Err(e)) => {
-                let detail = super::errors::describe(&e);
-                debug!(error = %detail, "GET body error");
-                return Err(if is_checksum_mismatch(&e) {
-                    BodyError::ChecksumMismatch(detail)
-                } else {
-                    BodyError::Broken(detail)
-                });
-            }
+        if to_skip > 0 {
+            let n = to_skip.min(chunk.len() as u64);
+            let _ = chunk.split_to(n as usize);
+            to_skip -= n;
+        }
+        let n = to_take.min(chunk.len() as u64) as usize;
+        out.extend_from_slice(&chunk[..n]);
+        to_take -= n as u64;
+        if n < chunk.len() && drain {
+            return Err(BodyError::Broken(
+                "body longer than its Content-Length".into(),
+            ));
         }
     }
 }
@@ -438,18 +496,36 @@ mod tests {
         assert!(!etag_eq("\"abc\"", "\"abd\""));
     }
 
+    fn body_of(bytes: &'static [u8]) -> Body {
+        Body::new(
+            ByteStream::from(Bytes::from_static(bytes)),
+            std::time::Duration::from_secs(5),
+        )
+    }
+
+    /// A body of several chunks, as a large answer comes off the socket.
+    fn chunked(chunks: &[&'static [u8]]) -> Body {
+        let frames: Vec<Result<http_body::Frame<Bytes>, std::io::Error>> = chunks
+            .iter()
+            .map(|c| Ok(http_body::Frame::data(Bytes::from_static(c))))
+            .collect();
+        let body = http_body_util::StreamBody::new(futures::stream::iter(frames));
+        Body::new(
+            ByteStream::new(aws_smithy_types::body::SdkBody::from_body_1_x(body)),
+            std::time::Duration::from_secs(5),
+        )
+    }
+
     #[tokio::test]
     async fn read_body_skips_and_takes() {
-        let body = || ByteStream::from(Bytes::from_static(b"0123456789"));
         let mut out = BytesMut::new();
-        let stall = std::time::Duration::from_secs(5);
-        read_body(body(), &mut out, 2, 5, false, stall)
+        read_body(&mut body_of(b"0123456789"), &mut out, 2, 5, false)
             .await
             .ok()
             .unwrap();
         assert_eq!(&out[..], b"23456");
         let mut out = BytesMut::new();
-        read_body(body(), &mut out, 3, 7, true, stall)
+        read_body(&mut body_of(b"0123456789"), &mut out, 3, 7, true)
             .await
             .ok()
             .unwrap();
@@ -457,7 +533,37 @@ mod tests {
         // Draining a body that is longer than the window is an inconsistency.
         let mut out = BytesMut::new();
         assert!(matches!(
-            read_body(body(), &mut out, 0, 4, true, stall).await,
+            read_body(&mut body_of(b"0123456789"), &mut out, 0, 4, true).await,
+            Err(BodyError::Broken(_))
+        ));
+    }
+
+    #[tokio::test]
+    async fn a_body_in_one_chunk_is_handed_on_and_others_are_put_back() {
+        let source = Bytes::from_static(b"0123456789");
+        let mut body = Body::new(
+            ByteStream::from(source.clone()),
+            std::time::Duration::from_secs(5),
+        );
+        let whole = body.whole(10, true).await.ok().unwrap().unwrap();
+        // The very bytes of the chunk, not a copy of them.
+        assert_eq!(whole.as_ptr(), source.as_ptr());
+        assert_eq!(&whole[..], b"0123456789");
+
+        // A first chunk shorter than the window goes back, and nothing of the body is lost.
+        let mut body = chunked(&[b"0123", b"456789"]);
+        assert!(body.whole(10, true).await.ok().unwrap().is_none());
+        let mut out = BytesMut::new();
+        read_body(&mut body, &mut out, 0, 10, true)
+            .await
+            .ok()
+            .unwrap();
+        assert_eq!(&out[..], b"0123456789");
+
+        // A whole first chunk with more after it breaks the Content-Length: an error, not the bytes.
+        let mut body = chunked(&[b"0123456789", b"x"]);
+        assert!(matches!(
+            body.whole(10, true).await,
             Err(BodyError::Broken(_))
         ));
     }
