@@ -316,6 +316,11 @@ enum BodyError {
     Broken(String),
 }
 
+/// The least a body in one chunk must hold to be handed on without a copy. The chunk is a slice of the HTTP
+/// client's read buffer and keeps all of that buffer alive (up to about 400 KiB) while a reader holds it: a
+/// few KiB kept by an open file could pin a hundred times their size, and copying them costs next to nothing.
+const UNCOPIED_CHUNK_MIN: usize = 64 << 10;
+
 /// A GET's body as it streams in, with one chunk that can be put back. A body that sends nothing for its
 /// `stall` is broken (the SDK's stalled-stream protection does the same for its own GETs; GETs sent without
 /// the orchestrator have only this).
@@ -360,14 +365,14 @@ impl Body {
     }
 
     /// The body's first `want` bytes when its first chunk is exactly those (a small object's answer, read by
-    /// one `recv`): handed on as they are, without a copy into a buffer of ours. With `drain`, the end of the
-    /// stream must follow, so that a checksum mismatch or a surplus found there is seen. `None` when the first
-    /// chunk is another size; it is put back for [`read_body`].
+    /// one `recv`) and at least [`UNCOPIED_CHUNK_MIN`]: handed on as they are, without a copy into a buffer of
+    /// ours. With `drain`, the end of the stream must follow, so that a checksum mismatch or a surplus found
+    /// there is seen. `None` otherwise; the first chunk is then put back for [`read_body`].
     async fn whole(&mut self, want: u64, drain: bool) -> Result<Option<Bytes>, BodyError> {
         let Some(first) = self.next().await? else {
             return Ok(None);
         };
-        if first.len() as u64 != want {
+        if first.len() as u64 != want || first.len() < UNCOPIED_CHUNK_MIN {
             self.put_back = Some(first);
             return Ok(None);
         }
@@ -540,18 +545,18 @@ mod tests {
 
     #[tokio::test]
     async fn a_body_in_one_chunk_is_handed_on_and_others_are_put_back() {
-        let source = Bytes::from_static(b"0123456789");
-        let mut body = Body::new(
-            ByteStream::from(source.clone()),
-            std::time::Duration::from_secs(5),
-        );
-        let whole = body.whole(10, true).await.ok().unwrap().unwrap();
+        let source = Bytes::from(vec![7u8; UNCOPIED_CHUNK_MIN]);
+        let stream = || ByteStream::from(source.clone());
+        let stall = std::time::Duration::from_secs(5);
+        let mut body = Body::new(stream(), stall);
+        let want = UNCOPIED_CHUNK_MIN as u64;
+        let whole = body.whole(want, true).await.ok().unwrap().unwrap();
         // The very bytes of the chunk, not a copy of them.
         assert_eq!(whole.as_ptr(), source.as_ptr());
-        assert_eq!(&whole[..], b"0123456789");
+        assert_eq!(whole.len(), UNCOPIED_CHUNK_MIN);
 
-        // A first chunk shorter than the window goes back, and nothing of the body is lost.
-        let mut body = chunked(&[b"0123", b"456789"]);
+        // A small chunk is copied instead, so that it does not keep a whole read buffer alive.
+        let mut body = body_of(b"0123456789");
         assert!(body.whole(10, true).await.ok().unwrap().is_none());
         let mut out = BytesMut::new();
         read_body(&mut body, &mut out, 0, 10, true)
@@ -560,10 +565,21 @@ mod tests {
             .unwrap();
         assert_eq!(&out[..], b"0123456789");
 
+        // A first chunk shorter than the window goes back, and nothing of the body is lost.
+        static BIG: [u8; UNCOPIED_CHUNK_MIN] = [1; UNCOPIED_CHUNK_MIN];
+        let mut body = chunked(&[&BIG[..1000], &BIG[1000..]]);
+        assert!(body.whole(want, true).await.ok().unwrap().is_none());
+        let mut out = BytesMut::new();
+        read_body(&mut body, &mut out, 0, want, true)
+            .await
+            .ok()
+            .unwrap();
+        assert_eq!(&out[..], &BIG[..]);
+
         // A whole first chunk with more after it breaks the Content-Length: an error, not the bytes.
-        let mut body = chunked(&[b"0123456789", b"x"]);
+        let mut body = chunked(&[&BIG, b"x"]);
         assert!(matches!(
-            body.whole(10, true).await,
+            body.whole(want, true).await,
             Err(BodyError::Broken(_))
         ));
     }
