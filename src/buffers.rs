@@ -33,10 +33,17 @@ pub fn take(capacity: usize) -> BytesMut {
     POOL.take(capacity)
 }
 
-/// How many buffers have been asked for since the process started: a clock of the read and write paths'
-/// traffic, which [`crate::idle`] watches to tell an idle mount.
+/// How many buffers have been asked for since the process started, answers that needed none included
+/// ([`count_unpooled`]): a clock of the read and write paths' traffic, which [`crate::idle`] watches to tell
+/// an idle mount.
 pub fn taken() -> u64 {
     POOL.taken.load(Ordering::Relaxed)
+}
+
+/// Counts, on the traffic clock, an answer handed on without a buffer of ours (a small GET body kept as the
+/// HTTP client's chunk): a mount reading only small files is busy, not idle.
+pub fn count_unpooled() {
+    POOL.taken.fetch_add(1, Ordering::Relaxed);
 }
 
 /// Frees every spare buffer; returns how many bytes of capacity that was. For an idle mount, whose pool would

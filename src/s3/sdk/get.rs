@@ -379,6 +379,7 @@ impl Body {
         if drain {
             read_body(self, &mut BytesMut::new(), 0, 0, true).await?;
         }
+        crate::buffers::count_unpooled();
         Ok(Some(first))
     }
 }
@@ -550,10 +551,13 @@ mod tests {
         let stall = std::time::Duration::from_secs(5);
         let mut body = Body::new(stream(), stall);
         let want = UNCOPIED_CHUNK_MIN as u64;
+        let traffic = crate::buffers::taken();
         let whole = body.whole(want, true).await.ok().unwrap().unwrap();
         // The very bytes of the chunk, not a copy of them.
         assert_eq!(whole.as_ptr(), source.as_ptr());
         assert_eq!(whole.len(), UNCOPIED_CHUNK_MIN);
+        // Traffic all the same, for the idle watch.
+        assert!(crate::buffers::taken() > traffic);
 
         // A small chunk is copied instead, so that it does not keep a whole read buffer alive.
         let mut body = body_of(b"0123456789");
