@@ -88,8 +88,6 @@ impl SdkClient {
             // Read to the end of the body when our window reaches it, so a checksum mismatch detected at the
             // end of the stream is seen; stop early only if the server sent more than we need.
             let drain = skip + want >= window.len;
-            // Sized by what this answer can deliver, never by the caller's range alone (the object size may be
-            // unknown: `Content-Range: bytes a-b/*`).
             let mut body = Body::new(response.body, self.config.stall_timeout);
             // All that was asked, in one chunk: no buffer of ours, no copy (small objects).
             let first = if buf.is_none() && skip == 0 && want == end - offset {
@@ -100,6 +98,8 @@ impl SdkClient {
             } else {
                 Ok(())
             };
+            // Sized by what this answer can deliver, never by the caller's range alone (the object size may be
+            // unknown: `Content-Range: bytes a-b/*`).
             let out = buf.get_or_insert_with(|| crate::buffers::take(want as usize));
             let before = out.len();
             let outcome = match first {
@@ -310,7 +310,6 @@ fn etag_eq(a: &str, b: &str) -> bool {
     bare(a) == bare(b)
 }
 
-#[derive(Debug)]
 enum BodyError {
     ChecksumMismatch(String),
     Broken(String),
