@@ -191,17 +191,10 @@ impl SdkClient {
         let want = window.len.min(len);
         let drain = want >= window.len;
         let mut body = Body::new(response.body, self.config.stall_timeout);
-        let bytes = match body.whole(want, drain).await {
-            Ok(Some(bytes)) => bytes,
-            Ok(None) => {
-                let mut buf = BytesMut::with_capacity(want as usize);
-                match read_body(&mut body, &mut buf, 0, want, drain).await {
-                    Ok(()) if buf.len() as u64 == want => buf.freeze(),
-                    // Broken or failed its checksum: the resuming GET, pinned to this version, finishes it.
-                    _ => self.get_range(key, 0..want, Some(&info.etag)).await?,
-                }
-            }
-            Err(_) => self.get_range(key, 0..want, Some(&info.etag)).await?,
+        let bytes = match body.all(want, drain).await {
+            Some(bytes) => bytes,
+            // Broken or failed its checksum: the resuming GET, pinned to this version, finishes it.
+            None => self.get_range(key, 0..want, Some(&info.etag)).await?,
         };
         Ok((info, bytes))
     }
@@ -380,6 +373,17 @@ impl Body {
         }
         crate::buffers::count_unpooled();
         Ok(Some(first))
+    }
+
+    /// All of the body's first `want` bytes: as one chunk when [`Body::whole`] can hand it on, else copied into
+    /// a buffer of their size. None when the body broke, ended short or failed its checksum.
+    async fn all(&mut self, want: u64, drain: bool) -> Option<Bytes> {
+        if let Some(bytes) = self.whole(want, drain).await.ok()? {
+            return Some(bytes);
+        }
+        let mut buf = BytesMut::with_capacity(want as usize);
+        read_body(self, &mut buf, 0, want, drain).await.ok()?;
+        (buf.len() as u64 == want).then(|| buf.freeze())
     }
 }
 
