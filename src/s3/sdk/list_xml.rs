@@ -22,6 +22,47 @@ enum At {
     CommonPrefixes,
 }
 
+/// The element names from the root down. Each depth keeps its buffer from one element to the next, so a page of
+/// 1,000 entries costs no allocation per element.
+#[derive(Default)]
+struct ElementPath {
+    names: Vec<Vec<u8>>,
+    depth: usize,
+}
+
+impl ElementPath {
+    fn push(&mut self, name: &[u8]) {
+        if self.depth == self.names.len() {
+            self.names.push(Vec::new());
+        }
+        let slot = &mut self.names[self.depth];
+        slot.clear();
+        slot.extend_from_slice(name);
+        self.depth += 1;
+    }
+
+    fn pop(&mut self) {
+        self.depth = self.depth.saturating_sub(1);
+    }
+
+    fn len(&self) -> usize {
+        self.depth
+    }
+
+    fn is_empty(&self) -> bool {
+        self.depth == 0
+    }
+
+    /// The innermost element's name; empty at the root.
+    fn last(&self) -> &[u8] {
+        self.depth.checked_sub(1).map_or(&[], |i| &self.names[i])
+    }
+}
+
+/// Entries a page is made room for when its KeyCount comes before them (as S3 and the emulator send it): at
+/// most what one page may hold, whatever a broken answer claims.
+const MOST_KEYS_PER_PAGE: usize = 1000;
+
 #[derive(Default)]
 struct Entry {
     key: Option<String>,
@@ -34,7 +75,7 @@ pub(super) fn parse_list_page(body: &[u8]) -> Result<ListPage, ClientError> {
     let malformed = |what: String| ClientError::Malformed(format!("ListObjectsV2 answer: {what}"));
     let mut reader = Reader::from_reader(body);
     // Element names from the root down, and the text of the innermost one so far.
-    let mut path: Vec<Vec<u8>> = Vec::new();
+    let mut path = ElementPath::default();
     let mut text = String::new();
     let mut at = At::Root;
     let mut entry = Entry::default();
@@ -52,15 +93,16 @@ pub(super) fn parse_list_page(body: &[u8]) -> Result<ListPage, ClientError> {
                 if root_closed {
                     return Err(malformed("content after the root element".into()));
                 }
-                let name = e.local_name().as_ref().to_vec();
+                let local = e.local_name();
+                let name = local.as_ref();
                 if path.is_empty() && name != b"ListBucketResult" {
                     return Err(malformed(format!(
                         "root element {:?}, not ListBucketResult",
-                        String::from_utf8_lossy(&name)
+                        String::from_utf8_lossy(name)
                     )));
                 }
                 if path.len() == 1 {
-                    at = match name.as_slice() {
+                    at = match name {
                         b"Contents" => {
                             entry = Entry::default();
                             At::Contents
@@ -86,7 +128,7 @@ pub(super) fn parse_list_page(body: &[u8]) -> Result<ListPage, ClientError> {
                     }
                 }
                 text.clear();
-                path.push(e.local_name().as_ref().to_vec());
+                path.push(e.local_name().as_ref());
                 let done = element_ended(&path, at, "", &mut entry, &mut prefixes, &mut end);
                 done.map_err(malformed)?;
                 path.pop();
@@ -95,8 +137,13 @@ pub(super) fn parse_list_page(body: &[u8]) -> Result<ListPage, ClientError> {
             Event::CData(c) => text.push_str(&c.decode().map_err(|e| malformed(e.to_string()))?),
             Event::GeneralRef(r) => text.push(resolve(&r).map_err(malformed)?),
             Event::End(_) => {
+                let counted_before = end.key_count.is_some();
                 element_ended(&path, at, &text, &mut entry, &mut prefixes, &mut end)
                     .map_err(malformed)?;
+                if let (false, Some(count)) = (counted_before, end.key_count) {
+                    let expected = usize::try_from(count).unwrap_or(0).min(MOST_KEYS_PER_PAGE);
+                    objects.reserve(expected.saturating_sub(objects.len()));
+                }
                 if path.len() == 2 {
                     match at {
                         At::Contents => {
@@ -154,15 +201,14 @@ struct PageEnd {
 
 /// The element at the end of `path` closed with `text`: keeps what it says.
 fn element_ended(
-    path: &[Vec<u8>],
+    path: &ElementPath,
     at: At,
     text: &str,
     entry: &mut Entry,
     prefixes: &mut Vec<String>,
     page: &mut PageEnd,
 ) -> Result<(), String> {
-    let name = path.last().map_or(&[][..], Vec::as_slice);
-    match (path.len(), at, name) {
+    match (path.len(), at, path.last()) {
         (2, _, b"IsTruncated") => {
             page.is_truncated = Some(match text.trim() {
                 "true" => true,
@@ -273,6 +319,26 @@ mod tests {
         let empty =
             page("<Prefix/><KeyCount>0</KeyCount><IsTruncated>false</IsTruncated>").unwrap();
         assert!(empty.objects.is_empty() && empty.common_prefixes.is_empty());
+    }
+
+    #[test]
+    fn a_key_count_makes_room_for_one_page_at_most() {
+        // Room for the entries when the count comes first, as S3 sends it.
+        let listed = page(
+            "<KeyCount>3</KeyCount><IsTruncated>false</IsTruncated>\
+             <Contents><Key>a</Key></Contents><Contents><Key>b</Key></Contents>\
+             <CommonPrefixes><Prefix>c/</Prefix></CommonPrefixes>",
+        )
+        .unwrap();
+        assert_eq!(listed.objects.len(), 2);
+        assert!(listed.objects.capacity() >= 3);
+        // A count no page can hold is not allocated for (it would abort the daemon): the page is refused for
+        // the mismatch, as before.
+        let claimed = page(&format!(
+            "<KeyCount>{}</KeyCount><IsTruncated>false</IsTruncated><Contents><Key>a</Key></Contents>",
+            i64::MAX
+        ));
+        assert!(matches!(claimed, Err(ClientError::Malformed(_))));
     }
 
     #[test]
