@@ -13,6 +13,9 @@ python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || need_apt+=(python3-venv)
 command -v cc >/dev/null 2>&1 || need_apt+=(build-essential)
 command -v pkg-config >/dev/null 2>&1 || need_apt+=(pkg-config)
 command -v mount >/dev/null 2>&1 || need_apt+=(mount)
+# The Rust integration tests drive rsync through mounts (tests/attributes.rs) and read sockets with ss.
+command -v rsync >/dev/null 2>&1 || need_apt+=(rsync)
+command -v ss >/dev/null 2>&1 || need_apt+=(iproute2)
 if [ ${#need_apt[@]} -gt 0 ] || [ "${EXPRESSFS_APT_UPDATE:-0}" = 1 ]; then
   echo "setup: apt-get install ${need_apt[*]:-(update only)}"
   $SUDO apt-get update -qq
