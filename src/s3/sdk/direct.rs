@@ -231,7 +231,15 @@ impl Direct {
         };
         let stall = sdk.config.stall_timeout;
         self.send(sdk, &request, |response| async move {
-            let body = whole_body(response.into_body(), stall, MOST_LISTING_BYTES).await?;
+            // Room for the whole page at once: grown by doubling, a page of 1,000 keys (about 250 KB) went
+            // through several big blocks, each on fresh pages.
+            let announced = response
+                .headers()
+                .get("content-length")
+                .and_then(|v| v.parse::<usize>().ok())
+                .unwrap_or(0);
+            let body =
+                whole_body(response.into_body(), stall, MOST_LISTING_BYTES, announced).await?;
             super::list_xml::parse_list_page(&body)
         })
         .await
@@ -733,9 +741,16 @@ const MOST_LISTING_BYTES: usize = 16 << 20;
 
 /// A 2xx answer's body, whole. A body that breaks or stalls for `stall` is a transient failure: the request
 /// is sent again. One longer than `most` is not an answer we asked for, and is not read further.
-async fn whole_body(body: SdkBody, stall: Duration, most: usize) -> Result<Vec<u8>, ClientError> {
+/// The whole of `body`, at most `most` bytes; room for `announced` of them (the answer's Content-Length, if it
+/// gave one) is made first, never more than `most`.
+async fn whole_body(
+    body: SdkBody,
+    stall: Duration,
+    most: usize,
+    announced: usize,
+) -> Result<Vec<u8>, ClientError> {
     let mut stream = ByteStream::new(body);
-    let mut out = Vec::new();
+    let mut out = Vec::with_capacity(announced.min(most));
     loop {
         let broken = |detail: String| ClientError::Transient {
             code: "BodyInterrupted".into(),
@@ -1115,9 +1130,14 @@ mod tests {
     async fn a_body_is_read_whole_up_to_a_bound() {
         let stall = Duration::from_secs(5);
         let body = || SdkBody::from(vec![b'x'; 1000]);
-        assert_eq!(whole_body(body(), stall, 1000).await.unwrap().len(), 1000);
+        assert_eq!(
+            whole_body(body(), stall, 1000, 1000).await.unwrap().len(),
+            1000
+        );
+        // A Content-Length beyond the bound is not made room for (usize::MAX would abort), and the body is
+        // refused once it passes the bound.
         assert!(matches!(
-            whole_body(body(), stall, 999).await,
+            whole_body(body(), stall, 999, usize::MAX).await,
             Err(ClientError::Malformed(_))
         ));
     }
