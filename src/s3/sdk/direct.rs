@@ -231,15 +231,7 @@ impl Direct {
         };
         let stall = sdk.config.stall_timeout;
         self.send(sdk, &request, |response| async move {
-            // Room for the whole page at once: grown by doubling, a page of 1,000 keys (about 250 KB) went
-            // through several big blocks, each on fresh pages.
-            let announced = response
-                .headers()
-                .get("content-length")
-                .and_then(|v| v.parse::<usize>().ok())
-                .unwrap_or(0);
-            let body =
-                whole_body(response.into_body(), stall, MOST_LISTING_BYTES, announced).await?;
+            let body = whole_body(response, stall, MOST_LISTING_BYTES).await?;
             super::list_xml::parse_list_page(&body)
         })
         .await
@@ -740,16 +732,20 @@ fn list_url(
 const MOST_LISTING_BYTES: usize = 16 << 20;
 
 /// A 2xx answer's body, whole. A body that breaks or stalls for `stall` is a transient failure: the request
-/// is sent again. One longer than `most` is not an answer we asked for, and is not read further.
-/// The whole of `body`, at most `most` bytes; room for `announced` of them (the answer's Content-Length, if it
-/// gave one) is made first, never more than `most`.
+/// is sent again. One longer than `most` is not an answer we asked for, and is not read further. Room for the
+/// Content-Length it announces (never more than `most`) is made at once: grown by doubling, a listing page of
+/// about 250 KB went through several big blocks, each on fresh pages. The length is only a size hint here.
 async fn whole_body(
-    body: SdkBody,
+    response: HttpResponse,
     stall: Duration,
     most: usize,
-    announced: usize,
 ) -> Result<Vec<u8>, ClientError> {
-    let mut stream = ByteStream::new(body);
+    let announced = response
+        .headers()
+        .get("content-length")
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .unwrap_or(0);
+    let mut stream = ByteStream::new(response.into_body());
     let mut out = Vec::with_capacity(announced.min(most));
     loop {
         let broken = |detail: String| ClientError::Transient {
@@ -1129,15 +1125,21 @@ mod tests {
     #[tokio::test]
     async fn a_body_is_read_whole_up_to_a_bound() {
         let stall = Duration::from_secs(5);
-        let body = || SdkBody::from(vec![b'x'; 1000]);
+        let body = |announced: usize| {
+            let mut response = HttpResponse::new(200.try_into().unwrap(), vec![b'x'; 1000].into());
+            response
+                .headers_mut()
+                .insert("content-length", announced.to_string());
+            response
+        };
         assert_eq!(
-            whole_body(body(), stall, 1000, 1000).await.unwrap().len(),
+            whole_body(body(1000), stall, 1000).await.unwrap().len(),
             1000
         );
         // A Content-Length beyond the bound is not made room for (usize::MAX would abort), and the body is
         // refused once it passes the bound.
         assert!(matches!(
-            whole_body(body(), stall, 999, usize::MAX).await,
+            whole_body(body(usize::MAX), stall, 999).await,
             Err(ClientError::Malformed(_))
         ));
     }

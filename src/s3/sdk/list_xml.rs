@@ -137,10 +137,9 @@ pub(super) fn parse_list_page(body: &[u8]) -> Result<ListPage, ClientError> {
             Event::CData(c) => text.push_str(&c.decode().map_err(|e| malformed(e.to_string()))?),
             Event::GeneralRef(r) => text.push(resolve(&r).map_err(malformed)?),
             Event::End(_) => {
-                let counted_before = end.key_count.is_some();
                 element_ended(&path, at, &text, &mut entry, &mut prefixes, &mut end)
                     .map_err(malformed)?;
-                if let (false, Some(count)) = (counted_before, end.key_count) {
+                if let (2, b"KeyCount", Some(count)) = (path.len(), path.last(), end.key_count) {
                     let expected = usize::try_from(count).unwrap_or(0).min(MOST_KEYS_PER_PAGE);
                     objects.reserve(expected.saturating_sub(objects.len()));
                 }
