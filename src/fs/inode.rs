@@ -6,6 +6,10 @@
 use std::collections::{HashMap, VecDeque};
 use std::time::{Instant, SystemTime};
 
+mod child_names;
+
+use child_names::ChildNames;
+
 use super::attrs::StoredAttrs;
 use super::names;
 use crate::s3::UserMetadata;
@@ -411,7 +415,7 @@ impl Node {
 
 pub struct InodeTable {
     nodes: HashMap<u64, Node>,
-    children: HashMap<(u64, String), u64>,
+    children: ChildNames,
     next: u64,
 }
 
@@ -428,7 +432,7 @@ impl InodeTable {
         root.lookups = 1;
         InodeTable {
             nodes: HashMap::from([(ROOT_INO, root)]),
-            children: HashMap::new(),
+            children: ChildNames::default(),
             next: ROOT_INO + 1,
         }
     }
@@ -443,8 +447,8 @@ impl InodeTable {
 
     pub fn child(&self, parent: u64, name: &str) -> Option<&Node> {
         self.children
-            .get(&(parent, name.to_string()))
-            .and_then(|ino| self.nodes.get(ino))
+            .get(parent, name)
+            .and_then(|ino| self.nodes.get(&ino))
     }
 
     /// Records that `parent/name` exists with `kind` and `stat`, as the bucket said in answer to a request
@@ -458,8 +462,7 @@ impl InodeTable {
         expires: Instant,
         observed: Instant,
     ) -> u64 {
-        let slot = (parent, name.to_string());
-        if let Some(&ino) = self.children.get(&slot) {
+        if let Some(ino) = self.children.get(parent, name) {
             if let Some(node) = self.nodes.get_mut(&ino)
                 && node.kind == kind
             {
@@ -484,7 +487,7 @@ impl InodeTable {
         node.stat_at = observed;
         node.expires = expires;
         self.nodes.insert(ino, node);
-        self.children.insert(slot, ino);
+        self.children.insert(parent, name, ino);
         ino
     }
 
@@ -492,7 +495,7 @@ impl InodeTable {
     /// failed: an upload whose answer was lost may have landed all the same, so `parent` is listed anew
     /// ([`Self::doubt_names`]) rather than trusted to lack the name.
     pub fn detach_if(&mut self, parent: u64, name: &str, ino: u64) -> bool {
-        let stands = self.children.get(&(parent, name.to_string())) == Some(&ino);
+        let stands = self.children.get(parent, name) == Some(ino);
         if stands {
             self.detach(parent, name);
             self.doubt_names(parent);
@@ -504,7 +507,7 @@ impl InodeTable {
     /// bucket no longer has it (deleted, moved away, found missing) or another node takes it. A caller that
     /// cannot say so calls [`Self::doubt_names`] too.
     pub fn detach(&mut self, parent: u64, name: &str) -> Option<u64> {
-        let ino = self.children.remove(&(parent, name.to_string()))?;
+        let ino = self.children.remove(parent, name)?;
         self.let_go(parent, name, ino);
         if self
             .nodes
@@ -532,14 +535,14 @@ impl InodeTable {
         };
         node.lookups = node.lookups.saturating_sub(n);
         if node.lookups == 0 && !node.is_being_written() {
-            let slot = (node.parent, node.name.clone());
+            let parent = node.parent;
             // Only drop the name if it still points at this node, so cached listings keep other nodes.
-            let named = self.children.get(&slot) == Some(&ino);
+            let named = self.children.get(parent, &node.name) == Some(ino);
             if !named || node.expires <= Instant::now() {
                 if named {
-                    self.children.remove(&slot);
+                    self.children.remove(parent, &node.name);
                     // The name may still exist in the bucket: its directory no longer has every name.
-                    self.doubt_names(slot.0);
+                    self.doubt_names(parent);
                 }
                 self.nodes.remove(&ino);
             }
@@ -616,8 +619,8 @@ impl InodeTable {
         listed.all(|(name, kind)| {
             let in_table = self
                 .children
-                .get(&(dir, name.to_string()))
-                .and_then(|ino| self.nodes.get(ino))
+                .get(dir, name)
+                .and_then(|ino| self.nodes.get(&ino))
                 .is_some_and(|n| n.kind == kind);
             in_table
                 || d.let_go
@@ -637,23 +640,22 @@ impl InodeTable {
     /// Children known locally (made by mkdir or being written) that a listing of the bucket will not show.
     pub fn local_children(&self, parent: u64) -> Vec<(String, u64, Kind)> {
         self.children
-            .iter()
-            .filter(|((p, _), _)| *p == parent)
-            .filter_map(|((_, name), ino)| {
-                let n = self.nodes.get(ino)?;
-                n.is_pending().then(|| (name.clone(), *ino, n.kind))
+            .of(parent)
+            .filter_map(|(name, ino)| {
+                let n = self.nodes.get(&ino)?;
+                n.is_pending().then(|| (name.to_string(), ino, n.kind))
             })
             .collect()
     }
 
     /// Names cached under `parent` (for emptiness checks of local directories).
     pub fn has_children(&self, parent: u64) -> bool {
-        self.children.keys().any(|(p, _)| *p == parent)
+        self.children.any_in(parent)
     }
 
     /// Moves the name `parent/name` to `new_parent/new_name`, replacing what was there.
     pub fn rename(&mut self, parent: u64, name: &str, new_parent: u64, new_name: &str) {
-        let Some(ino) = self.children.remove(&(parent, name.to_string())) else {
+        let Some(ino) = self.children.remove(parent, name) else {
             // The bucket has the new name, and no node here stands for it.
             self.doubt_names(new_parent);
             return;
@@ -670,8 +672,7 @@ impl InodeTable {
             n.name = new_name.to_string();
             n.key = n.kind.key(&parent_key, new_name);
         }
-        self.children
-            .insert((new_parent, new_name.to_string()), ino);
+        self.children.insert(new_parent, new_name, ino);
     }
 
     /// A file under the key prefix `prefix` is being written (its bytes are not all in the bucket).
