@@ -101,13 +101,11 @@ const HUGE_PAGE: usize = 2 * 1024 * 1024;
 /// may compact memory to find a huge page), and a failure changes nothing but the cost.
 fn fresh(capacity: usize) -> BytesMut {
     let buf = BytesMut::with_capacity(capacity);
-    if capacity >= HUGE_PAGE {
-        advise_huge_pages(buf.as_ptr() as usize, buf.capacity());
-    }
+    advise_huge_pages(buf.as_ptr() as usize, buf.capacity());
     buf
 }
 
-/// Asks for huge pages on the whole 2 MiB stretches of `start..start + len`.
+/// Asks for huge pages on the whole 2 MiB stretches of `start..start + len`, if it has any.
 fn advise_huge_pages(start: usize, len: usize) {
     let Some(stretches) = whole_huge_pages(start, len) else {
         return;

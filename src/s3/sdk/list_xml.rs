@@ -119,16 +119,18 @@ pub(super) fn parse_list_page(body: &[u8]) -> Result<ListPage, ClientError> {
                 if path.is_empty() {
                     return Err(malformed("empty root element".into()));
                 }
+                let local = e.local_name();
+                let name = local.as_ref();
                 if path.len() == 1 {
                     // As the SDK reads them: an empty entry has no key, an empty prefix entry still counts.
-                    match e.local_name().as_ref() {
+                    match name {
                         b"Contents" => return Err(malformed("entry without a key".into())),
                         b"CommonPrefixes" => entries += 1,
                         _ => {}
                     }
                 }
                 text.clear();
-                path.push(e.local_name().as_ref());
+                path.push(name);
                 let done = element_ended(&path, at, "", &mut entry, &mut prefixes, &mut end);
                 done.map_err(malformed)?;
                 path.pop();
