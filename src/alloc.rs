@@ -1,7 +1,7 @@
 //! The daemon's allocator: mimalloc for small blocks, the system's (glibc) for big ones.
 //!
 //! Per file read, the daemon makes many small allocations (the SDK's request, headers, futures, the FUSE
-//! reply): glibc's malloc with the two arenas `main.rs` limits it to was about 16% of the daemon's CPU
+//! reply): glibc's malloc, then held to two arenas by `main.rs`, was about 16% of the daemon's CPU
 //! in the small-file probe, and mimalloc's per-thread heaps cut the daemon's CPU per file by about a tenth
 //! (docs/BENCHMARKS.md). Big buffers (read-ahead windows, upload parts) stay with glibc: `memory.rs` tunes
 //! how glibc gives them back, and under mimalloc alone freed multi-MiB buffers stayed resident (a 64 MiB
