@@ -243,7 +243,7 @@ impl Writer {
 
     /// Once a file has sent a part, each next part gets one allocation of the whole part size: grown by
     /// doubling, every part would be copied several times and leave freed blocks of every size in the malloc
-    /// arenas of the FUSE threads. The first part grows as it fills, so a small file never holds a part.
+    /// heap. The first part grows as it fills, so a small file never holds a part.
     fn reserve_part(&mut self, incoming: usize) {
         let needed = self.buffer.len() + incoming;
         if self.multipart.is_none() || needed <= self.buffer.capacity() {
