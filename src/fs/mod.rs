@@ -206,7 +206,7 @@ pub struct S3Filesystem {
     direct_io_for_big_files: AtomicBool,
     /// What `expressfs warm` fetches at once, all files together: one read-ahead window.
     keep_budget: read::KeepBudget,
-    /// What readers fetch ahead past two parts each, all together: one read-ahead window.
+    /// What all readers fetch ahead together: one read-ahead window (one part each at least).
     read_ahead: Arc<read_ahead::ReadAheadShare>,
     /// First opens' preloads not stored yet: another open or a truncation of the inode voids them.
     preloads: preload::Preloads,

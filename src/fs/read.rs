@@ -2,8 +2,10 @@
 //!
 //! A reader that continues where it stopped gets chunks fetched ahead: the window starts at
 //! [`INITIAL_WINDOW`] (a small file or the first bytes of a big one come back fast) and doubles with every
-//! sequential read that had to wait for its bytes, up to `max_window`, in GETs of at most `part_size`: it
-//! settles where the bytes arrive just in time, which on a fast link is far below the maximum. A read that
+//! sequential read that had to wait for its bytes, up to `max_window`, in GETs of half a window (at least the
+//! initial window, at most `part_size`), so that one GET lands while the next is read: it settles where the
+//! bytes arrive just in time, which on a fast link is far below the maximum. The windows of all readers of a
+//! mount count against one share (`read_ahead`), past a floor of one part each. A read that
 //! jumps elsewhere drops the window and fetches just what it asks for (at least [`MIN_RANDOM_FETCH`]):
 //! random access wastes no read-ahead. Prefetched chunks are held against the global [`MemoryBudget`]; when it is spent the window
 //! stops growing. Every GET carries If-Match, so a replaced object yields an error, never a mix of bytes.
@@ -140,13 +142,14 @@ impl Reader {
         }
     }
 
-    /// Grows its window past two parts only as far as `share`, which all readers of the mount draw on, allows.
+    /// Counts its window in `share`, which all readers of the mount draw on: past one part, it grows only as
+    /// far as the share allows.
     pub fn sharing_read_ahead(mut self, share: Arc<ReadAheadShare>) -> Reader {
         debug_assert!(
-            self.window <= 2 * self.part_size,
+            self.window <= self.part_size,
             "a window already past the floor would not be counted"
         );
-        self.grant = WindowGrant::from_share(share, 2 * self.part_size);
+        self.grant = WindowGrant::from_share(share, self.part_size);
         self
     }
 
@@ -292,7 +295,9 @@ impl Reader {
     /// the rest only while the memory budget allows; a refusal shrinks the window.
     fn prefetch(&mut self, needed: u64, target: u64) {
         while self.next_fetch < target {
-            let chunk_len = self.window.min(self.part_size);
+            // Half a window per GET: at a reader's floor (one part) two GETs are in flight in parts of half
+            // the size, which holds half the memory of whole parts for the same overlap.
+            let chunk_len = (self.window / 2).clamp(self.initial_window, self.part_size);
             let chunk_end = (self.next_fetch + chunk_len).min(self.size);
             let bytes = chunk_end - self.next_fetch;
             let memory = if self.next_fetch < needed {
@@ -341,11 +346,12 @@ impl Reader {
         let remainder_of_random = continues && covered && !self.streaming && offset > 0;
         let sequential = (continues || near_stream) && !remainder_of_random;
         if sequential {
-            // Keep one part behind the reader for reads that arrive late.
+            // Keep what lies within the reorder slack behind the reader, for reads that arrive late (a late
+            // read further back is served on the side, above).
             while self
                 .chunks
                 .front()
-                .is_some_and(|c| c.end + self.part_size <= offset)
+                .is_some_and(|c| c.end + REORDER_SLACK <= offset)
             {
                 self.chunks.pop_front();
             }
@@ -637,15 +643,15 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn readers_of_one_mount_grow_past_two_parts_only_within_its_share() {
+    async fn readers_of_one_mount_grow_past_one_part_only_within_its_share() {
         let mib = 1024 * 1024;
         let data = pattern(24 * mib);
-        let share = ReadAheadShare::new(4 * mib as u64);
+        let share = ReadAheadShare::new(6 * mib as u64);
         let mut readers = Vec::new();
         for _ in 0..3 {
             let (_, r) = reader(
                 data.clone(),
-                mib as u64,
+                2 * mib as u64,
                 16 * mib as u64,
                 MemoryBudget::unlimited(),
             )
@@ -659,38 +665,71 @@ mod tests {
                 assert_eq!(&got[..], &data[pos..pos + mib]);
             }
         }
-        // On this current-thread runtime every other read finds its GET not run yet and waits: without the
-        // share, twelve reads double the window to its 16 MiB maximum.
+        // On this current-thread runtime reads find their GETs not run yet and wait: without the share, twelve
+        // reads double the window to its 16 MiB maximum.
         read_through(&mut readers[0], &data, 0, 12 * mib).await;
-        assert_eq!(
-            readers[0].window,
-            4 * mib as u64,
-            "two parts, and 2 MiB from the share"
-        );
+        assert_eq!(readers[0].window, 4 * mib as u64, "8 MiB would not fit");
+        assert_eq!(share.granted(), 4 * mib as u64);
         read_through(&mut readers[1], &data, 0, 12 * mib).await;
-        assert_eq!(readers[1].window, 4 * mib as u64, "the share's other 2 MiB");
+        assert_eq!(readers[1].window, 2 * mib as u64, "its floor, one part");
+        assert_eq!(share.granted(), 6 * mib as u64);
         read_through(&mut readers[2], &data, 0, 12 * mib).await;
         assert_eq!(
             readers[2].window,
             2 * mib as u64,
-            "the share is spent: its two parts"
+            "the share is spent: the floor all the same"
         );
-        assert_eq!(share.granted(), 4 * mib as u64);
+        assert_eq!(share.granted(), 8 * mib as u64, "floors may pass the limit");
         // The first reader reads to the end of its file: its window goes back while the handle is open.
         read_through(&mut readers[0], &data, 12 * mib, 24 * mib).await;
-        assert_eq!(share.granted(), 2 * mib as u64);
-        // The third grows into what came back.
+        assert_eq!(share.granted(), 5 * mib as u64);
         read_through(&mut readers[2], &data, 12 * mib, 16 * mib).await;
-        assert_eq!(readers[2].window, 4 * mib as u64);
-        assert_eq!(share.granted(), 4 * mib as u64);
-        drop(readers.remove(2));
+        assert_eq!(readers[2].window, 2 * mib as u64, "5 + 2 MiB would pass 6");
+        drop(readers.remove(1));
         assert_eq!(
             share.granted(),
-            2 * mib as u64,
+            3 * mib as u64,
             "a reader that closes gives back"
         );
+        // The third grows into what came back.
+        read_through(&mut readers[1], &data, 16 * mib, 20 * mib).await;
+        assert_eq!(readers[1].window, 4 * mib as u64);
+        assert_eq!(share.granted(), 5 * mib as u64);
         drop(readers);
         assert_eq!(share.granted(), 0);
+    }
+
+    /// A reader's GETs are half its window: at the floor, two parts of half a part each are in flight.
+    #[tokio::test]
+    async fn gets_are_half_a_window_between_the_first_window_and_a_part() {
+        let mib = 1024 * 1024;
+        let data = pattern(64 * mib);
+        let (fake, r) = reader(
+            data.clone(),
+            8 * mib as u64,
+            64 * mib as u64,
+            MemoryBudget::unlimited(),
+        )
+        .await;
+        let mut r = r.sharing_read_ahead(ReadAheadShare::new(8 * mib as u64));
+        for pos in (0..40 * mib).step_by(mib) {
+            let got = r.read(pos as u64, mib as u32).await.unwrap();
+            assert_eq!(&got[..], &data[pos..pos + mib]);
+        }
+        assert_eq!(r.window, 8 * mib as u64, "the floor fills the share");
+        let held: Vec<(u64, u64)> = r.chunks.iter().map(|c| (c.start, c.end)).collect();
+        assert!(
+            held.iter()
+                .all(|(start, end)| end - start == 4 * mib as u64),
+            "{held:?}"
+        );
+        assert!(
+            held[0].1 + REORDER_SLACK > 40 * mib as u64,
+            "nothing kept further back than the reorder slack: {held:?}"
+        );
+        assert!(held.len() <= 4, "{held:?}");
+        let gets = fake.count(Op::Get);
+        assert!(gets >= 10, "ramp and 4 MiB GETs, not 8 MiB ones: {gets}");
     }
 
     #[tokio::test]

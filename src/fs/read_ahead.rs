@@ -1,19 +1,19 @@
 //! The read-ahead that all sequential readers of a mount share.
 //!
 //! `--max-prefetch` is what one reader needs in flight to reach the throughput target, and the target is the
-//! mount's, not each file's. Every reader may always run two parts ahead (one GET landing while the next is
-//! read) without asking; what it grows past that comes from one share of `--max-prefetch` for the whole
-//! mount, given back when its window drops (a jump, memory pressure, the end of the file reached) or the
-//! reader closes. One reader alone grows to the full window; eight readers at once hold about two parts each
-//! plus the share, where each used to grow to the full window: 8 shard readers on two cores could hold 512 MiB
-//! of windows, most of it fresh memory that the daemon faulted in page by page, for no more throughput
-//! (docs/BENCHMARKS.md, "One read-ahead share per mount"). Warm-ups (`expressfs warm`) have their own budget
-//! of bytes in flight (`read::KeepBudget`).
+//! mount's, not each file's: what fills a link is the bytes in flight of all readers together. So the windows
+//! of all readers of a mount count against one share of `--max-prefetch`. A window may always grow to its
+//! floor (one part: two GETs in flight, one landing while the other is read) even when the share is spent, and
+//! grows past that only while the share has room. One reader alone grows to the full window; eight readers at
+//! once hold their floors and little more. Before, each reader had two parts of its own beside the share: 8
+//! shard readers held about 320 MiB of windows at the defaults, fresh memory that a new daemon faults in, for
+//! no more throughput (docs/BENCHMARKS.md, "One read-ahead share per mount" and "Floors inside the share").
+//! Warm-ups (`expressfs warm`) have their own budget of bytes in flight (`read::KeepBudget`).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// Read-ahead past each reader's floor, for all readers of a mount together.
+/// The read-ahead windows of all readers of a mount, counted against one limit.
 pub struct ReadAheadShare {
     limit: u64,
     granted: AtomicU64,
@@ -27,7 +27,7 @@ impl ReadAheadShare {
         })
     }
 
-    /// Bytes granted to readers now, past their floors.
+    /// Bytes of windows counted now, floors included (may pass the limit when many readers hold floors).
     pub fn granted(&self) -> u64 {
         self.granted.load(Ordering::Relaxed)
     }
@@ -41,13 +41,18 @@ impl ReadAheadShare {
             .is_ok()
     }
 
+    /// Takes `bytes` whether or not there is room: a window growing to its floor.
+    fn take(&self, bytes: u64) {
+        self.granted.fetch_add(bytes, Ordering::AcqRel);
+    }
+
     fn give_back(&self, bytes: u64) {
         self.granted.fetch_sub(bytes, Ordering::AcqRel);
     }
 }
 
-/// One reader's window, as far as the share is concerned: what it holds past its floor is given back when
-/// the window shrinks or the reader goes away.
+/// One reader's window, as far as the share is concerned: counted from its first growth, given back when it
+/// shrinks or the reader goes away.
 pub struct WindowGrant {
     share: Option<Arc<ReadAheadShare>>,
     floor: u64,
@@ -64,7 +69,7 @@ impl WindowGrant {
         }
     }
 
-    /// A window that may be `floor` bytes on its own and grows past that from `share`.
+    /// A window counted in `share`, that may grow to `floor` whatever the share holds.
     pub fn from_share(share: Arc<ReadAheadShare>, floor: u64) -> WindowGrant {
         WindowGrant {
             share: Some(share),
@@ -73,26 +78,26 @@ impl WindowGrant {
         }
     }
 
-    /// The window to use when the reader wants `wanted` instead of `current`: `wanted` if it is within the
-    /// floor, a shrink, or the share has room for the growth; otherwise `current` (a refused growth is not
+    /// The window to use when the reader wants `wanted` instead of `current`: `wanted` if it is a shrink,
+    /// within the floor, or the share has room for the growth; otherwise `current` (a refused growth is not
     /// granted in part, so windows stay whole multiples of what they were).
     pub fn resize(&mut self, current: u64, wanted: u64) -> u64 {
         let Some(share) = &self.share else {
             return wanted;
         };
-        let need = wanted.saturating_sub(self.floor);
-        if need <= self.held {
-            if need < self.held {
-                share.give_back(self.held - need);
-                self.held = need;
-            }
+        if wanted <= self.held {
+            share.give_back(self.held - wanted);
+            self.held = wanted;
             return wanted;
         }
-        if share.try_take(need - self.held) {
-            self.held = need;
-            return wanted;
+        let growth = wanted - self.held;
+        if wanted <= self.floor {
+            share.take(growth);
+        } else if !share.try_take(growth) {
+            return current;
         }
-        current
+        self.held = wanted;
+        wanted
     }
 }
 
@@ -111,52 +116,55 @@ mod tests {
     const MIB: u64 = 1 << 20;
 
     #[test]
-    fn a_lone_reader_grows_to_the_whole_share_past_its_floor() {
+    fn a_lone_reader_grows_to_the_whole_share() {
         let share = ReadAheadShare::new(64 * MIB);
-        let mut grant = WindowGrant::from_share(Arc::clone(&share), 16 * MIB);
+        let mut grant = WindowGrant::from_share(Arc::clone(&share), 8 * MIB);
         let mut window = MIB;
         for _ in 0..6 {
             window = grant.resize(window, (window * 2).min(64 * MIB));
         }
         assert_eq!(window, 64 * MIB);
-        assert_eq!(share.granted(), 48 * MIB, "only what lies past the floor");
+        assert_eq!(share.granted(), 64 * MIB, "the whole window is counted");
         let refused = grant.resize(64 * MIB, 128 * MIB);
-        assert_eq!(
-            refused,
-            64 * MIB,
-            "16 + 112 MiB does not fit a 64 MiB share"
-        );
-        assert_eq!(share.granted(), 48 * MIB, "a refusal takes nothing");
+        assert_eq!(refused, 64 * MIB, "128 MiB does not fit a 64 MiB share");
+        assert_eq!(share.granted(), 64 * MIB, "a refusal takes nothing");
     }
 
     #[test]
-    fn readers_past_their_floors_share_one_limit_and_get_it_back_when_one_shrinks_or_goes() {
+    fn floors_count_in_the_share_and_are_never_refused() {
         let share = ReadAheadShare::new(32 * MIB);
-        let mut a = WindowGrant::from_share(Arc::clone(&share), 16 * MIB);
-        let mut b = WindowGrant::from_share(Arc::clone(&share), 16 * MIB);
-        assert_eq!(a.resize(16 * MIB, 32 * MIB), 32 * MIB);
-        assert_eq!(b.resize(16 * MIB, 32 * MIB), 32 * MIB);
+        let mut a = WindowGrant::from_share(Arc::clone(&share), 8 * MIB);
+        let mut b = WindowGrant::from_share(Arc::clone(&share), 8 * MIB);
+        assert_eq!(a.resize(MIB, 16 * MIB), 16 * MIB);
+        assert_eq!(b.resize(MIB, 16 * MIB), 16 * MIB);
         assert_eq!(share.granted(), 32 * MIB);
-        // Both at 32: a third doubling has no room, but the floor needs none.
-        assert_eq!(a.resize(32 * MIB, 64 * MIB), 32 * MIB);
-        let mut c = WindowGrant::from_share(Arc::clone(&share), 16 * MIB);
+        // The share is spent: no growth past a floor...
+        assert_eq!(a.resize(16 * MIB, 32 * MIB), 16 * MIB);
+        let mut c = WindowGrant::from_share(Arc::clone(&share), 8 * MIB);
+        // ...but a third reader still gets its floor, past the limit.
         assert_eq!(
-            c.resize(MIB, 16 * MIB),
-            16 * MIB,
+            c.resize(MIB, 8 * MIB),
+            8 * MIB,
             "the floor is never refused"
         );
-        assert_eq!(c.resize(16 * MIB, 32 * MIB), 16 * MIB);
-        // A jump drops a's window: what it held past its floor is free again.
-        assert_eq!(a.resize(32 * MIB, MIB), MIB);
-        assert_eq!(share.granted(), 16 * MIB);
-        assert_eq!(c.resize(16 * MIB, 32 * MIB), 32 * MIB);
+        assert_eq!(share.granted(), 40 * MIB);
+        assert_eq!(c.resize(8 * MIB, 16 * MIB), 8 * MIB);
+        // A jump drops a's window to 1 MiB: what it held past that is free again, not yet enough for c.
+        assert_eq!(a.resize(16 * MIB, MIB), MIB);
+        assert_eq!(share.granted(), 25 * MIB);
+        assert_eq!(
+            c.resize(8 * MIB, 16 * MIB),
+            8 * MIB,
+            "25 + 8 MiB would pass 32"
+        );
         drop(b);
-        drop(c);
         assert_eq!(
             share.granted(),
-            0,
+            9 * MIB,
             "a reader that goes gives back what it held"
         );
+        assert_eq!(c.resize(8 * MIB, 16 * MIB), 16 * MIB);
+        drop(c);
         drop(a);
         assert_eq!(share.granted(), 0);
     }
