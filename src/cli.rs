@@ -155,7 +155,7 @@ pub struct Args {
     #[arg(long, value_parser = parse_size, help_heading = "Performance and caching")]
     pub part_size: Option<u64>,
     /// Most bytes fetched ahead for one sequential reader (default 64M, or as --maximum-throughput-gbps sets).
-    /// All readers' windows count in one share of this size for the whole mount; each gets one part at least
+    /// All readers of the mount together hold at most twice this, each one part at least
     #[arg(long, value_parser = parse_size, help_heading = "Performance and caching")]
     pub max_prefetch: Option<u64>,
     /// Network throughput to aim for, in Gbit/s: sizes each reader's read-ahead (how many part GETs run at

@@ -83,7 +83,7 @@ fn describe() {
     );
     describe_gauge!(
         READ_AHEAD_SHARED_BYTES,
-        "Read-ahead windows of all readers together (past --max-prefetch only by readers' one-part floors)"
+        "Read-ahead windows of all readers together (past twice --max-prefetch only by readers' one-part floors)"
     );
     describe_gauge!(S3_BODY_RESUMES, "GET bodies resumed after breaking");
     describe_gauge!(

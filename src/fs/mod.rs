@@ -206,7 +206,7 @@ pub struct S3Filesystem {
     direct_io_for_big_files: AtomicBool,
     /// What `expressfs warm` fetches at once, all files together: one read-ahead window.
     keep_budget: read::KeepBudget,
-    /// What all readers fetch ahead together: one read-ahead window (one part each at least).
+    /// What all readers fetch ahead together: two read-ahead windows (one part each at least).
     read_ahead: Arc<read_ahead::ReadAheadShare>,
     /// First opens' preloads not stored yet: another open or a truncation of the inode voids them.
     preloads: preload::Preloads,
@@ -218,7 +218,7 @@ impl S3Filesystem {
     pub fn new(client: Arc<dyn ObjectClient>, config: FsConfig) -> S3Filesystem {
         let config = Arc::new(config);
         let keep_budget = read::KeepBudget::new(config.max_prefetch.max(config.read_part_size));
-        let read_ahead = read_ahead::ReadAheadShare::new(config.max_prefetch);
+        let read_ahead = read_ahead::ReadAheadShare::for_mount(config.max_prefetch);
         let sources = ReadSources::bucket(Arc::clone(&client));
         S3Filesystem {
             sb: Superblock::new(

@@ -2,16 +2,23 @@
 //!
 //! `--max-prefetch` is what one reader needs in flight to reach the throughput target, and the target is the
 //! mount's, not each file's: what fills a link is the bytes in flight of all readers together. So the windows
-//! of all readers of a mount count against one share of `--max-prefetch`. A window may always grow to its
-//! floor (one part: two GETs in flight, one landing while the other is read) even when the share is spent, and
-//! grows past that only while the share has room. One reader alone grows to the full window; eight readers at
-//! once hold their floors and little more. Before, each reader had two parts of its own beside the share: 8
-//! shard readers held about 320 MiB of windows at the defaults, fresh memory that a new daemon faults in, for
-//! no more throughput (docs/BENCHMARKS.md, "One read-ahead share per mount" and "Floors inside the share").
+//! of all readers of a mount count against one share of [`WINDOWS_PER_MOUNT`] such windows. A window may
+//! always grow to its floor (one part: two GETs in flight, one landing while the other is read) even when the
+//! share is spent, and grows past that only while the share has room. One reader alone grows to the full
+//! window, a few share the rest, and eight hold their floors and a little more. Before, each reader had two
+//! parts of its own beside a share of one window: 8 shard readers held about 320 MiB of windows at the
+//! defaults, fresh memory that a new daemon faults in, for no more throughput (docs/BENCHMARKS.md, "One
+//! read-ahead share per mount" and "Floors inside the share").
 //! Warm-ups (`expressfs warm`) have their own budget of bytes in flight (`read::KeepBudget`).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+
+/// How many of one reader's largest windows all readers of a mount may hold together. One would do where the
+/// link's latency is low; at a 20 ms first byte four readers sharing one 64 MiB window read 15% slower than
+/// with two (docs/BENCHMARKS.md, "Floors inside the share"), and on a real link one GET streams slower than
+/// here, so a mount keeps room for more GETs in flight than one stream needs.
+pub const WINDOWS_PER_MOUNT: u64 = 2;
 
 /// The read-ahead windows of all readers of a mount, counted against one limit.
 pub struct ReadAheadShare {
@@ -20,6 +27,11 @@ pub struct ReadAheadShare {
 }
 
 impl ReadAheadShare {
+    /// The share of a mount whose readers may each grow a window of `max_window`.
+    pub fn for_mount(max_window: u64) -> Arc<ReadAheadShare> {
+        ReadAheadShare::new(max_window.saturating_mul(WINDOWS_PER_MOUNT))
+    }
+
     pub fn new(limit: u64) -> Arc<ReadAheadShare> {
         Arc::new(ReadAheadShare {
             limit,
@@ -167,6 +179,29 @@ mod tests {
         drop(c);
         drop(a);
         assert_eq!(share.granted(), 0);
+    }
+
+    #[test]
+    fn a_mount_holds_two_full_windows_then_floors() {
+        let share = ReadAheadShare::for_mount(64 * MIB);
+        let grow = |grant: &mut WindowGrant| {
+            let mut window = MIB;
+            while window < 64 * MIB {
+                let next = grant.resize(window, window * 2);
+                if next == window {
+                    break;
+                }
+                window = next;
+            }
+            window
+        };
+        let mut a = WindowGrant::from_share(Arc::clone(&share), 8 * MIB);
+        let mut b = WindowGrant::from_share(Arc::clone(&share), 8 * MIB);
+        let mut c = WindowGrant::from_share(Arc::clone(&share), 8 * MIB);
+        assert_eq!(grow(&mut a), 64 * MIB);
+        assert_eq!(grow(&mut b), 64 * MIB);
+        assert_eq!(grow(&mut c), 8 * MIB, "two windows spent the share");
+        assert_eq!(share.granted(), 136 * MIB);
     }
 
     #[test]
