@@ -2,13 +2,14 @@
 //!
 //! A reader that continues where it stopped gets chunks fetched ahead: the window starts at
 //! [`INITIAL_WINDOW`] (a small file or the first bytes of a big one come back fast) and doubles with every
-//! sequential read that had to wait for its bytes, up to `max_window`, in GETs of half a window (at least the
-//! initial window, at most `part_size`), so that one GET lands while the next is read: it settles where the
-//! bytes arrive just in time, which on a fast link is far below the maximum. The windows of all readers of a
-//! mount count against one share (`read_ahead`), past a floor of one part each. A read that
+//! sequential read that had to wait for its bytes, up to `max_window`: one GET per window below a part, two
+//! of half a window from there (at most `part_size` each), so that one lands while the other is read. It
+//! settles where the bytes arrive just in time, which on a fast link is far below the maximum. The windows of
+//! all readers of a mount count against one share (`read_ahead`), past a floor of one part each. A read that
 //! jumps elsewhere drops the window and fetches just what it asks for (at least [`MIN_RANDOM_FETCH`]):
-//! random access wastes no read-ahead. Prefetched chunks are held against the global [`MemoryBudget`]; when it is spent the window
-//! stops growing. Every GET carries If-Match, so a replaced object yields an error, never a mix of bytes.
+//! random access wastes no read-ahead. Prefetched chunks are held against the global [`MemoryBudget`]; when
+//! it is spent the window stops growing. Every GET carries If-Match, so a replaced object yields an error,
+//! never a mix of bytes.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -295,9 +296,14 @@ impl Reader {
     /// the rest only while the memory budget allows; a refusal shrinks the window.
     fn prefetch(&mut self, needed: u64, target: u64) {
         while self.next_fetch < target {
-            // Half a window per GET: at a reader's floor (one part) two GETs are in flight in parts of half
-            // the size, which holds half the memory of whole parts for the same overlap.
-            let chunk_len = (self.window / 2).clamp(self.initial_window, self.part_size);
+            // From a window of one part (a reader's floor) up, half a window per GET: two GETs in flight in
+            // parts of half the size hold half the memory of whole parts for the same overlap. Below that, one
+            // GET per window, so a file of a few MiB costs no more GETs than its ramp needs.
+            let chunk_len = if self.window >= self.part_size {
+                (self.window / 2).clamp(self.initial_window, self.part_size)
+            } else {
+                self.window
+            };
             let chunk_end = (self.next_fetch + chunk_len).min(self.size);
             let bytes = chunk_end - self.next_fetch;
             let memory = if self.next_fetch < needed {
@@ -699,9 +705,25 @@ mod tests {
         assert_eq!(share.granted(), 0);
     }
 
-    /// A reader's GETs are half its window: at the floor, two parts of half a part each are in flight.
+    /// From a window of one part up, a reader's GETs are half its window: at the floor, two GETs of half a part
+    /// each are in flight. Below that a window is one GET: a 3 MiB file costs two (1 MiB, then 2 MiB).
     #[tokio::test]
-    async fn gets_are_half_a_window_between_the_first_window_and_a_part() {
+    async fn at_its_floor_a_reader_has_two_gets_of_half_a_part_in_flight() {
+        let mib = 1024 * 1024;
+        let small = pattern(3 * mib);
+        let (fake, mut r) = reader(
+            small.clone(),
+            8 * mib as u64,
+            64 * mib as u64,
+            MemoryBudget::unlimited(),
+        )
+        .await;
+        for pos in (0..3 * mib).step_by(mib) {
+            let got = r.read(pos as u64, mib as u32).await.unwrap();
+            assert_eq!(&got[..], &small[pos..pos + mib]);
+        }
+        assert_eq!(fake.count(Op::Get), 2, "one GET per window below a part");
+
         let mib = 1024 * 1024;
         let data = pattern(64 * mib);
         let (fake, r) = reader(
