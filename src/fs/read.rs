@@ -501,6 +501,15 @@ mod tests {
         (0..len).map(|i| (i * 7 % 251) as u8).collect()
     }
 
+    /// Reads `from..to` in sequential reads of 1 MiB, checking each against `data`.
+    async fn read_through(r: &mut Reader, data: &[u8], from: usize, to: usize) {
+        let mib = 1024 * 1024;
+        for pos in (from..to).step_by(mib) {
+            let got = r.read(pos as u64, mib as u32).await.unwrap();
+            assert_eq!(&got[..], &data[pos..pos + mib]);
+        }
+    }
+
     #[tokio::test]
     async fn sequential_and_random_reads_return_the_right_bytes() {
         let data = pattern(3 * 1024 * 1024 + 17);
@@ -664,13 +673,6 @@ mod tests {
             .await;
             readers.push(r.sharing_read_ahead(Arc::clone(&share)));
         }
-        async fn read_through(r: &mut Reader, data: &[u8], from: usize, to: usize) {
-            let mib = 1024 * 1024;
-            for pos in (from..to).step_by(mib) {
-                let got = r.read(pos as u64, mib as u32).await.unwrap();
-                assert_eq!(&got[..], &data[pos..pos + mib]);
-            }
-        }
         // On this current-thread runtime reads find their GETs not run yet and wait: without the share, twelve
         // reads double the window to its 16 MiB maximum.
         read_through(&mut readers[0], &data, 0, 12 * mib).await;
@@ -718,10 +720,7 @@ mod tests {
             MemoryBudget::unlimited(),
         )
         .await;
-        for pos in (0..3 * mib).step_by(mib) {
-            let got = r.read(pos as u64, mib as u32).await.unwrap();
-            assert_eq!(&got[..], &small[pos..pos + mib]);
-        }
+        read_through(&mut r, &small, 0, 3 * mib).await;
         assert_eq!(fake.count(Op::Get), 2, "one GET per window below a part");
 
         let mib = 1024 * 1024;
@@ -734,10 +733,7 @@ mod tests {
         )
         .await;
         let mut r = r.sharing_read_ahead(ReadAheadShare::new(8 * mib as u64));
-        for pos in (0..40 * mib).step_by(mib) {
-            let got = r.read(pos as u64, mib as u32).await.unwrap();
-            assert_eq!(&got[..], &data[pos..pos + mib]);
-        }
+        read_through(&mut r, &data, 0, 40 * mib).await;
         assert_eq!(r.window, 8 * mib as u64, "the floor fills the share");
         let held: Vec<(u64, u64)> = r.chunks.iter().map(|c| (c.start, c.end)).collect();
         assert!(
