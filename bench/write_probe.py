@@ -17,6 +17,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from shard_probe import peak_rss_mib  # noqa: E402
 from small_probe import Mount, cpu_of, probe_emulator  # noqa: E402
 
 MIB = 1 << 20
@@ -57,14 +58,6 @@ def big_writers(root, tag):
     return [(f"{root}/{tag}-{t}.bin", 64 * MIB) for t in range(8)]
 
 
-def peak_rss_mib(pid):
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) // 1024
-    return 0
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("binaries", nargs="+")
@@ -89,7 +82,7 @@ def main():
                                 raise SystemExit(f"{path}: {os.path.getsize(path)} bytes, expected {size}")
                     finally:
                         m.close()
-                    print(f"round {r} {b} {name}: {elapsed:.2f} s, daemon CPU {cpu:.2f} s, peak RSS {rss} MiB",
+                    print(f"round {r} {b} {name}: {elapsed:.2f} s, daemon CPU {cpu:.2f} s, peak RSS {int(rss)} MiB",
                           flush=True)
 
 
