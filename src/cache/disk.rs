@@ -108,6 +108,34 @@ impl BlockIndex {
         self.used -= size;
         Some(name)
     }
+
+    /// Evicts until `incoming` more bytes fit under `limit`, and counts them at once, before they are
+    /// written: writes at once must not each count the same free room (two did, and a cache limited to 8 MiB
+    /// held 808 bytes more). Returns the evicted names, and whether the bytes fit: they do not when what
+    /// other writes counted and have not written yet leaves no room.
+    fn reserve(&mut self, incoming: u64, limit: u64) -> (Vec<String>, bool) {
+        let mut evicted = Vec::new();
+        while self.used + incoming > limit {
+            match self.pop_oldest() {
+                Some(name) => evicted.push(name),
+                None => return (evicted, false),
+            }
+        }
+        self.used += incoming;
+        (evicted, true)
+    }
+
+    /// Indexes a block whose size [`BlockIndex::reserve`] counted already.
+    fn insert_reserved(&mut self, name: String, size: u64) {
+        if let Some(old) = self.blocks.put(name, size) {
+            self.used -= old;
+        }
+    }
+
+    /// Gives back what [`BlockIndex::reserve`] counted for a write that failed.
+    fn unreserve(&mut self, size: u64) {
+        self.used -= size;
+    }
 }
 
 pub struct DiskCache {
@@ -163,7 +191,7 @@ impl DiskCache {
             warned: false.into(),
             keep_disk_free,
         };
-        cache.evict(0);
+        cache.make_room(0);
         Ok(cache)
     }
 
@@ -248,10 +276,9 @@ impl DiskCache {
         head.extend_from_slice(&(data.len() as u64).to_le_bytes());
         head.extend_from_slice(&crc32c::crc32c(data).to_le_bytes());
         let size = (head.len() + data.len()) as u64;
-        if size > self.max_bytes {
+        if size > self.max_bytes || !self.make_room(size) {
             return;
         }
-        self.evict(size);
         // Unique per write: two writes of one block at once (a read's and a warm-up's) must not share a file.
         static WRITES: AtomicU64 = AtomicU64::new(0);
         let n = WRITES.fetch_add(1, Ordering::Relaxed);
@@ -269,9 +296,10 @@ impl DiskCache {
         match result {
             Ok(()) => {
                 self.counters.writes.fetch_add(1, Ordering::Relaxed);
-                self.index().insert(name, size);
+                self.index().insert_reserved(name, size);
             }
             Err(e) => {
+                self.index().unreserve(size);
                 let _ = fs::remove_file(&tmp);
                 self.counters.errors.fetch_add(1, Ordering::Relaxed);
                 if !self.warned.swap(true, Ordering::Relaxed) {
@@ -286,20 +314,26 @@ impl DiskCache {
         let _ = fs::remove_file(self.path(name));
     }
 
-    /// Evicts least-recently-used blocks until `incoming` more bytes fit under the limit and the disk keeps
-    /// 5% free.
-    fn evict(&self, incoming: u64) {
-        loop {
-            let over_limit = self.used_bytes().saturating_add(incoming) > self.max_bytes;
-            if !over_limit && !self.disk_nearly_full() {
-                return;
-            }
-            let victim = self.index().pop_oldest();
-            let Some(name) = victim else { return };
-            let _ = fs::remove_file(self.path(&name));
-            self.counters.evictions.fetch_add(1, Ordering::Relaxed);
-            debug!(name, "evicted cache block");
+    /// Evicts least-recently-used blocks until `incoming` more bytes fit under the limit (and counts them:
+    /// the caller writes them or gives them back) and the disk keeps 5% free. False when they do not fit.
+    fn make_room(&self, incoming: u64) -> bool {
+        let (evicted, fits) = self.index().reserve(incoming, self.max_bytes);
+        for name in evicted {
+            self.remove_evicted(&name);
         }
+        while self.disk_nearly_full() {
+            let Some(name) = self.index().pop_oldest() else {
+                break;
+            };
+            self.remove_evicted(&name);
+        }
+        fits
+    }
+
+    fn remove_evicted(&self, name: &str) {
+        let _ = fs::remove_file(self.path(name));
+        self.counters.evictions.fetch_add(1, Ordering::Relaxed);
+        debug!(name, "evicted cache block");
     }
 
     fn disk_nearly_full(&self) -> bool {
@@ -350,6 +384,25 @@ mod tests {
             index,
             block_size: 4,
         }
+    }
+
+    #[test]
+    fn writes_at_once_cannot_count_the_same_room() {
+        let mut index = BlockIndex::new();
+        index.insert("old".into(), 150);
+        // Two writes of 200 under a limit of 300, neither written yet: the first evicts "old" and counts its
+        // bytes; the second finds no room left, as the first one's bytes are counted already.
+        let (evicted, fits) = index.reserve(200, 300);
+        assert_eq!((evicted, fits), (vec!["old".to_string()], true));
+        let (evicted, fits) = index.reserve(200, 300);
+        assert!(evicted.is_empty() && !fits, "both counted the same room");
+        assert_eq!(index.used, 200);
+        index.insert_reserved("a".into(), 200);
+        assert_eq!(index.used, 200, "counted once");
+        let (_, fits) = index.reserve(100, 300);
+        assert!(fits);
+        index.unreserve(100);
+        assert_eq!(index.used, 200, "a failed write gives its bytes back");
     }
 
     #[test]
