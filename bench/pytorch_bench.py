@@ -16,6 +16,12 @@ operation. Each TTFB gets its own emulator; the clients are alternated round by 
 Run: `scripts/install-pytorch-peer.sh`, `cargo build --release -p expressfs -p expressfs-emulator`, then
 `.venv-pytorch/bin/python bench/pytorch_bench.py --ttfb-ms 4,0 --rounds 3` (or `expressfs-bench --pytorch`).
 `--no-connector` runs the mount side alone (no s3torchconnector needed). Loopback only.
+
+By default every mount round gets a fresh daemon, which first-touches its whole footprint in the round (costly on
+a VM whose host backs freed memory lazily: `bench/fresh_memory.py`). `--keep-mount` keeps one mount per TTFB for
+all rounds, as a training job keeps its mount across epochs (the loader workers are still forked per epoch, as
+DataLoader does without `persistent_workers`); the kernel's page cache is dropped before every round of either
+client, so every round still fetches every byte (root only).
 """
 
 import argparse
@@ -420,10 +426,32 @@ def build(client, workload, root, endpoint, workers, reader):
     return tud.DataLoader(ds, batch_size=BATCH, shuffle=True, num_workers=workers, collate_fn=as_list)
 
 
-def run_one(client, workload, emu, args, expected):
-    """One timed pass of one client over one workload; returns its measurements."""
+def drop_page_cache():
+    """Empties the kernel's page cache, so that a kept mount's files are fetched again (root only)."""
+    os.sync()
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("1")
+
+
+def reset_peak_rss(pid):
+    """Restarts the VmHWM count of `pid` (a kept daemon's peak is then this round's)."""
+    with open(f"/proc/{pid}/clear_refs", "w") as f:
+        f.write("5")
+
+
+def new_mount(emu, args):
+    return Mount(args.expressfs, emu.endpoint, ["--read-only", *args.expressfs_arg])
+
+
+def run_one(client, workload, emu, args, expected, kept=None):
+    """One timed pass of one client over one workload; returns its measurements. `kept`: the mount of
+    `--keep-mount`, reused (and not unmounted) instead of a fresh one."""
     workers = workload[1]
-    mount = Mount(args.expressfs, emu.endpoint, ["--read-only", *args.expressfs_arg]) if client == "mount" else None
+    if kept:
+        drop_page_cache()
+    mount = (kept or new_mount(emu, args)) if client == "mount" else None
+    if kept and mount:
+        reset_peak_rss(mount.proc.pid)
     skip = {emu.proc.pid} | ({mount.proc.pid} if mount else set())
     try:
         emu.reset_stats()
@@ -468,7 +496,7 @@ def run_one(client, workload, emu, args, expected):
         row["mib_sent"] = sent / (1 << 20)
         return row
     finally:
-        if mount:
+        if mount and mount is not kept:
             mount.close()
 
 
@@ -525,6 +553,11 @@ def main():
     )
     p.add_argument("--no-connector", action="store_true", help="the mount side alone")
     p.add_argument(
+        "--keep-mount",
+        action="store_true",
+        help="one mount per TTFB for every round (page cache dropped before each round; root only)",
+    )
+    p.add_argument(
         "--memory-every",
         type=float,
         default=1.0,
@@ -546,16 +579,19 @@ def main():
     table = []
     for ttfb in [int(t) for t in args.ttfb_ms.split(",")]:
         emu = Emulator(args.emulator, ttfb, args.emulator_dir)
+        kept = None
         try:
             print(f"TTFB {ttfb} ms: uploading ...", file=sys.stderr, flush=True)
             samples, _, _ = upload(emu, args)
+            if args.keep_mount and "mount" in clients:
+                kept = new_mount(emu, args)
             rows = {(w, c): [] for w in workloads for c in clients}
             for rnd in range(args.rounds):
                 order = clients if rnd % 2 == 0 else clients[::-1]
                 for w in workloads:
                     expected = samples if w[0] == "shards" else args.small_files
                     for c in order:
-                        r = run_one(c, w, emu, args, expected)
+                        r = run_one(c, w, emu, args, expected, kept)
                         rows[(w, c)].append(r)
                         print(
                             f"TTFB {ttfb} round {rnd + 1} {w[0]}/{w[1]}w {c}: {r['rate']:.0f} items/s, "
@@ -570,6 +606,8 @@ def main():
                 expected = samples if w[0] == "shards" else args.small_files
                 table.append((ttfb, w, expected, {c: rows[(w, c)] for c in clients}))
         finally:
+            if kept:
+                kept.close()
             emu.close()
     report(table, args, torch.__version__)
 
@@ -583,7 +621,8 @@ def report(table, args, torch_version):
         conn = "not installed"
     cmd = " ".join(["bench/pytorch_bench.py", *sys.argv[1:]])
     print(f"PyTorch DataLoader: expressfs mount (plain open()) vs s3torchconnector {conn}; torch {torch_version}, "
-          f"{args.connector_reader} reader, {os.cpu_count()} CPUs, {args.rounds} round(s), medians; `{cmd}`")
+          f"{args.connector_reader} reader, {os.cpu_count()} CPUs, {args.rounds} round(s), medians, "
+          f"{'one mount kept for all rounds' if args.keep_mount else 'a fresh mount per round'}; `{cmd}`")
     print()
     head = "| TTFB | workload | items | connector items/s | mount items/s | ratio | ratio by round, median (range) | CPU s connector / mount (daemon) |" \
            " emulator CPU s connector / mount | daemon peak RSS MiB | workers' peak PSS MiB connector / mount | requests, connector | requests, mount |"
