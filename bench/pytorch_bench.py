@@ -565,6 +565,8 @@ def main():
     )
     p.add_argument("--markdown", action="store_true")
     args = p.parse_args()
+    if args.keep_mount and os.geteuid() != 0:
+        p.error("--keep-mount drops the kernel's page cache before every round: run it as root")
 
     if not args.no_connector:
         try:
