@@ -723,7 +723,6 @@ mod tests {
         read_through(&mut r, &small, 0, 3 * mib).await;
         assert_eq!(fake.count(Op::Get), 2, "one GET per window below a part");
 
-        let mib = 1024 * 1024;
         let data = pattern(64 * mib);
         let (fake, r) = reader(
             data.clone(),
