@@ -196,6 +196,9 @@ pub struct HandleTable {
     next: AtomicU64,
     /// Staged files by inode, shared by their handles.
     staged: StagedFiles,
+    /// Woken when a file's writer stops counting (its upload landed, or never will): see
+    /// `S3Filesystem::until_released_writer_lands`.
+    writer_landed: tokio::sync::Notify,
 }
 
 impl HandleTable {
@@ -204,6 +207,7 @@ impl HandleTable {
             open: Mutex::new(HashMap::new()),
             next: AtomicU64::new(1),
             staged: StagedFiles::default(),
+            writer_landed: tokio::sync::Notify::new(),
         }
     }
 
@@ -299,7 +303,7 @@ impl S3Filesystem {
             // Open for writing: the attributes ride on its upload, and stat shows them meanwhile.
             let open = match (staged, handle.as_deref()) {
                 (Some(result), _) => result.map(|()| true)?,
-                (None, Some(owner @ Handle::Write { state, .. })) => {
+                (None, Some(owner @ Handle::Write { state, counted, .. })) => {
                     let mut state = state.lock().await;
                     if released(owner) {
                         drop(state);
@@ -312,7 +316,13 @@ impl S3Filesystem {
                         // a stat or a rename meanwhile would see the object without the attributes.
                         // (A failed writer keeps its error for its fsync and close.)
                         if !w.is_dirty() && !w.is_discarded() && !w.is_failed() {
-                            let put = w.commit().await?;
+                            let committed = w.commit().await;
+                            if w.is_failed() {
+                                // Its bytes stay what the bucket has (its error is kept for its fsync and
+                                // close): it no longer holds the file busy.
+                                self.stream_writer_failed(ino, counted);
+                            }
+                            let put = committed?;
                             let expires = self.sb.expiry();
                             if let (Some(put), Some(n)) = (put, self.sb.table().get_mut(ino)) {
                                 n.record_own_upload(
@@ -327,8 +337,17 @@ impl S3Filesystem {
                     }
                     true
                 }
-                _ if node.kind() == Kind::File && !node.is_pending() => {
-                    self.sb.store_attributes(ino, change).await?;
+                _ if node.kind() == Kind::File => {
+                    let now = self.sb.node(ino)?;
+                    if now.is_being_written() {
+                        // A writer took the file since we looked, or a released one is finishing its upload:
+                        // a copy of the metadata now would be replaced by that upload, the change lost.
+                        self.until_released_writer_lands(ino).await?;
+                        return Box::pin(self.setattr(ino, size, None, change)).await;
+                    }
+                    if !now.is_local() {
+                        self.sb.store_attributes(ino, change).await?;
+                    }
                     false
                 }
                 _ => false,
@@ -367,6 +386,13 @@ impl S3Filesystem {
                     }
                 }
                 _ => {
+                    if self.sb.node(ino)?.is_being_written() {
+                        // As above: cut what the writer uploads, not the version it replaces. (The attributes
+                        // are done already.)
+                        self.until_released_writer_lands(ino).await?;
+                        let cut = self.setattr(ino, Some(size), None, StoredAttrs::default());
+                        return Box::pin(cut).await;
+                    }
                     let current = self.sb.getattr(ino).await?;
                     if current.size != size {
                         self.truncate_closed(ino, size).await?;
@@ -662,6 +688,7 @@ impl S3Filesystem {
             // Once everything written is uploaded, the file is no longer busy for readers, rename or unlink.
             if !w.is_dirty() {
                 counted.settled(node);
+                self.handles.writer_landed.notify_waiters();
             }
         }
         Ok(())
@@ -846,6 +873,7 @@ impl S3Filesystem {
         if let Some(name) = gone {
             self.tell_kernel(KernelNotice::NameGone { parent, name });
         }
+        self.handles.writer_landed.notify_waiters();
     }
 
     /// A streaming writer failed: its bytes will never reach the bucket (its error stays for its fsync and
@@ -856,7 +884,9 @@ impl S3Filesystem {
         let Some(node) = table.get_mut(ino) else {
             return;
         };
-        if !counted.abandoned(node) {
+        let restored = counted.abandoned(node);
+        self.handles.writer_landed.notify_waiters();
+        if !restored {
             return;
         }
         let gone = (node.is_local() && !node.is_being_written())

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::{Instant, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use tokio::sync::Mutex as AsyncMutex;
 
@@ -15,6 +15,12 @@ use crate::fs::superblock::{New, check_key, check_name};
 use crate::fs::write::{Writer, WriterOptions};
 use crate::fs::{Attr, FsError, FsResult, OpenMode, Opened, S3Filesystem, names, preload};
 use crate::s3::{PutResult, WriteCondition};
+
+/// How long a change by name waits for a closed writer's final upload (one part and the completion at most,
+/// as a streaming writer's release sends) before it fails with EBUSY.
+const LANDING_WAIT: Duration = Duration::from_secs(60);
+/// How often that wait looks again without a notice.
+const LANDING_RECHECK: Duration = Duration::from_millis(50);
 
 impl S3Filesystem {
     /// Before an open or a truncation of `ino` touches its page cache: voids a first open's preload not
@@ -229,6 +235,38 @@ impl S3Filesystem {
             }
         }
         None
+    }
+
+    /// Waits while `ino` is being written by a writer no handle reaches any more: released (or a staged
+    /// file's last handle closed) with its final upload under way. A change by name has nothing to ride on
+    /// meanwhile, and stored on the old version it would be replaced by that upload; so it waits, then starts
+    /// again from what landed. Gives up with EBUSY after [`LANDING_WAIT`] rather than lose the change.
+    pub(super) async fn until_released_writer_lands(&self, ino: u64) -> FsResult<()> {
+        let deadline = Instant::now() + LANDING_WAIT;
+        loop {
+            let landed = self.handles.writer_landed.notified();
+            tokio::pin!(landed);
+            // Registered before the look, so a writer landing right after it still wakes us.
+            landed.as_mut().enable();
+            let busy = self
+                .sb
+                .table()
+                .get(ino)
+                .is_some_and(|n| n.is_being_written());
+            if !busy
+                || self.handles.staged.peek(ino).is_some()
+                || self.live_writer_for(ino).await.is_some()
+            {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(FsError::Busy(
+                    "a closed writer of the file is still uploading",
+                ));
+            }
+            // Looked at again now and then as well: the notice is a shortcut, not the rule.
+            let _ = tokio::time::timeout(LANDING_RECHECK, landed).await;
+        }
     }
 
     /// Stages the first of `writers` (write handles of `ino`) whose bytes may still reach the bucket, for a

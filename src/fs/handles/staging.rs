@@ -280,6 +280,7 @@ impl S3Filesystem {
                 }
                 shared.counted.settled(n);
             }
+            self.handles.writer_landed.notify_waiters();
         }
         result.map(|_| ())
     }

@@ -384,3 +384,50 @@ async fn a_change_after_our_own_copy_follows_a_replacement_in_between() {
         );
     }
 }
+
+/// chown by name while a released writer's last upload is under way (touch, then chown, with the release
+/// coming late): no handle reaches the writer any more, so the change waits for that upload to land and is
+/// then stored on what landed. CI once saw it accepted and lost here.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_by_name_waits_for_a_released_writers_upload() {
+    for directory in [true, false] {
+        let (fake, fs) = fs_with(&[], preserving(), directory).await;
+        let fs = Arc::new(fs);
+        let (attr, fh) = fs.create(ROOT_INO, "f", 1).await.unwrap();
+        fs.write(fh, 0, b"hello").await.unwrap();
+        let gate = fake.faults().hold(Op::Put);
+        let release = tokio::spawn({
+            let fs = Arc::clone(&fs);
+            async move { fs.release(fh).await }
+        });
+        while gate.held() == 0 {
+            tokio::task::yield_now().await;
+        }
+        let owner = StoredAttrs {
+            uid: Some(1234),
+            gid: Some(5678),
+            ..StoredAttrs::default()
+        };
+        let chown = tokio::spawn({
+            let fs = Arc::clone(&fs);
+            async move { fs.setattr(attr.ino, None, None, owner).await }
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(
+            !chown.is_finished(),
+            "answered before the upload it changes landed"
+        );
+        gate.open();
+        release.await.unwrap().unwrap();
+        let shown = chown.await.unwrap().unwrap();
+        assert_eq!((shown.uid, shown.gid), (1234, 5678));
+        let stored = fake.head_object("f").await.unwrap().metadata;
+        assert_eq!(
+            (stored["uid"].as_str(), stored["gid"].as_str()),
+            ("1234", "5678")
+        );
+        assert_eq!(fake.object("f").unwrap(), Bytes::from_static(b"hello"));
+        let now = fs.sb.getattr(attr.ino).await.unwrap();
+        assert_eq!((now.uid, now.gid, now.size), (1234, 5678, 5));
+    }
+}
