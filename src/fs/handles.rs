@@ -458,6 +458,10 @@ impl S3Filesystem {
                 "deleting objects needs --allow-delete",
             ));
         }
+        if pending && self.until_released_writer_lands(ino).await? {
+            // Its last upload landed meanwhile: the object it made goes as any other.
+            return Box::pin(self.unlink(parent, name)).await;
+        }
         // Handles still open (or closed, their release not in yet) must not bring the name back: held while
         // the object goes, as a rename holds them (`follow.rs`), and discarded once it is gone. A failed
         // delete leaves them as they were.

@@ -55,6 +55,10 @@ impl S3Filesystem {
                 .await
                 .map(drop);
         };
+        if kind == Kind::File && self.until_released_writer_lands(ino).await? {
+            // Its last upload landed meanwhile: what moves is what it uploaded.
+            return Box::pin(self.rename(parent, name, new_parent, new_name, no_replace)).await;
+        }
         // A file renamed while open with bytes not uploaded yet (Rust's tempfile `persist`, which safetensors
         // and others use, renames before it closes): they are uploaded first, as fsync would, and the
         // descriptors then follow the rename.

@@ -364,3 +364,74 @@ async fn an_open_of_a_file_its_name_no_longer_stands_for_is_stale() {
         ));
     }
 }
+
+/// A file whose last descriptor closed while its release's upload is still under way (no handle reaches
+/// it any more): `f` created and written, its release's PutObject held at the fake's gate.
+async fn released_with_upload_held(
+    directory: bool,
+    dir: &tempfile::TempDir,
+) -> (
+    std::sync::Arc<crate::s3::fake::FakeClient>,
+    std::sync::Arc<crate::fs::S3Filesystem>,
+    crate::s3::fake::Gate,
+    tokio::task::JoinHandle<crate::fs::FsResult<()>>,
+) {
+    let (fake, fs) = fs_with(&[], overwriting(dir), directory).await;
+    let fs = std::sync::Arc::new(fs);
+    let (_, fh) = fs.create(ROOT_INO, "f", 1).await.unwrap();
+    fs.write(fh, 0, b"written").await.unwrap();
+    let gate = fake.faults().hold(crate::s3::fake::Op::Put);
+    let release = tokio::spawn({
+        let fs = std::sync::Arc::clone(&fs);
+        async move { fs.release(fh).await }
+    });
+    while gate.held() == 0 {
+        tokio::task::yield_now().await;
+    }
+    (fake, fs, gate, release)
+}
+
+/// rename(2) right after the last close, its upload still under way: it waits for the upload to land and
+/// moves what landed, not EBUSY.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rename_waits_for_a_released_writers_upload() {
+    for directory in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        let (fake, fs, gate, release) = released_with_upload_held(directory, &dir).await;
+        let rename = tokio::spawn({
+            let fs = std::sync::Arc::clone(&fs);
+            async move { fs.rename(ROOT_INO, "f", ROOT_INO, "g", false).await }
+        });
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        assert!(!rename.is_finished(), "answered before the upload landed");
+        gate.open();
+        release.await.unwrap().unwrap();
+        rename.await.unwrap().unwrap();
+        assert_eq!(fake.object("g").unwrap(), &b"written"[..]);
+        assert!(fake.object("f").is_none());
+    }
+}
+
+/// unlink(2) right after the last close, its upload still under way: the object that upload makes must not
+/// outlive the unlink.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unlink_waits_for_a_released_writers_upload() {
+    for directory in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        let (fake, fs, gate, release) = released_with_upload_held(directory, &dir).await;
+        let unlink = tokio::spawn({
+            let fs = std::sync::Arc::clone(&fs);
+            async move { fs.unlink(ROOT_INO, "f").await }
+        });
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        assert!(!unlink.is_finished(), "answered before the upload landed");
+        gate.open();
+        release.await.unwrap().unwrap();
+        unlink.await.unwrap().unwrap();
+        assert!(fake.object("f").is_none(), "the unlinked file came back");
+        assert!(matches!(
+            fs.sb.lookup(ROOT_INO, "f").await,
+            Err(crate::fs::FsError::NotFound)
+        ));
+    }
+}

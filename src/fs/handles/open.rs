@@ -238,11 +238,14 @@ impl S3Filesystem {
     }
 
     /// Waits while `ino` is being written by a writer no handle reaches any more: released (or a staged
-    /// file's last handle closed) with its final upload under way. A change by name has nothing to ride on
-    /// meanwhile, and stored on the old version it would be replaced by that upload; so it waits, then starts
-    /// again from what landed. Gives up with EBUSY after [`LANDING_WAIT`] rather than lose the change.
-    pub(super) async fn until_released_writer_lands(&self, ino: u64) -> FsResult<()> {
+    /// file's last handle closed, or a shared mapping's writeback done) with its final upload under way. A
+    /// change by name has nothing to ride on meanwhile, and stored on the old version it would be replaced by
+    /// that upload; so it waits, then starts
+    /// again from what landed; a rename would find the file busy, and an unlink would see the object come
+    /// back. True if it waited. Gives up with EBUSY after [`LANDING_WAIT`] rather than lose the change.
+    pub(super) async fn until_released_writer_lands(&self, ino: u64) -> FsResult<bool> {
         let deadline = Instant::now() + LANDING_WAIT;
+        let mut waited = false;
         loop {
             let landed = self.handles.writer_landed.notified();
             tokio::pin!(landed);
@@ -257,13 +260,14 @@ impl S3Filesystem {
                 || self.handles.staged.peek(ino).is_some()
                 || self.live_writer_for(ino).await.is_some()
             {
-                return Ok(());
+                return Ok(waited);
             }
             if Instant::now() >= deadline {
                 return Err(FsError::Busy(
                     "a closed writer of the file is still uploading",
                 ));
             }
+            waited = true;
             // Looked at again now and then as well: the notice is a shortcut, not the rule.
             let _ = tokio::time::timeout(LANDING_RECHECK, landed).await;
         }
