@@ -435,3 +435,28 @@ async fn an_unlink_waits_for_a_released_writers_upload() {
         ));
     }
 }
+
+/// open(2) for reading right after the last close, its upload still under way: it waits for the upload and
+/// reads what landed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_waits_for_a_released_writers_upload() {
+    for directory in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        let (_fake, fs, gate, release) = released_with_upload_held(directory, &dir).await;
+        let ino = fs.sb.lookup(ROOT_INO, "f").await.unwrap().ino;
+        let read = tokio::spawn({
+            let fs = std::sync::Arc::clone(&fs);
+            async move {
+                let h = fs.open(ino, RO, 1).await?;
+                let bytes = fs.read(h.fh, 0, 100).await;
+                fs.release(h.fh).await?;
+                bytes
+            }
+        });
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        assert!(!read.is_finished(), "answered before the upload landed");
+        gate.open();
+        release.await.unwrap().unwrap();
+        assert_eq!(&read.await.unwrap().unwrap()[..], b"written");
+    }
+}

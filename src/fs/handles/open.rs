@@ -96,6 +96,11 @@ impl S3Filesystem {
                     "overwriting an object needs --allow-overwrite",
                 ));
             }
+            // A writer released with its final upload under way: what this opens is what it uploads
+            // (close-to-open), not the version before it.
+            if node.is_being_written() && self.until_released_writer_lands(ino).await? {
+                node = self.sb.node(ino)?;
+            }
             // Open already, staged: every handle shares the one staged file.
             if let Some(shared) = self.handles.staged.attach(ino) {
                 return self.open_staged(ino, shared, mode, pid).await;
