@@ -677,9 +677,15 @@ impl InodeTable {
 
     /// A file under the key prefix `prefix` is being written (its bytes are not all in the bucket).
     pub fn writing_under(&self, prefix: &str) -> bool {
+        self.written_under(prefix).next().is_some()
+    }
+
+    /// The files under the key prefix `prefix` being written.
+    pub fn written_under<'a>(&'a self, prefix: &'a str) -> impl Iterator<Item = u64> + 'a {
         self.nodes
             .values()
-            .any(|n| n.key.starts_with(prefix) && n.is_being_written())
+            .filter(move |n| n.key.starts_with(prefix) && n.is_being_written())
+            .map(|n| n.ino)
     }
 
     /// After a directory moved from `old_prefix` to `new_prefix`: the nodes below it (numbers and names

@@ -55,8 +55,17 @@ impl S3Filesystem {
                 .await
                 .map(drop);
         };
-        if kind == Kind::File && self.until_released_writer_lands(ino).await? {
-            // Its last upload landed meanwhile: what moves is what it uploaded.
+        // A file (or one below a directory) whose last upload is under way: what moves is what it uploads.
+        let landing: Vec<u64> = match kind {
+            Kind::File => vec![ino],
+            Kind::Directory => self.sb.table().written_under(&key).collect(),
+            Kind::Symlink => Vec::new(),
+        };
+        let mut waited = false;
+        for ino in landing {
+            waited |= self.until_released_writer_lands(ino).await?;
+        }
+        if waited {
             return Box::pin(self.rename(parent, name, new_parent, new_name, no_replace)).await;
         }
         // A file renamed while open with bytes not uploaded yet (Rust's tempfile `persist`, which safetensors

@@ -376,9 +376,27 @@ async fn released_with_upload_held(
     crate::s3::fake::Gate,
     tokio::task::JoinHandle<crate::fs::FsResult<()>>,
 ) {
+    released_in_with_upload_held(directory, dir, None).await
+}
+
+/// As [`released_with_upload_held`], in the new directory `under` if given.
+async fn released_in_with_upload_held(
+    directory: bool,
+    dir: &tempfile::TempDir,
+    under: Option<&str>,
+) -> (
+    std::sync::Arc<crate::s3::fake::FakeClient>,
+    std::sync::Arc<crate::fs::S3Filesystem>,
+    crate::s3::fake::Gate,
+    tokio::task::JoinHandle<crate::fs::FsResult<()>>,
+) {
     let (fake, fs) = fs_with(&[], overwriting(dir), directory).await;
     let fs = std::sync::Arc::new(fs);
-    let (_, fh) = fs.create(ROOT_INO, "f", 1).await.unwrap();
+    let parent = match under {
+        Some(name) => fs.sb.mkdir(ROOT_INO, name).await.unwrap().ino,
+        None => ROOT_INO,
+    };
+    let (_, fh) = fs.create(parent, "f", 1).await.unwrap();
     fs.write(fh, 0, b"written").await.unwrap();
     let gate = fake.faults().hold(crate::s3::fake::Op::Put);
     let release = tokio::spawn({
@@ -458,5 +476,28 @@ async fn an_open_waits_for_a_released_writers_upload() {
         gate.open();
         release.await.unwrap().unwrap();
         assert_eq!(&read.await.unwrap().unwrap()[..], b"written");
+    }
+}
+
+/// A directory renamed right after the last close of a file in it, that file's upload still under way: the
+/// rename waits for it and moves what landed, not EBUSY (Orbax renames its temporary checkpoint directory
+/// once its files are closed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_directory_rename_waits_for_a_released_writers_upload() {
+    for directory in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        let (fake, fs, gate, release) =
+            released_in_with_upload_held(directory, &dir, Some("d")).await;
+        let rename = tokio::spawn({
+            let fs = std::sync::Arc::clone(&fs);
+            async move { fs.rename(ROOT_INO, "d", ROOT_INO, "e", false).await }
+        });
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        assert!(!rename.is_finished(), "answered before the upload landed");
+        gate.open();
+        release.await.unwrap().unwrap();
+        rename.await.unwrap().unwrap();
+        assert_eq!(fake.object("e/f").unwrap(), &b"written"[..]);
+        assert!(fake.object("d/f").is_none());
     }
 }
