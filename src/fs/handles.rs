@@ -303,7 +303,7 @@ impl S3Filesystem {
             // Open for writing: the attributes ride on its upload, and stat shows them meanwhile.
             let open = match (staged, handle.as_deref()) {
                 (Some(result), _) => result.map(|()| true)?,
-                (None, Some(owner @ Handle::Write { state, counted, .. })) => {
+                (None, Some(owner @ Handle::Write { state, .. })) => {
                     let mut state = state.lock().await;
                     if released(owner) {
                         drop(state);
@@ -316,13 +316,7 @@ impl S3Filesystem {
                         // a stat or a rename meanwhile would see the object without the attributes.
                         // (A failed writer keeps its error for its fsync and close.)
                         if !w.is_dirty() && !w.is_discarded() && !w.is_failed() {
-                            let committed = w.commit().await;
-                            if w.is_failed() {
-                                // Its bytes stay what the bucket has (its error is kept for its fsync and
-                                // close): it no longer holds the file busy.
-                                self.stream_writer_failed(ino, counted);
-                            }
-                            let put = committed?;
+                            let put = w.commit().await?;
                             let expires = self.sb.expiry();
                             if let (Some(put), Some(n)) = (put, self.sb.table().get_mut(ino)) {
                                 n.record_own_upload(

@@ -56,11 +56,13 @@ impl S3Filesystem {
                 .map(drop);
         };
         // A file (or one below a directory) whose last upload is under way: what moves is what it uploads.
-        let landing: Vec<u64> = match kind {
+        // The file it replaces, too: that upload landing after the move would overwrite the moved file.
+        let mut landing: Vec<u64> = match kind {
             Kind::File => vec![ino],
             Kind::Directory => self.sb.table().written_under(&key).collect(),
             Kind::Symlink => Vec::new(),
         };
+        landing.extend(replaced.filter(|r| *r != ino));
         let mut waited = false;
         for ino in landing {
             waited |= self.until_released_writer_lands(ino).await?;

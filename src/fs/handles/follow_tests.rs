@@ -376,21 +376,23 @@ async fn released_with_upload_held(
     crate::s3::fake::Gate,
     tokio::task::JoinHandle<crate::fs::FsResult<()>>,
 ) {
-    released_in_with_upload_held(directory, dir, None).await
+    released_in_with_upload_held(directory, overwriting(dir), None, &[]).await
 }
 
-/// As [`released_with_upload_held`], in the new directory `under` if given.
+/// As [`released_with_upload_held`], mounted with `cfg`, in the new directory `under` if given, in a bucket
+/// holding `seed`.
 async fn released_in_with_upload_held(
     directory: bool,
-    dir: &tempfile::TempDir,
+    cfg: FsConfig,
     under: Option<&str>,
+    seed: &[(&str, &[u8])],
 ) -> (
     std::sync::Arc<crate::s3::fake::FakeClient>,
     std::sync::Arc<crate::fs::S3Filesystem>,
     crate::s3::fake::Gate,
     tokio::task::JoinHandle<crate::fs::FsResult<()>>,
 ) {
-    let (fake, fs) = fs_with(&[], overwriting(dir), directory).await;
+    let (fake, fs) = fs_with(seed, cfg, directory).await;
     let fs = std::sync::Arc::new(fs);
     let parent = match under {
         Some(name) => fs.sb.mkdir(ROOT_INO, name).await.unwrap().ino,
@@ -487,7 +489,7 @@ async fn a_directory_rename_waits_for_a_released_writers_upload() {
     for directory in [true, false] {
         let dir = tempfile::tempdir().unwrap();
         let (fake, fs, gate, release) =
-            released_in_with_upload_held(directory, &dir, Some("d")).await;
+            released_in_with_upload_held(directory, overwriting(&dir), Some("d"), &[]).await;
         let rename = tokio::spawn({
             let fs = std::sync::Arc::clone(&fs);
             async move { fs.rename(ROOT_INO, "d", ROOT_INO, "e", false).await }
@@ -499,5 +501,57 @@ async fn a_directory_rename_waits_for_a_released_writers_upload() {
         rename.await.unwrap().unwrap();
         assert_eq!(fake.object("e/f").unwrap(), &b"written"[..]);
         assert!(fake.object("d/f").is_none());
+    }
+}
+
+/// A rename onto a file whose last upload is still under way: it waits, so that upload cannot land after the
+/// move and overwrite the file moved there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rename_onto_a_released_writers_file_waits_for_its_upload() {
+    for directory in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        let seed: &[(&str, &[u8])] = &[("src", b"moved")];
+        let (fake, fs, gate, release) =
+            released_in_with_upload_held(directory, overwriting(&dir), None, seed).await;
+        fs.sb.lookup(ROOT_INO, "src").await.unwrap();
+        let rename = tokio::spawn({
+            let fs = std::sync::Arc::clone(&fs);
+            async move { fs.rename(ROOT_INO, "src", ROOT_INO, "f", false).await }
+        });
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        assert!(!rename.is_finished(), "answered before the upload landed");
+        gate.open();
+        release.await.unwrap().unwrap();
+        rename.await.unwrap().unwrap();
+        assert_eq!(fake.object("f").unwrap(), &b"moved"[..]);
+        assert!(fake.object("src").is_none());
+    }
+}
+
+/// O_TRUNC without `--allow-overwrite` on a file made here whose upload is still under way: once it lands
+/// the file is an object like any other, and the open is refused as it would have been a moment later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_overwrite_waits_for_the_upload_and_then_needs_the_flag() {
+    for directory in [true, false] {
+        let (fake, fs, gate, release) =
+            released_in_with_upload_held(directory, test_support::config(), None, &[]).await;
+        let ino = fs.sb.lookup(ROOT_INO, "f").await.unwrap().ino;
+        let open = tokio::spawn({
+            let fs = std::sync::Arc::clone(&fs);
+            let truncating = OpenMode {
+                truncate: true,
+                ..RW
+            };
+            async move { fs.open(ino, truncating, 1).await.map(|o| o.fh) }
+        });
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        assert!(!open.is_finished(), "answered before the upload landed");
+        gate.open();
+        release.await.unwrap().unwrap();
+        assert!(matches!(
+            open.await.unwrap(),
+            Err(crate::fs::FsError::NotPermitted(_))
+        ));
+        assert_eq!(fake.object("f").unwrap(), &b"written"[..]);
     }
 }

@@ -91,15 +91,16 @@ impl S3Filesystem {
             if attempt > 3 {
                 return Err(FsError::Busy("the file is being written"));
             }
+            // A writer released with its final upload under way: what this opens is what it uploads
+            // (close-to-open), not the version before it; and once uploaded, a file made here is an object
+            // like any other for the check below.
+            if node.is_being_written() && self.until_released_writer_lands(ino).await? {
+                node = self.sb.node(ino)?;
+            }
             if mode.write && mode.truncate && !self.config.allow_overwrite && !node.is_local() {
                 return Err(FsError::NotPermitted(
                     "overwriting an object needs --allow-overwrite",
                 ));
-            }
-            // A writer released with its final upload under way: what this opens is what it uploads
-            // (close-to-open), not the version before it.
-            if node.is_being_written() && self.until_released_writer_lands(ino).await? {
-                node = self.sb.node(ino)?;
             }
             // Open already, staged: every handle shares the one staged file.
             if let Some(shared) = self.handles.staged.attach(ino) {

@@ -157,6 +157,11 @@ impl S3Filesystem {
             WriteState::Staged(shared) => return Ok(Arc::clone(shared)),
             WriteState::Stream(w) => w,
         };
+        // Staged meanwhile by another handle (an open of the object racing this writer): the bytes stay
+        // with the writer.
+        if self.handles.staged.peek(ino).is_some() {
+            return Err(FsError::Busy("the file is staged by another handle"));
+        }
         let adopted = match self.staging_context() {
             None => Err(FsError::InvalidArgument(format!(
                 "{}: this needs the file staged, and staging is disabled",
@@ -171,22 +176,24 @@ impl S3Filesystem {
         };
         let attrs = writer.attrs();
         let file = StagedFile::adopt(ctx, &writer.key, adopted, attrs);
-        let mark = WriterMark::idle();
         let changed = file.is_changed();
+        // Counted once registered: a staged file refused here must not leave the node busy for good.
+        let Some(shared) = self.handles.staged.insert(ino, file, WriterMark::idle()) else {
+            // Staged by another handle since the look above: the bytes taken cannot go back, so the
+            // writer fails as a whole rather than upload without them.
+            let e = writer.refuse(FsError::Busy("the file is staged by another handle"));
+            self.stream_writer_failed(ino, counted);
+            return Err(e);
+        };
         if changed {
             super::handle_wrote(owner);
         }
         if let Some(n) = self.sb.table().get_mut(ino) {
             if changed {
-                mark.wrote(n);
+                shared.counted.wrote(n);
             }
             counted.settled(n);
         }
-        let shared = self
-            .handles
-            .staged
-            .insert(ino, file, mark)
-            .ok_or(FsError::Busy("the file is staged by another handle"))?;
         *state = WriteState::Staged(Arc::clone(&shared));
         Ok(shared)
     }
