@@ -1,11 +1,13 @@
 //! What the core's unit tests share: a file system over the in-memory fake client.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
+use tokio::task::JoinHandle;
 
-use super::{FsConfig, OpenMode, S3Filesystem};
-use crate::s3::fake::FakeClient;
+use super::{FsConfig, FsResult, OpenMode, ROOT_INO, S3Filesystem};
+use crate::s3::fake::{FakeClient, Gate, Op};
 use crate::s3::{ObjectClient, WriteCondition};
 
 pub async fn fs_with(
@@ -46,4 +48,60 @@ pub fn overwriting(dir: &tempfile::TempDir) -> FsConfig {
     c.allow_overwrite = true;
     c.staging_dir = Some(dir.path().to_path_buf());
     c
+}
+
+/// A file whose last descriptor closed while its release's upload is still under way (no handle reaches
+/// it any more), and what a call made meanwhile answers.
+pub struct Landing {
+    pub fake: Arc<FakeClient>,
+    pub fs: Arc<S3Filesystem>,
+    gate: Gate,
+    release: JoinHandle<FsResult<()>>,
+}
+
+impl Landing {
+    /// `f` created and written (in the new directory `under` if given, in a bucket holding `seed`, mounted
+    /// with `cfg`), its release's PutObject held at the fake's gate.
+    pub async fn held(
+        directory: bool,
+        cfg: FsConfig,
+        under: Option<&str>,
+        seed: &[(&str, &[u8])],
+    ) -> Landing {
+        let (fake, fs) = fs_with(seed, cfg, directory).await;
+        let fs = Arc::new(fs);
+        let parent = match under {
+            Some(name) => fs.sb.mkdir(ROOT_INO, name).await.unwrap().ino,
+            None => ROOT_INO,
+        };
+        let (_, fh) = fs.create(parent, "f", 1).await.unwrap();
+        fs.write(fh, 0, b"written").await.unwrap();
+        let gate = fake.faults().hold(Op::Put);
+        let release = tokio::spawn({
+            let fs = Arc::clone(&fs);
+            async move { fs.release(fh).await }
+        });
+        while gate.held() == 0 {
+            tokio::task::yield_now().await;
+        }
+        Landing {
+            fake,
+            fs,
+            gate,
+            release,
+        }
+    }
+
+    /// Runs `call` meanwhile: it must still be waiting 100 ms later, and is answered once the upload lands.
+    pub async fn answer<T: Send + 'static>(
+        self,
+        call: impl Future<Output = T> + Send + 'static,
+    ) -> T {
+        let call = tokio::spawn(call);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(!call.is_finished(), "answered before the upload landed");
+        self.gate.open();
+        self.release.await.unwrap().unwrap();
+        call.await.unwrap()
+    }
 }

@@ -1,8 +1,10 @@
 //! Handles follow a rename: of their file, of a directory above it, and not at all when replaced; an
 //! unlinked file stays gone whatever its handles still write.
 
-use crate::fs::test_support::{self, RO, RW, fs_with};
-use crate::fs::{FsConfig, OpenMode, ROOT_INO};
+use std::sync::Arc;
+
+use crate::fs::test_support::{self, Landing, RO, RW, fs_with};
+use crate::fs::{FsConfig, FsError, OpenMode, ROOT_INO};
 
 /// Overwriting, and deleting (a rename may replace, an unlink delete).
 fn overwriting(dir: &tempfile::TempDir) -> FsConfig {
@@ -365,119 +367,18 @@ async fn an_open_of_a_file_its_name_no_longer_stands_for_is_stale() {
     }
 }
 
-/// A file whose last descriptor closed while its release's upload is still under way (no handle reaches
-/// it any more): `f` created and written, its release's PutObject held at the fake's gate.
-async fn released_with_upload_held(
-    directory: bool,
-    dir: &tempfile::TempDir,
-) -> (
-    std::sync::Arc<crate::s3::fake::FakeClient>,
-    std::sync::Arc<crate::fs::S3Filesystem>,
-    crate::s3::fake::Gate,
-    tokio::task::JoinHandle<crate::fs::FsResult<()>>,
-) {
-    released_in_with_upload_held(directory, overwriting(dir), None, &[]).await
-}
-
-/// As [`released_with_upload_held`], mounted with `cfg`, in the new directory `under` if given, in a bucket
-/// holding `seed`.
-async fn released_in_with_upload_held(
-    directory: bool,
-    cfg: FsConfig,
-    under: Option<&str>,
-    seed: &[(&str, &[u8])],
-) -> (
-    std::sync::Arc<crate::s3::fake::FakeClient>,
-    std::sync::Arc<crate::fs::S3Filesystem>,
-    crate::s3::fake::Gate,
-    tokio::task::JoinHandle<crate::fs::FsResult<()>>,
-) {
-    let (fake, fs) = fs_with(seed, cfg, directory).await;
-    let fs = std::sync::Arc::new(fs);
-    let parent = match under {
-        Some(name) => fs.sb.mkdir(ROOT_INO, name).await.unwrap().ino,
-        None => ROOT_INO,
-    };
-    let (_, fh) = fs.create(parent, "f", 1).await.unwrap();
-    fs.write(fh, 0, b"written").await.unwrap();
-    let gate = fake.faults().hold(crate::s3::fake::Op::Put);
-    let release = tokio::spawn({
-        let fs = std::sync::Arc::clone(&fs);
-        async move { fs.release(fh).await }
-    });
-    while gate.held() == 0 {
-        tokio::task::yield_now().await;
-    }
-    (fake, fs, gate, release)
-}
-
 /// rename(2) right after the last close, its upload still under way: it waits for the upload to land and
 /// moves what landed, not EBUSY.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rename_waits_for_a_released_writers_upload() {
     for directory in [true, false] {
         let dir = tempfile::tempdir().unwrap();
-        let (fake, fs, gate, release) = released_with_upload_held(directory, &dir).await;
-        let rename = tokio::spawn({
-            let fs = std::sync::Arc::clone(&fs);
-            async move { fs.rename(ROOT_INO, "f", ROOT_INO, "g", false).await }
-        });
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-        assert!(!rename.is_finished(), "answered before the upload landed");
-        gate.open();
-        release.await.unwrap().unwrap();
-        rename.await.unwrap().unwrap();
+        let landing = Landing::held(directory, overwriting(&dir), None, &[]).await;
+        let (fake, fs) = (Arc::clone(&landing.fake), Arc::clone(&landing.fs));
+        let rename = async move { fs.rename(ROOT_INO, "f", ROOT_INO, "g", false).await };
+        landing.answer(rename).await.unwrap();
         assert_eq!(fake.object("g").unwrap(), &b"written"[..]);
         assert!(fake.object("f").is_none());
-    }
-}
-
-/// unlink(2) right after the last close, its upload still under way: the object that upload makes must not
-/// outlive the unlink.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_unlink_waits_for_a_released_writers_upload() {
-    for directory in [true, false] {
-        let dir = tempfile::tempdir().unwrap();
-        let (fake, fs, gate, release) = released_with_upload_held(directory, &dir).await;
-        let unlink = tokio::spawn({
-            let fs = std::sync::Arc::clone(&fs);
-            async move { fs.unlink(ROOT_INO, "f").await }
-        });
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-        assert!(!unlink.is_finished(), "answered before the upload landed");
-        gate.open();
-        release.await.unwrap().unwrap();
-        unlink.await.unwrap().unwrap();
-        assert!(fake.object("f").is_none(), "the unlinked file came back");
-        assert!(matches!(
-            fs.sb.lookup(ROOT_INO, "f").await,
-            Err(crate::fs::FsError::NotFound)
-        ));
-    }
-}
-
-/// open(2) for reading right after the last close, its upload still under way: it waits for the upload and
-/// reads what landed.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_open_waits_for_a_released_writers_upload() {
-    for directory in [true, false] {
-        let dir = tempfile::tempdir().unwrap();
-        let (_fake, fs, gate, release) = released_with_upload_held(directory, &dir).await;
-        let ino = fs.sb.lookup(ROOT_INO, "f").await.unwrap().ino;
-        let read = tokio::spawn({
-            let fs = std::sync::Arc::clone(&fs);
-            async move {
-                let h = fs.open(ino, RO, 1).await?;
-                let bytes = fs.read(h.fh, 0, 100).await;
-                fs.release(h.fh).await?;
-                bytes
-            }
-        });
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-        assert!(!read.is_finished(), "answered before the upload landed");
-        gate.open();
-        release.await.unwrap().unwrap();
-        assert_eq!(&read.await.unwrap().unwrap()[..], b"written");
     }
 }
 
@@ -488,17 +389,10 @@ async fn an_open_waits_for_a_released_writers_upload() {
 async fn a_directory_rename_waits_for_a_released_writers_upload() {
     for directory in [true, false] {
         let dir = tempfile::tempdir().unwrap();
-        let (fake, fs, gate, release) =
-            released_in_with_upload_held(directory, overwriting(&dir), Some("d"), &[]).await;
-        let rename = tokio::spawn({
-            let fs = std::sync::Arc::clone(&fs);
-            async move { fs.rename(ROOT_INO, "d", ROOT_INO, "e", false).await }
-        });
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-        assert!(!rename.is_finished(), "answered before the upload landed");
-        gate.open();
-        release.await.unwrap().unwrap();
-        rename.await.unwrap().unwrap();
+        let landing = Landing::held(directory, overwriting(&dir), Some("d"), &[]).await;
+        let (fake, fs) = (Arc::clone(&landing.fake), Arc::clone(&landing.fs));
+        let rename = async move { fs.rename(ROOT_INO, "d", ROOT_INO, "e", false).await };
+        landing.answer(rename).await.unwrap();
         assert_eq!(fake.object("e/f").unwrap(), &b"written"[..]);
         assert!(fake.object("d/f").is_none());
     }
@@ -511,20 +405,53 @@ async fn a_rename_onto_a_released_writers_file_waits_for_its_upload() {
     for directory in [true, false] {
         let dir = tempfile::tempdir().unwrap();
         let seed: &[(&str, &[u8])] = &[("src", b"moved")];
-        let (fake, fs, gate, release) =
-            released_in_with_upload_held(directory, overwriting(&dir), None, seed).await;
+        let landing = Landing::held(directory, overwriting(&dir), None, seed).await;
+        let (fake, fs) = (Arc::clone(&landing.fake), Arc::clone(&landing.fs));
         fs.sb.lookup(ROOT_INO, "src").await.unwrap();
-        let rename = tokio::spawn({
-            let fs = std::sync::Arc::clone(&fs);
-            async move { fs.rename(ROOT_INO, "src", ROOT_INO, "f", false).await }
-        });
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-        assert!(!rename.is_finished(), "answered before the upload landed");
-        gate.open();
-        release.await.unwrap().unwrap();
-        rename.await.unwrap().unwrap();
+        let rename = async move { fs.rename(ROOT_INO, "src", ROOT_INO, "f", false).await };
+        landing.answer(rename).await.unwrap();
         assert_eq!(fake.object("f").unwrap(), &b"moved"[..]);
         assert!(fake.object("src").is_none());
+    }
+}
+
+/// unlink(2) right after the last close, its upload still under way: the object that upload makes must not
+/// outlive the unlink.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unlink_waits_for_a_released_writers_upload() {
+    for directory in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        let landing = Landing::held(directory, overwriting(&dir), None, &[]).await;
+        let (fake, fs) = (Arc::clone(&landing.fake), Arc::clone(&landing.fs));
+        let unlink = {
+            let fs = Arc::clone(&fs);
+            async move { fs.unlink(ROOT_INO, "f").await }
+        };
+        landing.answer(unlink).await.unwrap();
+        assert!(fake.object("f").is_none(), "the unlinked file came back");
+        assert!(matches!(
+            fs.sb.lookup(ROOT_INO, "f").await,
+            Err(FsError::NotFound)
+        ));
+    }
+}
+
+/// open(2) for reading right after the last close, its upload still under way: it waits for the upload and
+/// reads what landed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_waits_for_a_released_writers_upload() {
+    for directory in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        let landing = Landing::held(directory, overwriting(&dir), None, &[]).await;
+        let fs = Arc::clone(&landing.fs);
+        let ino = fs.sb.lookup(ROOT_INO, "f").await.unwrap().ino;
+        let read = async move {
+            let h = fs.open(ino, RO, 1).await?;
+            let bytes = fs.read(h.fh, 0, 100).await;
+            fs.release(h.fh).await?;
+            bytes
+        };
+        assert_eq!(&landing.answer(read).await.unwrap()[..], b"written");
     }
 }
 
@@ -533,25 +460,16 @@ async fn a_rename_onto_a_released_writers_file_waits_for_its_upload() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_overwrite_waits_for_the_upload_and_then_needs_the_flag() {
     for directory in [true, false] {
-        let (fake, fs, gate, release) =
-            released_in_with_upload_held(directory, test_support::config(), None, &[]).await;
+        let landing = Landing::held(directory, test_support::config(), None, &[]).await;
+        let (fake, fs) = (Arc::clone(&landing.fake), Arc::clone(&landing.fs));
         let ino = fs.sb.lookup(ROOT_INO, "f").await.unwrap().ino;
-        let open = tokio::spawn({
-            let fs = std::sync::Arc::clone(&fs);
-            let truncating = OpenMode {
-                truncate: true,
-                ..RW
-            };
-            async move { fs.open(ino, truncating, 1).await.map(|o| o.fh) }
-        });
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-        assert!(!open.is_finished(), "answered before the upload landed");
-        gate.open();
-        release.await.unwrap().unwrap();
-        assert!(matches!(
-            open.await.unwrap(),
-            Err(crate::fs::FsError::NotPermitted(_))
-        ));
+        let truncating = OpenMode {
+            truncate: true,
+            ..RW
+        };
+        let open = async move { fs.open(ino, truncating, 1).await.map(|o| o.fh) };
+        let opened = landing.answer(open).await;
+        assert!(matches!(opened, Err(FsError::NotPermitted(_))));
         assert_eq!(fake.object("f").unwrap(), &b"written"[..]);
     }
 }

@@ -6,7 +6,7 @@ use std::time::{Duration, UNIX_EPOCH};
 use bytes::Bytes;
 
 use crate::fs::attrs::StoredAttrs;
-use crate::fs::test_support::{config, fs_with};
+use crate::fs::test_support::{Landing, config, fs_with};
 use crate::fs::{FsConfig, FsError, ROOT_INO};
 use crate::s3::fake::Op;
 use crate::s3::{ObjectClient, UserMetadata, WriteCondition};
@@ -391,43 +391,27 @@ async fn a_change_after_our_own_copy_follows_a_replacement_in_between() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_change_by_name_waits_for_a_released_writers_upload() {
     for directory in [true, false] {
-        let (fake, fs) = fs_with(&[], preserving(), directory).await;
-        let fs = Arc::new(fs);
-        let (attr, fh) = fs.create(ROOT_INO, "f", 1).await.unwrap();
-        fs.write(fh, 0, b"hello").await.unwrap();
-        let gate = fake.faults().hold(Op::Put);
-        let release = tokio::spawn({
-            let fs = Arc::clone(&fs);
-            async move { fs.release(fh).await }
-        });
-        while gate.held() == 0 {
-            tokio::task::yield_now().await;
-        }
+        let landing = Landing::held(directory, preserving(), None, &[]).await;
+        let (fake, fs) = (Arc::clone(&landing.fake), Arc::clone(&landing.fs));
+        let ino = fs.sb.lookup(ROOT_INO, "f").await.unwrap().ino;
         let owner = StoredAttrs {
             uid: Some(1234),
             gid: Some(5678),
             ..StoredAttrs::default()
         };
-        let chown = tokio::spawn({
+        let chown = {
             let fs = Arc::clone(&fs);
-            async move { fs.setattr(attr.ino, None, None, owner).await }
-        });
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        assert!(
-            !chown.is_finished(),
-            "answered before the upload it changes landed"
-        );
-        gate.open();
-        release.await.unwrap().unwrap();
-        let shown = chown.await.unwrap().unwrap();
+            async move { fs.setattr(ino, None, None, owner).await }
+        };
+        let shown = landing.answer(chown).await.unwrap();
         assert_eq!((shown.uid, shown.gid), (1234, 5678));
         let stored = fake.head_object("f").await.unwrap().metadata;
         assert_eq!(
             (stored["uid"].as_str(), stored["gid"].as_str()),
             ("1234", "5678")
         );
-        assert_eq!(fake.object("f").unwrap(), Bytes::from_static(b"hello"));
-        let now = fs.sb.getattr(attr.ino).await.unwrap();
-        assert_eq!((now.uid, now.gid, now.size), (1234, 5678, 5));
+        assert_eq!(fake.object("f").unwrap(), Bytes::from_static(b"written"));
+        let now = fs.sb.getattr(ino).await.unwrap();
+        assert_eq!((now.uid, now.gid, now.size), (1234, 5678, 7));
     }
 }
