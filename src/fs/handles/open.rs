@@ -244,11 +244,11 @@ impl S3Filesystem {
     }
 
     /// Waits while `ino` is being written by a writer no handle reaches any more: released (or a staged
-    /// file's last handle closed, or a shared mapping's writeback done) with its final upload under way. A
-    /// change by name has nothing to ride on meanwhile, and stored on the old version it would be replaced by
-    /// that upload; so it waits, then starts
-    /// again from what landed; a rename would find the file busy, and an unlink would see the object come
-    /// back. True if it waited. Gives up with EBUSY after [`LANDING_WAIT`] rather than lose the change.
+    /// file's last handle closed) with its final upload under way. Meanwhile a change by name has nothing to
+    /// ride on (stored on the old version, that upload would replace it), a rename would find the file busy,
+    /// and an unlink would see the upload bring the object back; so the caller waits here, then starts again
+    /// from what landed. True if it waited. Gives up with EBUSY after [`LANDING_WAIT`] rather than lose a
+    /// change.
     pub(super) async fn until_released_writer_lands(&self, ino: u64) -> FsResult<bool> {
         let deadline = Instant::now() + LANDING_WAIT;
         let mut waited = false;
