@@ -50,11 +50,14 @@ pub fn overwriting(dir: &tempfile::TempDir) -> FsConfig {
     c
 }
 
-/// A file whose last descriptor closed while its release's upload is still under way (no handle reaches
-/// it any more), and what a call made meanwhile answers.
+/// A file whose release uploads it (no flush of its own came first, as when its close came from another
+/// process) while that upload is held, so no handle reaches the writer any more; and what a call made
+/// meanwhile answers.
 pub struct Landing {
     pub fake: Arc<FakeClient>,
     pub fs: Arc<S3Filesystem>,
+    /// The file's inode.
+    pub ino: u64,
     gate: Gate,
     release: JoinHandle<FsResult<()>>,
 }
@@ -74,7 +77,7 @@ impl Landing {
             Some(name) => fs.sb.mkdir(ROOT_INO, name).await.unwrap().ino,
             None => ROOT_INO,
         };
-        let (_, fh) = fs.create(parent, "f", 1).await.unwrap();
+        let (attr, fh) = fs.create(parent, "f", 1).await.unwrap();
         fs.write(fh, 0, b"written").await.unwrap();
         let gate = fake.faults().hold(Op::Put);
         let release = tokio::spawn({
@@ -87,17 +90,20 @@ impl Landing {
         Landing {
             fake,
             fs,
+            ino: attr.ino,
             gate,
             release,
         }
     }
 
-    /// Runs `call` meanwhile: it must still be waiting 100 ms later, and is answered once the upload lands.
-    pub async fn answer<T: Send + 'static>(
-        self,
-        call: impl Future<Output = T> + Send + 'static,
-    ) -> T {
-        let call = tokio::spawn(call);
+    /// Runs `call` on the file system meanwhile: it must still be waiting 100 ms later, and is answered once
+    /// the upload lands.
+    pub async fn answer<T, F>(self, call: impl FnOnce(Arc<S3Filesystem>) -> F) -> T
+    where
+        T: Send + 'static,
+        F: Future<Output = T> + Send + 'static,
+    {
+        let call = tokio::spawn(call(Arc::clone(&self.fs)));
         tokio::time::sleep(Duration::from_millis(100)).await;
         assert!(!call.is_finished(), "answered before the upload landed");
         self.gate.open();

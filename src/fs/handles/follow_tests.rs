@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use crate::fs::test_support::{self, Landing, RO, RW, fs_with};
-use crate::fs::{FsConfig, FsError, OpenMode, ROOT_INO};
+use crate::fs::{FsConfig, FsError, OpenMode, ROOT_INO, S3Filesystem};
 
 /// Overwriting, and deleting (a rename may replace, an unlink delete).
 fn overwriting(dir: &tempfile::TempDir) -> FsConfig {
@@ -368,33 +368,24 @@ async fn an_open_of_a_file_its_name_no_longer_stands_for_is_stale() {
 }
 
 /// rename(2) right after the last close, its upload still under way: it waits for the upload to land and
-/// moves what landed, not EBUSY.
+/// moves what landed, not EBUSY. So does the rename of a directory above the file (Orbax renames its
+/// temporary checkpoint directory once its files are closed).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rename_waits_for_a_released_writers_upload() {
-    for directory in [true, false] {
-        let dir = tempfile::tempdir().unwrap();
-        let landing = Landing::held(directory, overwriting(&dir), None, &[]).await;
-        let (fake, fs) = (Arc::clone(&landing.fake), Arc::clone(&landing.fs));
-        let rename = async move { fs.rename(ROOT_INO, "f", ROOT_INO, "g", false).await };
-        landing.answer(rename).await.unwrap();
-        assert_eq!(fake.object("g").unwrap(), &b"written"[..]);
-        assert!(fake.object("f").is_none());
-    }
-}
-
-/// A directory renamed right after the last close of a file in it, that file's upload still under way: the
-/// rename waits for it and moves what landed, not EBUSY (Orbax renames its temporary checkpoint directory
-/// once its files are closed).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_directory_rename_waits_for_a_released_writers_upload() {
-    for directory in [true, false] {
-        let dir = tempfile::tempdir().unwrap();
-        let landing = Landing::held(directory, overwriting(&dir), Some("d"), &[]).await;
-        let (fake, fs) = (Arc::clone(&landing.fake), Arc::clone(&landing.fs));
-        let rename = async move { fs.rename(ROOT_INO, "d", ROOT_INO, "e", false).await };
-        landing.answer(rename).await.unwrap();
-        assert_eq!(fake.object("e/f").unwrap(), &b"written"[..]);
-        assert!(fake.object("d/f").is_none());
+    let file = (None, "f", "g", ("f", "g"));
+    let its_directory = (Some("d"), "d", "e", ("d/f", "e/f"));
+    for (under, from, to, (old_key, new_key)) in [file, its_directory] {
+        for directory in [true, false] {
+            let dir = tempfile::tempdir().unwrap();
+            let landing = Landing::held(directory, overwriting(&dir), under, &[]).await;
+            let fake = Arc::clone(&landing.fake);
+            let rename = move |fs: Arc<S3Filesystem>| async move {
+                fs.rename(ROOT_INO, from, ROOT_INO, to, false).await
+            };
+            landing.answer(rename).await.unwrap();
+            assert_eq!(fake.object(new_key).unwrap(), &b"written"[..], "{new_key}");
+            assert!(fake.object(old_key).is_none(), "{old_key}");
+        }
     }
 }
 
@@ -406,9 +397,11 @@ async fn a_rename_onto_a_released_writers_file_waits_for_its_upload() {
         let dir = tempfile::tempdir().unwrap();
         let seed: &[(&str, &[u8])] = &[("src", b"moved")];
         let landing = Landing::held(directory, overwriting(&dir), None, seed).await;
-        let (fake, fs) = (Arc::clone(&landing.fake), Arc::clone(&landing.fs));
-        fs.sb.lookup(ROOT_INO, "src").await.unwrap();
-        let rename = async move { fs.rename(ROOT_INO, "src", ROOT_INO, "f", false).await };
+        let fake = Arc::clone(&landing.fake);
+        landing.fs.sb.lookup(ROOT_INO, "src").await.unwrap();
+        let rename = |fs: Arc<S3Filesystem>| async move {
+            fs.rename(ROOT_INO, "src", ROOT_INO, "f", false).await
+        };
         landing.answer(rename).await.unwrap();
         assert_eq!(fake.object("f").unwrap(), &b"moved"[..]);
         assert!(fake.object("src").is_none());
@@ -423,10 +416,7 @@ async fn an_unlink_waits_for_a_released_writers_upload() {
         let dir = tempfile::tempdir().unwrap();
         let landing = Landing::held(directory, overwriting(&dir), None, &[]).await;
         let (fake, fs) = (Arc::clone(&landing.fake), Arc::clone(&landing.fs));
-        let unlink = {
-            let fs = Arc::clone(&fs);
-            async move { fs.unlink(ROOT_INO, "f").await }
-        };
+        let unlink = |fs: Arc<S3Filesystem>| async move { fs.unlink(ROOT_INO, "f").await };
         landing.answer(unlink).await.unwrap();
         assert!(fake.object("f").is_none(), "the unlinked file came back");
         assert!(matches!(
@@ -443,9 +433,8 @@ async fn an_open_waits_for_a_released_writers_upload() {
     for directory in [true, false] {
         let dir = tempfile::tempdir().unwrap();
         let landing = Landing::held(directory, overwriting(&dir), None, &[]).await;
-        let fs = Arc::clone(&landing.fs);
-        let ino = fs.sb.lookup(ROOT_INO, "f").await.unwrap().ino;
-        let read = async move {
+        let ino = landing.ino;
+        let read = move |fs: Arc<S3Filesystem>| async move {
             let h = fs.open(ino, RO, 1).await?;
             let bytes = fs.read(h.fh, 0, 100).await;
             fs.release(h.fh).await?;
@@ -461,13 +450,14 @@ async fn an_open_waits_for_a_released_writers_upload() {
 async fn an_overwrite_waits_for_the_upload_and_then_needs_the_flag() {
     for directory in [true, false] {
         let landing = Landing::held(directory, test_support::config(), None, &[]).await;
-        let (fake, fs) = (Arc::clone(&landing.fake), Arc::clone(&landing.fs));
-        let ino = fs.sb.lookup(ROOT_INO, "f").await.unwrap().ino;
+        let (fake, ino) = (Arc::clone(&landing.fake), landing.ino);
         let truncating = OpenMode {
             truncate: true,
             ..RW
         };
-        let open = async move { fs.open(ino, truncating, 1).await.map(|o| o.fh) };
+        let open = move |fs: Arc<S3Filesystem>| async move {
+            fs.open(ino, truncating, 1).await.map(|o| o.fh)
+        };
         let opened = landing.answer(open).await;
         assert!(matches!(opened, Err(FsError::NotPermitted(_))));
         assert_eq!(fake.object("f").unwrap(), &b"written"[..]);

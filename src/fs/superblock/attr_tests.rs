@@ -7,7 +7,7 @@ use bytes::Bytes;
 
 use crate::fs::attrs::StoredAttrs;
 use crate::fs::test_support::{Landing, config, fs_with};
-use crate::fs::{FsConfig, FsError, ROOT_INO};
+use crate::fs::{FsConfig, FsError, ROOT_INO, S3Filesystem};
 use crate::s3::fake::Op;
 use crate::s3::{ObjectClient, UserMetadata, WriteCondition};
 
@@ -385,24 +385,25 @@ async fn a_change_after_our_own_copy_follows_a_replacement_in_between() {
     }
 }
 
-/// chown by name while a released writer's last upload is under way (touch, then chown, with the release
-/// coming late): no handle reaches the writer any more, so the change waits for that upload to land and is
-/// then stored on what landed. CI once saw it accepted and lost here.
+/// chown by name while a released writer's last upload is under way (its release uploads, as after a
+/// `touch -d` whose staged change waits for the release): no handle reaches the writer any more, so the
+/// change waits for that upload to land and is then stored on what landed. CI once saw it accepted and lost.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_change_by_name_waits_for_a_released_writers_upload() {
     for directory in [true, false] {
         let landing = Landing::held(directory, preserving(), None, &[]).await;
-        let (fake, fs) = (Arc::clone(&landing.fake), Arc::clone(&landing.fs));
-        let ino = fs.sb.lookup(ROOT_INO, "f").await.unwrap().ino;
+        let (fake, fs, ino) = (
+            Arc::clone(&landing.fake),
+            Arc::clone(&landing.fs),
+            landing.ino,
+        );
         let owner = StoredAttrs {
             uid: Some(1234),
             gid: Some(5678),
             ..StoredAttrs::default()
         };
-        let chown = {
-            let fs = Arc::clone(&fs);
-            async move { fs.setattr(ino, None, None, owner).await }
-        };
+        let chown =
+            move |fs: Arc<S3Filesystem>| async move { fs.setattr(ino, None, None, owner).await };
         let shown = landing.answer(chown).await.unwrap();
         assert_eq!((shown.uid, shown.gid), (1234, 5678));
         let stored = fake.head_object("f").await.unwrap().metadata;
