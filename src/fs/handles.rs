@@ -29,6 +29,7 @@ use super::read::Reader;
 use super::write::Writer;
 use super::{Attr, DirEntry, FsError, FsResult, KernelNotice, S3Filesystem};
 use crate::s3::UserMetadata;
+use open::Patience;
 use staging::SharedStaged;
 pub use staging::StagedFiles;
 
@@ -272,6 +273,20 @@ impl S3Filesystem {
         fh: Option<u64>,
         change: StoredAttrs,
     ) -> FsResult<Attr> {
+        self.setattr_within(ino, size, fh, change, Patience::new())
+            .await
+    }
+
+    /// [`Self::setattr`], its retries after a wait for a released writer bounded by the first call's
+    /// `patience`.
+    async fn setattr_within(
+        &self,
+        ino: u64,
+        size: Option<u64>,
+        fh: Option<u64>,
+        change: StoredAttrs,
+        patience: Patience,
+    ) -> FsResult<Attr> {
         if (size.is_some() || (self.config.preserve_metadata && !change.is_empty()))
             && self.config.read_only
         {
@@ -307,7 +322,8 @@ impl S3Filesystem {
                     let mut state = state.lock().await;
                     if released(owner) {
                         drop(state);
-                        return Box::pin(self.setattr(ino, size, None, change)).await;
+                        return Box::pin(self.setattr_within(ino, size, None, change, patience))
+                            .await;
                     }
                     if let WriteState::Stream(w) = &mut *state {
                         w.set_attrs(change);
@@ -336,8 +352,9 @@ impl S3Filesystem {
                     if now.is_being_written() {
                         // A writer took the file since we looked, or a released one is finishing its upload:
                         // a copy of the metadata now would be replaced by that upload, the change lost.
-                        self.until_released_writer_lands(ino).await?;
-                        return Box::pin(self.setattr(ino, size, None, change)).await;
+                        self.until_released_writer_lands(ino, patience).await?;
+                        return Box::pin(self.setattr_within(ino, size, None, change, patience))
+                            .await;
                     }
                     if !now.is_local() {
                         self.sb.store_attributes(ino, change).await?;
@@ -362,7 +379,13 @@ impl S3Filesystem {
                     if released(owner) {
                         // (The attributes are done already.)
                         drop(state);
-                        let cut = self.setattr(ino, Some(size), None, StoredAttrs::default());
+                        let cut = self.setattr_within(
+                            ino,
+                            Some(size),
+                            None,
+                            StoredAttrs::default(),
+                            patience,
+                        );
                         return Box::pin(cut).await;
                     }
                     if let WriteState::Stream(w) = &mut *state
@@ -383,8 +406,14 @@ impl S3Filesystem {
                     if self.sb.node(ino)?.is_being_written() {
                         // As above: cut what the writer uploads, not the version it replaces. (The attributes
                         // are done already.)
-                        self.until_released_writer_lands(ino).await?;
-                        let cut = self.setattr(ino, Some(size), None, StoredAttrs::default());
+                        self.until_released_writer_lands(ino, patience).await?;
+                        let cut = self.setattr_within(
+                            ino,
+                            Some(size),
+                            None,
+                            StoredAttrs::default(),
+                            patience,
+                        );
                         return Box::pin(cut).await;
                     }
                     let current = self.sb.getattr(ino).await?;
@@ -435,6 +464,12 @@ impl S3Filesystem {
     /// unlink(2). The name of a file open for writing goes at once, as on a local disk (lock files are
     /// deleted while held): its handles keep reading and writing, and upload nothing from then on.
     pub async fn unlink(&self, parent: u64, name: &str) -> FsResult<()> {
+        self.unlink_within(parent, name, Patience::new()).await
+    }
+
+    /// [`Self::unlink`], its retry after a wait for a released writer bounded by the first call's
+    /// `patience`.
+    async fn unlink_within(&self, parent: u64, name: &str, patience: Patience) -> FsResult<()> {
         let file = self
             .sb
             .table()
@@ -452,9 +487,9 @@ impl S3Filesystem {
                 "deleting objects needs --allow-delete",
             ));
         }
-        if pending && self.until_released_writer_lands(ino).await? {
+        if pending && self.until_released_writer_lands(ino, patience).await? {
             // Its last upload landed meanwhile: the object it made goes as any other.
-            return Box::pin(self.unlink(parent, name)).await;
+            return Box::pin(self.unlink_within(parent, name, patience)).await;
         }
         // Handles still open (or closed, their release not in yet) must not bring the name back: held while
         // the object goes, as a rename holds them (`follow.rs`), and discarded once it is gone. A failed

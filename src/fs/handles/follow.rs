@@ -14,6 +14,7 @@ use std::sync::Arc;
 
 use tokio::sync::MutexGuard as AsyncGuard;
 
+use super::open::Patience;
 use super::staging::SharedStaged;
 use super::{Handle, WriteState};
 use crate::fs::inode::Kind;
@@ -37,6 +38,22 @@ impl S3Filesystem {
         new_parent: u64,
         new_name: &str,
         no_replace: bool,
+    ) -> FsResult<()> {
+        let patience = Patience::new();
+        self.rename_within(parent, name, new_parent, new_name, no_replace, patience)
+            .await
+    }
+
+    /// [`Self::rename`], its retries after a wait for released writers bounded by the first call's
+    /// `patience`.
+    async fn rename_within(
+        &self,
+        parent: u64,
+        name: &str,
+        new_parent: u64,
+        new_name: &str,
+        no_replace: bool,
+        patience: Patience,
     ) -> FsResult<()> {
         let (moving, replaced) = {
             let table = self.sb.table();
@@ -65,10 +82,12 @@ impl S3Filesystem {
         landing.extend(replaced.filter(|r| *r != ino));
         let mut waited = false;
         for ino in landing {
-            waited |= self.until_released_writer_lands(ino).await?;
+            waited |= self.until_released_writer_lands(ino, patience).await?;
         }
         if waited {
-            return Box::pin(self.rename(parent, name, new_parent, new_name, no_replace)).await;
+            let again =
+                self.rename_within(parent, name, new_parent, new_name, no_replace, patience);
+            return Box::pin(again).await;
         }
         // A file renamed while open with bytes not uploaded yet (Rust's tempfile `persist`, which safetensors
         // and others use, renames before it closes): they are uploaded first, as fsync would, and the

@@ -2,7 +2,9 @@
 //! unlinked file stays gone whatever its handles still write.
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
+use super::open::Patience;
 use crate::fs::test_support::{self, Landing, RO, RW, fs_with};
 use crate::fs::{FsConfig, FsError, OpenMode, ROOT_INO, S3Filesystem};
 
@@ -460,6 +462,33 @@ async fn an_overwrite_waits_for_the_upload_and_then_needs_the_flag() {
         };
         let opened = landing.answer(open).await;
         assert!(matches!(opened, Err(FsError::NotPermitted(_))));
+        assert_eq!(fake.object("f").unwrap(), &b"written"[..]);
+    }
+}
+
+/// A call waits for a released writer's upload only as long as its patience lasts, then says the file is busy
+/// rather than act on a version about to be replaced; the file is still there to act on once it lands.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_for_a_released_writer_ends_in_ebusy_when_its_patience_runs_out() {
+    for directory in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        let landing = Landing::held(directory, overwriting(&dir), None, &[]).await;
+        let (fake, fs, ino) = (
+            Arc::clone(&landing.fake),
+            Arc::clone(&landing.fs),
+            landing.ino,
+        );
+        let patience = Duration::from_millis(200);
+        let started = Instant::now();
+        let waited = fs
+            .until_released_writer_lands(ino, Patience::for_at_most(patience))
+            .await;
+        assert!(matches!(waited, Err(FsError::Busy(_))), "{waited:?}");
+        assert!(started.elapsed() >= patience);
+        let wait = move |fs: Arc<S3Filesystem>| async move {
+            fs.until_released_writer_lands(ino, Patience::new()).await
+        };
+        assert!(landing.answer(wait).await.unwrap(), "it waited");
         assert_eq!(fake.object("f").unwrap(), &b"written"[..]);
     }
 }

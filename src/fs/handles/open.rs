@@ -16,11 +16,35 @@ use crate::fs::write::{Writer, WriterOptions};
 use crate::fs::{Attr, FsError, FsResult, OpenMode, Opened, S3Filesystem, names, preload};
 use crate::s3::{PutResult, WriteCondition};
 
-/// How long a change by name waits for a closed writer's final upload (one part and the completion at most,
-/// as a streaming writer's release sends) before it fails with EBUSY.
+/// How long a change by name waits for closed writers' final uploads (one part and the completion at most,
+/// as a streaming writer's release sends), over all its retries, before it fails with EBUSY.
 const LANDING_WAIT: Duration = Duration::from_secs(60);
 /// How often that wait looks again without a notice.
 const LANDING_RECHECK: Duration = Duration::from_millis(50);
+
+/// When one call by name stops waiting for released writers ([`LANDING_WAIT`] from its start). The call
+/// carries it through its retries, so writers that keep closing under a renamed directory cannot keep it
+/// waiting for ever.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Patience {
+    until: Instant,
+}
+
+impl Patience {
+    pub(super) fn new() -> Self {
+        Self::for_at_most(LANDING_WAIT)
+    }
+
+    pub(super) fn for_at_most(wait: Duration) -> Self {
+        Self {
+            until: Instant::now() + wait,
+        }
+    }
+
+    fn ran_out(self) -> bool {
+        Instant::now() >= self.until
+    }
+}
 
 impl S3Filesystem {
     /// Before an open or a truncation of `ino` touches its page cache: voids a first open's preload not
@@ -87,6 +111,7 @@ impl S3Filesystem {
         // A plain read open of a file never opened before may fill its page cache.
         let plain_read = !mode.write && !mode.direct && !mode.truncate && !mode.not_for_reading;
         let first_open = self.claim_page_cache(ino, plain_read);
+        let patience = Patience::new();
         for attempt in 1.. {
             if attempt > 3 {
                 return Err(FsError::Busy("the file is being written"));
@@ -94,7 +119,7 @@ impl S3Filesystem {
             // A writer released with its final upload under way: what this opens is what it uploads
             // (close-to-open), not the version before it; and once uploaded, a file made here is an object
             // like any other for the check below.
-            if node.is_being_written() && self.until_released_writer_lands(ino).await? {
+            if node.is_being_written() && self.until_released_writer_lands(ino, patience).await? {
                 node = self.sb.node(ino)?;
             }
             if mode.write && mode.truncate && !self.config.allow_overwrite && !node.is_local() {
@@ -247,10 +272,13 @@ impl S3Filesystem {
     /// file's last handle closed) with its final upload under way. Meanwhile a change by name has nothing to
     /// ride on (stored on the old version, that upload would replace it), a rename would find the file busy,
     /// and an unlink would see the upload bring the object back; so the caller waits here, then starts again
-    /// from what landed. True if it waited. Gives up with EBUSY after [`LANDING_WAIT`] rather than lose a
-    /// change.
-    pub(super) async fn until_released_writer_lands(&self, ino: u64) -> FsResult<bool> {
-        let deadline = Instant::now() + LANDING_WAIT;
+    /// from what landed. True if it waited. Gives up with EBUSY once the call's `patience` runs out rather
+    /// than lose a change.
+    pub(super) async fn until_released_writer_lands(
+        &self,
+        ino: u64,
+        patience: Patience,
+    ) -> FsResult<bool> {
         let mut waited = false;
         loop {
             let landed = self.handles.writer_landed.notified();
@@ -268,7 +296,7 @@ impl S3Filesystem {
             {
                 return Ok(waited);
             }
-            if Instant::now() >= deadline {
+            if patience.ran_out() {
                 return Err(FsError::Busy(
                     "a closed writer of the file is still uploading",
                 ));
