@@ -235,7 +235,8 @@ impl S3Filesystem {
         }
     }
 
-    /// A new handle on the staged file `shared` (attached already); O_TRUNC empties it.
+    /// A new handle on the staged file `shared` (attached already); O_TRUNC empties it. The writer's slot is
+    /// taken first: an open refused changes nothing the other descriptors share.
     async fn open_staged(
         &self,
         ino: u64,
@@ -243,16 +244,23 @@ impl S3Filesystem {
         mode: OpenMode,
         pid: u32,
     ) -> FsResult<Opened> {
+        if mode.write
+            && let Err(e) = self.writer_slots.reserve()
+        {
+            let _ = self.release_staged(ino, shared).await;
+            return Err(e);
+        }
         if mode.write && mode.truncate {
             let mut file = shared.file.lock().await;
             if let Err(e) = file.truncate(0) {
                 drop(file);
+                self.writer_slots.give_back();
                 let _ = self.release_staged(ino, shared).await;
                 return Err(e);
             }
             self.note_staged(ino, &shared, &file);
         }
-        self.staged_handle(ino, shared, mode, pid)
+        Ok(self.staged_handle(ino, shared, mode, pid))
     }
 
     /// A write handle open on `ino` whose bytes may still reach the bucket, if any: one whose upload failed
@@ -366,8 +374,15 @@ impl S3Filesystem {
                 ),
             )
         } else if self.config.allow_overwrite {
-            let shared = self.stage_object(node).await?;
-            return self.staged_handle(node.ino(), shared, mode, pid);
+            self.writer_slots.reserve()?;
+            let shared = match self.stage_object(node).await {
+                Ok(shared) => shared,
+                Err(e) => {
+                    self.writer_slots.give_back();
+                    return Err(e);
+                }
+            };
+            return Ok(self.staged_handle(node.ino(), shared, mode, pid));
         } else {
             return Err(FsError::NotPermitted(
                 "changing an existing object needs --allow-overwrite (or, to append on a directory bucket, --incremental-upload)",

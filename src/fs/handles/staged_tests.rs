@@ -240,3 +240,40 @@ async fn bytes_streamed_before_staging_are_uploaded_by_the_close() {
     fs.release(h.fh).await.unwrap();
     assert_eq!(fake.object("f").unwrap(), &b"abc"[..]);
 }
+
+/// An open refused for want of a writer slot changes nothing: its O_TRUNC does not empty the staged file the
+/// other descriptors share (which their close would then upload), and a refused first open of an object
+/// leaves no staged file behind counted as written.
+#[tokio::test]
+async fn an_open_refused_a_writer_slot_changes_nothing() {
+    for directory in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut c = overwriting(&dir);
+        c.max_writers = 1;
+        let (fake, fs) = fs_with(&[("f", b"hello"), ("g", b"world")], c, directory).await;
+        let f = fs.sb.lookup(ROOT_INO, "f").await.unwrap().ino;
+        let g = fs.sb.lookup(ROOT_INO, "g").await.unwrap().ino;
+        let h = fs.open(f, RW, 1).await.unwrap();
+        let truncating = OpenMode {
+            truncate: true,
+            ..RW
+        };
+        let refused = fs.open(f, truncating, 1).await;
+        assert!(matches!(refused, Err(FsError::TooManyWriters(1))));
+        assert_eq!(&fs.read(h.fh, 0, 100).await.unwrap()[..], b"hello");
+        let refused = fs.open(g, RW, 1).await;
+        assert!(matches!(refused, Err(FsError::TooManyWriters(1))));
+        fs.release(h.fh).await.unwrap();
+        assert_eq!(fake.object("f").unwrap(), &b"hello"[..]);
+        for ino in [f, g] {
+            assert!(!fs.sb.node(ino).unwrap().is_being_written(), "{ino}");
+            assert!(fs.handles.staged.peek(ino).is_none(), "{ino} still staged");
+        }
+        // The slot is free again, and the next writer of g edits what the bucket holds.
+        let h = fs.open(g, RW, 1).await.unwrap();
+        fs.write(h.fh, 0, b"W").await.unwrap();
+        fs.flush(h.fh, 1).await.unwrap();
+        fs.release(h.fh).await.unwrap();
+        assert_eq!(fake.object("g").unwrap(), &b"World"[..]);
+    }
+}

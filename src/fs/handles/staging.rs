@@ -198,20 +198,15 @@ impl S3Filesystem {
         Ok(shared)
     }
 
-    /// A new handle of `ino` attached to `shared` (already counted in it).
+    /// A new handle of `ino` attached to `shared` (already counted in it), its writer's slot already taken if
+    /// it writes.
     pub(super) fn staged_handle(
         &self,
         ino: u64,
         shared: Arc<SharedStaged>,
         mode: OpenMode,
         pid: u32,
-    ) -> FsResult<Opened> {
-        if mode.write
-            && let Err(e) = self.writer_slots.reserve()
-        {
-            self.handles.staged.detach(&shared);
-            return Err(e);
-        }
+    ) -> Opened {
         let fh = self.handles.add(Handle::Write {
             ino,
             state: AsyncMutex::new(WriteState::Staged(shared)),
@@ -222,13 +217,13 @@ impl S3Filesystem {
             wrote: AtomicBool::new(mode.write && mode.truncate),
         });
         // Every handle of a staged file reads around the page cache: what one writes, the others see.
-        Ok(Opened {
+        Opened {
             fh,
             keep_cache: false,
             bypass_page_cache: true,
             no_flush: !mode.write,
             preload: None,
-        })
+        }
     }
 
     /// Runs `change` on the staged file of `ino`: through `handle` if it writes to it, else attached for the
