@@ -4,9 +4,13 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
+
 use super::open::Patience;
 use crate::fs::test_support::{self, Landing, RO, RW, fs_with};
 use crate::fs::{FsConfig, FsError, OpenMode, ROOT_INO, S3Filesystem};
+use crate::s3::fake::Op;
+use crate::s3::{ObjectClient, WriteCondition};
 
 /// Overwriting, and deleting (a rename may replace, an unlink delete).
 fn overwriting(dir: &tempfile::TempDir) -> FsConfig {
@@ -490,5 +494,55 @@ async fn a_wait_for_a_released_writer_ends_in_ebusy_when_its_patience_runs_out()
         };
         assert!(landing.answer(wait).await.unwrap(), "it waited");
         assert_eq!(fake.object("f").unwrap(), &b"written"[..]);
+    }
+}
+
+/// An O_TRUNC open of a file made here, while its last upload is under way, when that upload then finds
+/// that another client made the object meanwhile: the name is no longer ours, so the open says so (ESTALE:
+/// the kernel looks the name up again) instead of writing over the other client's object without
+/// `--allow-overwrite`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_overwrite_after_a_lost_race_for_a_new_name_is_refused() {
+    for directory in [true, false] {
+        let (fake, fs) = fs_with(&[], test_support::config(), directory).await;
+        let fs = Arc::new(fs);
+        let (attr, fh) = fs.create(ROOT_INO, "f", 1).await.unwrap();
+        fs.write(fh, 0, b"mine").await.unwrap();
+        let theirs = Bytes::from_static(b"theirs");
+        fake.put_object("f", theirs, WriteCondition::None)
+            .await
+            .unwrap();
+        let gate = fake.faults().hold(Op::Put);
+        let release = tokio::spawn({
+            let fs = Arc::clone(&fs);
+            async move { fs.release(fh).await }
+        });
+        while gate.held() == 0 {
+            tokio::task::yield_now().await;
+        }
+        let truncating = OpenMode {
+            read: false,
+            truncate: true,
+            ..RW
+        };
+        let open = tokio::spawn({
+            let fs = Arc::clone(&fs);
+            async move { fs.open(attr.ino, truncating, 1).await }
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(!open.is_finished(), "answered before the upload landed");
+        gate.open();
+        assert!(release.await.unwrap().is_err(), "the upload lost the race");
+        match open.await.unwrap() {
+            Err(FsError::Stale) => {}
+            Err(e) => panic!("{e:?}"),
+            Ok(opened) => {
+                fs.write(opened.fh, 0, b"x").await.unwrap();
+                let closed = fs.flush(opened.fh, 1).await;
+                let _ = fs.release(opened.fh).await;
+                panic!("opened, and its close said {closed:?}");
+            }
+        }
+        assert_eq!(fake.object("f").unwrap(), &b"theirs"[..]);
     }
 }

@@ -120,6 +120,11 @@ impl S3Filesystem {
             // (close-to-open), not the version before it; and once uploaded, a file made here is an object
             // like any other for the check below.
             if node.is_being_written() && self.until_released_writer_lands(ino, patience).await? {
+                // An upload that failed (another client made the object first, say) leaves the name to
+                // whatever the bucket holds: what this open would write over is no longer ours.
+                if !self.sb.stands_for_its_name(ino) && !self.holds_bytes_of(ino) {
+                    return Err(FsError::Stale);
+                }
                 node = self.sb.node(ino)?;
             }
             if mode.write && mode.truncate && !self.config.allow_overwrite && !node.is_local() {
@@ -345,12 +350,18 @@ impl S3Filesystem {
         pid: u32,
     ) -> FsResult<Opened> {
         let writer = if mode.truncate {
-            // A rewritten file keeps its mode and owner.
+            // A rewritten file keeps its mode and owner. A file made here that never became an object
+            // stays new: if an object appeared under its name meanwhile, it is not ours to replace.
             let kept = node.stat().attrs.unwrap_or_default();
+            let condition = if node.is_local() && !self.config.allow_overwrite {
+                WriteCondition::IfNoneMatch
+            } else {
+                WriteCondition::None
+            };
             Writer::new(
                 Arc::clone(&self.client),
                 node.key().to_string(),
-                self.writer_options(WriteCondition::None, kept),
+                self.writer_options(condition, kept),
             )
         } else if self.config.incremental_upload
             && self.client.is_directory_bucket()
