@@ -143,6 +143,11 @@ impl WriterMark {
         }
     }
 
+    /// Whether it counts among its node's writers now.
+    fn counts(&self) -> bool {
+        self.0.load(Ordering::SeqCst)
+    }
+
     /// Everything this handle wrote is uploaded: one writer fewer.
     fn settled(&self, node: &mut Node) {
         if self.0.swap(false, Ordering::SeqCst) {

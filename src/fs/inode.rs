@@ -262,6 +262,12 @@ impl Node {
         self.writers > 0
     }
 
+    /// Writers counted on it: handles and staged files with bytes the bucket lacks, and writers released
+    /// with their last upload under way.
+    pub fn writer_count(&self) -> u32 {
+        self.writers
+    }
+
     /// The size the writer now has (the bucket still has the old one).
     pub fn set_size(&mut self, size: u64) {
         self.stat.size = size;

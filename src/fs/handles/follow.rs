@@ -129,6 +129,24 @@ impl S3Filesystem {
             all
         };
         held.lock_staged(&staged).await;
+        // A writer released since the snapshot (while the moving file's bytes went up, say) is in no list
+        // above, and its last upload would land after the move: under the old name, or on what moved onto
+        // the replaced one. So the move waits for it, then starts again.
+        let mut counted: Vec<u64> = match kind {
+            Kind::Directory => self.sb.table().written_under(&key).collect(),
+            _ => vec![ino],
+        };
+        counted.extend(replaced);
+        if let Some(unheld) = self.unheld_writer(&counted, &writers, &staged) {
+            drop(held);
+            if !self.until_released_writer_lands(unheld, patience).await? {
+                // A writer opened since the snapshot: the next one has it.
+                patience.pause().await?;
+            }
+            let again =
+                self.rename_within(parent, name, new_parent, new_name, no_replace, patience);
+            return Box::pin(again).await;
+        }
         let pins = held.pins(replaced);
         let repinned = self
             .sb
@@ -149,6 +167,33 @@ impl S3Filesystem {
         };
         self.rekey_late(&writers, &staged, moved_here).await;
         Ok(())
+    }
+
+    /// The first of `inodes` counting more writers than `writers` and `staged` (held by the caller) account
+    /// for, if any.
+    fn unheld_writer(
+        &self,
+        inodes: &[u64],
+        writers: &[(u64, Arc<Handle>)],
+        staged: &[(u64, Arc<SharedStaged>)],
+    ) -> Option<u64> {
+        let held = |ino: u64| {
+            let handles = writers
+                .iter()
+                .filter(|(i, h)| *i == ino && h.as_writer().is_some_and(|(_, _, m)| m.counts()))
+                .count();
+            let files = staged
+                .iter()
+                .filter(|(i, s)| *i == ino && s.counted.counts())
+                .count();
+            handles + files
+        };
+        let table = self.sb.table();
+        inodes.iter().copied().find(|&ino| {
+            table
+                .get(ino)
+                .is_some_and(|n| n.writer_count() as usize > held(ino))
+        })
     }
 
     /// Handles of what moved (`moved_here`) opened or staged while the objects moved, so not held, may carry

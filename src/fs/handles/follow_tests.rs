@@ -546,3 +546,51 @@ async fn an_overwrite_after_a_lost_race_for_a_new_name_is_refused() {
         assert_eq!(fake.object("f").unwrap(), &b"theirs"[..]);
     }
 }
+
+/// A rename onto a file whose writer is released while the rename uploads the moving file's own bytes: that
+/// writer's last upload would land on what moved there, so the rename waits for it, then moves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rename_onto_a_file_released_meanwhile_waits_for_its_upload() {
+    for directory in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut c = overwriting(&dir);
+        c.write_part_size = 5 << 20;
+        let (fake, fs) = fs_with(&[], c, directory).await;
+        let fs = Arc::new(fs);
+        let (_, moving) = fs.create(ROOT_INO, "f", 1).await.unwrap();
+        fs.write(moving, 0, b"A").await.unwrap();
+        let (_, replaced) = fs.create(ROOT_INO, "g", 1).await.unwrap();
+        fs.write(replaced, 0, &vec![b'g'; 6 << 20]).await.unwrap();
+        // The rename uploads f's byte first, as fsync would; held there.
+        let put = fake.faults().hold(Op::Put);
+        let rename = tokio::spawn({
+            let fs = Arc::clone(&fs);
+            async move { fs.rename(ROOT_INO, "f", ROOT_INO, "g", false).await }
+        });
+        while put.held() == 0 {
+            tokio::task::yield_now().await;
+        }
+        // Meanwhile g's writer is released; its upload's completion held.
+        let complete = fake.faults().hold(Op::CompleteUpload);
+        let release = tokio::spawn({
+            let fs = Arc::clone(&fs);
+            async move { fs.release(replaced).await }
+        });
+        while complete.held() == 0 {
+            tokio::task::yield_now().await;
+        }
+        put.open();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(!rename.is_finished(), "moved before g's upload landed");
+        complete.open();
+        release.await.unwrap().unwrap();
+        rename.await.unwrap().unwrap();
+        fs.release(moving).await.unwrap();
+        assert_eq!(
+            fake.object("g").unwrap(),
+            &b"A"[..],
+            "directory bucket: {directory}"
+        );
+        assert!(fake.object("f").is_none());
+    }
+}

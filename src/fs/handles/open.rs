@@ -44,6 +44,15 @@ impl Patience {
     fn ran_out(self) -> bool {
         Instant::now() >= self.until
     }
+
+    /// A short pause before a call looks again at what it found in flux, or EBUSY once it ran out.
+    pub(super) async fn pause(self) -> FsResult<()> {
+        if self.ran_out() {
+            return Err(FsError::Busy("the file is being written"));
+        }
+        tokio::time::sleep(LANDING_RECHECK).await;
+        Ok(())
+    }
 }
 
 impl S3Filesystem {

@@ -21,7 +21,7 @@ pub struct SharedStaged {
     /// Handles attached; changed only under the registry's lock.
     handles: AtomicUsize,
     /// Counts as one writer of its node while it holds changes the bucket lacks.
-    counted: WriterMark,
+    pub(super) counted: WriterMark,
 }
 
 /// The staged files of a mount, by inode.
