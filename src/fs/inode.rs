@@ -686,11 +686,16 @@ impl InodeTable {
         self.written_under(prefix).next().is_some()
     }
 
-    /// The files under the key prefix `prefix` being written.
+    /// The files under the key prefix `prefix` being written. Not one whose name went (unlinked while open):
+    /// it uploads nothing more, so a move of its directory has nothing to wait for.
     pub fn written_under<'a>(&'a self, prefix: &'a str) -> impl Iterator<Item = u64> + 'a {
         self.nodes
             .values()
-            .filter(move |n| n.key.starts_with(prefix) && n.is_being_written())
+            .filter(move |n| {
+                n.key.starts_with(prefix)
+                    && n.is_being_written()
+                    && self.children.get(n.parent, &n.name) == Some(n.ino)
+            })
             .map(|n| n.ino)
     }
 

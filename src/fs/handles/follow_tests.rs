@@ -594,3 +594,26 @@ async fn a_rename_onto_a_file_released_meanwhile_waits_for_its_upload() {
         assert!(fake.object("f").is_none());
     }
 }
+
+/// A file unlinked while open (a lock file, `TemporaryFile(dir=d)`) is no longer in its directory: the
+/// directory moves although the file's descriptor still writes, and the file comes back under neither name.
+#[tokio::test]
+async fn a_directory_moves_while_a_file_unlinked_from_it_is_still_written() {
+    for directory in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        let (fake, fs) = fs_with(&[], overwriting(&dir), directory).await;
+        let d = fs.sb.mkdir(ROOT_INO, "d").await.unwrap().ino;
+        let (_, fh) = fs.create(d, "x", 1).await.unwrap();
+        fs.write(fh, 0, b"scratch").await.unwrap();
+        fs.unlink(d, "x").await.unwrap();
+        fs.rename(ROOT_INO, "d", ROOT_INO, "e", false)
+            .await
+            .unwrap();
+        fs.write(fh, 7, b" more").await.unwrap();
+        fs.flush(fh, 1).await.unwrap();
+        fs.release(fh).await.unwrap();
+        assert!(fake.object("d/x").is_none() && fake.object("e/x").is_none());
+        let e = fs.sb.lookup(ROOT_INO, "e").await.unwrap().ino;
+        assert!(matches!(fs.sb.lookup(e, "x").await, Err(FsError::NotFound)));
+    }
+}
