@@ -51,9 +51,12 @@ const KEEP_PER_REQUEST: u64 = 256 << 20;
 pub enum Handle {
     Read {
         ino: u64,
-        /// The version the reader is pinned to.
+        /// The version the handle opened (its page cache is that version's).
         etag: String,
         reader: AsyncMutex<Reader>,
+        /// It has read a staged edit of its file: once that edit is uploaded, it reads the version the edit
+        /// made, not the one it opened.
+        saw_edit: AtomicBool,
     },
     Write {
         ino: u64,
@@ -554,11 +557,35 @@ impl S3Filesystem {
     pub async fn read(&self, fh: u64, offset: u64, size: u32) -> FsResult<Bytes> {
         let handle = self.handles.get(fh)?;
         match handle.as_ref() {
-            Handle::Read { ino, reader, .. } => match self.handles.staged.peek(*ino) {
+            Handle::Read {
+                ino,
+                reader,
+                saw_edit,
+                ..
+            } => {
+                let followed = saw_edit.load(Ordering::SeqCst);
+                if followed
+                    && self.handles.staged.peek(*ino).is_none()
+                    && self.sb.node(*ino)?.is_being_written()
+                {
+                    // The edit's last upload is under way: what follows is the version it makes.
+                    self.until_released_writer_lands(*ino, Patience::new())
+                        .await?;
+                }
                 // Staged since this handle opened: it sees what was written through the mount.
-                Some(shared) => shared.file.lock().await.read(offset, size as u64).await,
-                None => reader.lock().await.read(offset, size).await,
-            },
+                if let Some(shared) = self.handles.staged.peek(*ino) {
+                    saw_edit.store(true, Ordering::SeqCst);
+                    return shared.file.lock().await.read(offset, size as u64).await;
+                }
+                let mut reader = reader.lock().await;
+                if followed {
+                    let node = self.sb.node(*ino)?;
+                    if let Some(etag) = &node.stat().etag {
+                        reader.follow_version(node.key(), etag, node.stat().size);
+                    }
+                }
+                reader.read(offset, size).await
+            }
             Handle::Write {
                 ino,
                 state,

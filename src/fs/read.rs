@@ -154,6 +154,22 @@ impl Reader {
         self
     }
 
+    /// Reads `etag` of `key` (`size` bytes) from now on: a version made through this mount (an edit this
+    /// handle saw while it was staged, now uploaded). What it holds of the version before goes.
+    pub fn follow_version(&mut self, key: &str, etag: &str, size: u64) {
+        if self.key == key && self.etag == etag {
+            return;
+        }
+        self.key = key.to_string();
+        self.etag = etag.to_string();
+        self.size = size;
+        self.chunks.clear();
+        self.streaming = false;
+        self.next_fetch = 0;
+        self.last_end = 0;
+        self.set_window(self.initial_window);
+    }
+
     /// Sets the window to `wanted`, or keeps it when the mount's share has no room for that growth.
     fn set_window(&mut self, wanted: u64) {
         self.window = self.grant.resize(self.window, wanted);

@@ -2,7 +2,7 @@
 //! a handle on one already staged), and a small file's first open bringing its bytes to the page cache.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
 use tokio::sync::Mutex as AsyncMutex;
@@ -223,6 +223,7 @@ impl S3Filesystem {
             ino,
             etag,
             reader: AsyncMutex::new(reader),
+            saw_edit: AtomicBool::new(false),
         });
         Ok(Opened {
             fh,

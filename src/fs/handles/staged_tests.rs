@@ -277,3 +277,28 @@ async fn an_open_refused_a_writer_slot_changes_nothing() {
         assert_eq!(fake.object("g").unwrap(), &b"World"[..]);
     }
 }
+
+/// A read handle opened before another descriptor edited the file reads the edit while it is staged, and
+/// still reads it once the edit is uploaded: it follows the version the edit made, not back to the one it
+/// opened (whose bytes it may still hold, or which the bucket no longer has).
+#[tokio::test]
+async fn a_reader_that_saw_an_edit_keeps_seeing_it_after_the_upload() {
+    for directory in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        let old = vec![b'a'; 3 << 20];
+        let (fake, fs) = fs_with(&[("f", &old)], overwriting(&dir), directory).await;
+        let ino = fs.sb.lookup(ROOT_INO, "f").await.unwrap().ino;
+        let r = fs.open(ino, RO, 1).await.unwrap();
+        assert_eq!(&fs.read(r.fh, 0, 4).await.unwrap()[..], b"aaaa");
+        let w = fs.open(ino, RW, 1).await.unwrap();
+        fs.write(w.fh, 0, b"bbbb").await.unwrap();
+        assert_eq!(&fs.read(r.fh, 0, 4).await.unwrap()[..], b"bbbb");
+        fs.flush(w.fh, 1).await.unwrap();
+        fs.release(w.fh).await.unwrap();
+        assert_eq!(&fake.object("f").unwrap()[..4], b"bbbb");
+        assert_eq!(&fs.read(r.fh, 0, 4).await.unwrap()[..], b"bbbb");
+        let tail = fs.read(r.fh, (3 << 20) - 4, 4).await.unwrap();
+        assert_eq!(&tail[..], b"aaaa", "directory bucket: {directory}");
+        fs.release(r.fh).await.unwrap();
+    }
+}
