@@ -92,6 +92,15 @@ impl Stat {
     }
 }
 
+/// How a read handle uses the page cache ([`Node::open_read`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReadOpening {
+    /// The kernel may keep what it holds (FOPEN_KEEP_CACHE).
+    pub keep_cache: bool,
+    /// The handle reads around the page cache (FOPEN_DIRECT_IO).
+    pub bypass: bool,
+}
+
 /// One name in the table. Its fields are private: the methods below hold the rules for the writer count,
 /// the page-cache keep/drop decision and when its stat may be replaced.
 #[derive(Debug, Clone)]
@@ -379,16 +388,21 @@ impl Node {
         std::mem::replace(&mut self.page_cache_unused, false)
     }
 
-    /// A read handle on version `etag` opens (`bypass`: it reads around the page cache). Returns whether the
-    /// kernel may keep the page cache: only if it holds this version and no open handle pinned to another
-    /// one can still be adding its bytes.
-    pub fn open_read(&mut self, etag: &str, bypass: bool) -> bool {
-        let same = self.cached_etag.as_deref() == Some(etag)
-            && self.open_versions.iter().all(|v| v == etag);
+    /// A read handle on version `etag` opens (`bypass`: it is to read around the page cache). The page cache
+    /// is one per inode, so while a handle pinned to another version is open (and may be adding that
+    /// version's bytes to it), this one reads around it too: else one descriptor could read two versions.
+    /// The kernel may keep the page cache only if it holds this version and no other version is open.
+    pub fn open_read(&mut self, etag: &str, bypass: bool) -> ReadOpening {
+        let other_open = self.open_versions.iter().any(|v| v != etag);
+        let bypass = bypass || other_open;
+        let same = self.cached_etag.as_deref() == Some(etag) && !other_open;
         // What the kernel will hold after this open: this version's bytes, or nothing.
         self.cached_etag = (!bypass).then(|| etag.to_string());
         self.open_versions.push(etag.to_string());
-        same && !bypass
+        ReadOpening {
+            keep_cache: same && !bypass,
+            bypass,
+        }
     }
 
     /// A read handle on version `etag` closed.
@@ -1007,25 +1021,47 @@ mod tests {
         let mut t = InodeTable::new("");
         let ino = t.add(ROOT_INO, "f", Kind::File, later());
         let n = t.get_mut(ino).unwrap();
-        assert!(!n.open_read("v1", false), "nothing cached yet");
-        assert!(n.open_read("v1", false), "same version");
-        assert!(!n.open_read("v2", false), "another version");
-        assert!(
-            !n.open_read("v2", false),
-            "handles on v1 may still fill the cache"
+        let cached = |keep_cache| ReadOpening {
+            keep_cache,
+            bypass: false,
+        };
+        let around = ReadOpening {
+            keep_cache: false,
+            bypass: true,
+        };
+        assert_eq!(
+            n.open_read("v1", false),
+            cached(false),
+            "nothing cached yet"
         );
+        assert_eq!(n.open_read("v1", false), cached(true), "same version");
+        assert_eq!(n.open_read("v2", false), around, "v1 is open");
+        assert_eq!(n.open_read("v2", false), around, "v1 is still open");
         n.close_read("v1");
         n.close_read("v1");
-        assert!(
-            !n.open_read("v2", false),
+        assert_eq!(
+            n.open_read("v2", false),
+            cached(false),
             "what the v1 handles read may be cached"
         );
-        assert!(n.open_read("v2", false));
-        assert!(!n.open_read("v2", true), "a bypassing open keeps nothing");
-        assert!(!n.open_read("v2", false), "and leaves nothing to keep");
+        assert_eq!(n.open_read("v2", false), cached(true));
+        assert_eq!(
+            n.open_read("v2", true),
+            around,
+            "a bypassing open keeps nothing"
+        );
+        assert_eq!(
+            n.open_read("v2", false),
+            cached(false),
+            "and leaves nothing to keep"
+        );
         n.drop_page_cache();
         assert!(!n.may_be_in_page_cache());
-        assert!(!n.open_read("v2", false), "a write open dropped it");
+        assert_eq!(
+            n.open_read("v2", false),
+            cached(false),
+            "a write open dropped it"
+        );
     }
 
     #[test]

@@ -9,7 +9,7 @@ use tokio::sync::Mutex as AsyncMutex;
 
 use super::{Handle, SharedStaged, WriteState, WriterMark};
 use crate::fs::attrs::StoredAttrs;
-use crate::fs::inode::{Kind, Node, Stat};
+use crate::fs::inode::{Kind, Node, ReadOpening, Stat};
 use crate::fs::read::Reader;
 use crate::fs::superblock::{New, check_key, check_name};
 use crate::fs::write::{Writer, WriterOptions};
@@ -201,11 +201,16 @@ impl S3Filesystem {
         let bypass_page_cache = mode.direct
             || (size >= self.config.direct_io_threshold
                 && self.direct_io_for_big_files.load(Ordering::Relaxed));
-        let keep_cache = self
-            .sb
-            .table()
-            .get_mut(ino)
-            .is_some_and(|n| n.open_read(&etag, bypass_page_cache));
+        let ReadOpening {
+            keep_cache,
+            bypass: bypass_page_cache,
+        } = match self.sb.table().get_mut(ino) {
+            Some(n) => n.open_read(&etag, bypass_page_cache),
+            None => ReadOpening {
+                keep_cache: false,
+                bypass: bypass_page_cache,
+            },
+        };
         // A small file the kernel has never cached: its bytes go into the page cache with the answer to
         // this open, which saves the READ round trip of the first read. Otherwise its GET starts now, to run
         // while the opener is between open(2) and read(2), unless the opener said it will not read (rsync
