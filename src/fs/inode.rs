@@ -119,6 +119,9 @@ pub struct Node {
     expires: Instant,
     /// Kernel references (lookup count); the node is dropped when it reaches zero.
     lookups: u64,
+    /// A listing or HEAD changed the size after the kernel was told the node's attributes: the kernel still
+    /// has the old size, which would cut a page-cache read of the new version short.
+    kernel_size_stale: bool,
     /// Exists only here so far: a directory made by mkdir, or a file being written.
     local: bool,
     /// Write handles holding bytes the bucket does not have yet.
@@ -166,6 +169,7 @@ impl Node {
             stat_at: Instant::now(),
             expires: Instant::now(),
             lookups: 0,
+            kernel_size_stale: false,
             local: false,
             writers: 0,
             bucket_stat: None,
@@ -317,6 +321,9 @@ impl Node {
             (None, Some(known)) if stat.etag == self.stat.etag => Some(*known),
             (attrs, _) => attrs,
         };
+        if self.lookups > 0 && stat.size != self.stat.size {
+            self.kernel_size_stale = true;
+        }
         self.stat = Stat { attrs, ..stat };
         self.stat_at = asked;
         true
@@ -386,6 +393,12 @@ impl Node {
     /// empty until now (nothing had ever been opened on it, or written to it through the mount).
     pub fn claim_page_cache(&mut self) -> bool {
         std::mem::replace(&mut self.page_cache_unused, false)
+    }
+
+    /// Whether the kernel may still hold a size from before the last change seen; it is told now, so no
+    /// longer.
+    pub fn take_stale_kernel_size(&mut self) -> bool {
+        std::mem::take(&mut self.kernel_size_stale)
     }
 
     /// A read handle on version `etag` opens (`bypass`: it is to read around the page cache). The page cache

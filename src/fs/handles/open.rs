@@ -13,7 +13,9 @@ use crate::fs::inode::{Kind, Node, ReadOpening, Stat};
 use crate::fs::read::Reader;
 use crate::fs::superblock::{New, check_key, check_name};
 use crate::fs::write::{Writer, WriterOptions};
-use crate::fs::{Attr, FsError, FsResult, OpenMode, Opened, S3Filesystem, names, preload};
+use crate::fs::{
+    Attr, FsError, FsResult, KernelNotice, OpenMode, Opened, S3Filesystem, names, preload,
+};
 use crate::s3::{PutResult, WriteCondition};
 
 /// How long a change by name waits for closed writers' final uploads (one part and the completion at most,
@@ -201,16 +203,28 @@ impl S3Filesystem {
         let bypass_page_cache = mode.direct
             || (size >= self.config.direct_io_threshold
                 && self.direct_io_for_big_files.load(Ordering::Relaxed));
+        let (opening, stale_size) = match self.sb.table().get_mut(ino) {
+            Some(n) => (
+                n.open_read(&etag, bypass_page_cache),
+                n.take_stale_kernel_size(),
+            ),
+            None => (
+                ReadOpening {
+                    keep_cache: false,
+                    bypass: bypass_page_cache,
+                },
+                false,
+            ),
+        };
         let ReadOpening {
             keep_cache,
             bypass: bypass_page_cache,
-        } = match self.sb.table().get_mut(ino) {
-            Some(n) => n.open_read(&etag, bypass_page_cache),
-            None => ReadOpening {
-                keep_cache: false,
-                bypass: bypass_page_cache,
-            },
-        };
+        } = opening;
+        if stale_size {
+            // Told before the open is answered: a read through the page cache past the old size asks for
+            // the attributes again instead of stopping there.
+            self.tell_kernel(KernelNotice::Attributes(ino));
+        }
         // A small file the kernel has never cached: its bytes go into the page cache with the answer to
         // this open, which saves the READ round trip of the first read. Otherwise its GET starts now, to run
         // while the opener is between open(2) and read(2), unless the opener said it will not read (rsync

@@ -1,13 +1,14 @@
 //! Open, read, write and release through the core, with the fake client.
 
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
 use super::{WriterMark, WriterSlots};
 use crate::fs::inode::{InodeTable, Kind, Stat};
-use crate::fs::test_support::{config, fs_with};
-use crate::fs::{FsError, OpenMode, ROOT_INO};
+use crate::fs::test_support::{RO, config, fs_with};
+use crate::fs::{FsError, KernelNotice, OpenMode, ROOT_INO};
 use crate::s3::fake::Op;
 use crate::s3::{ObjectClient, WriteCondition};
 
@@ -428,4 +429,37 @@ async fn a_small_file_never_cached_comes_with_its_bytes_for_the_page_cache_once(
         .unwrap();
     let voided = first.preload.as_ref().expect("the first open's");
     assert!(!voided.store_if_untouched(|_| panic!("a voided preload is not stored")));
+}
+
+/// The kernel was told a file's size, then the daemon saw the object grow (a HEAD at open, or a listing): the
+/// open tells the kernel to drop the size it holds, or a read through the page cache would stop at the old
+/// size and return the new version cut short. An open that changed nothing tells it nothing.
+#[tokio::test]
+async fn an_open_after_the_file_changed_size_has_the_kernel_drop_the_old_size() {
+    let mut config = config();
+    config.metadata_ttl = Duration::ZERO;
+    let (fake, fs) = fs_with(&[("f", b"one")], config, true).await;
+    let told = Arc::new(Mutex::new(Vec::new()));
+    fs.on_kernel_notice({
+        let told = Arc::clone(&told);
+        move |notice| told.lock().unwrap().push(notice)
+    });
+    let ino = fs.sb.lookup(ROOT_INO, "f").await.unwrap().ino;
+    let h = fs.open(ino, RO, 1).await.unwrap();
+    fs.release(h.fh).await.unwrap();
+    assert!(told.lock().unwrap().is_empty(), "nothing changed");
+    fake.put_object(
+        "f",
+        Bytes::from_static(b"one, and more"),
+        WriteCondition::None,
+    )
+    .await
+    .unwrap();
+    let h = fs.open(ino, RO, 1).await.unwrap();
+    assert_eq!(*told.lock().unwrap(), vec![KernelNotice::Attributes(ino)]);
+    assert_eq!(&fs.read(h.fh, 0, 100).await.unwrap()[..], b"one, and more");
+    fs.release(h.fh).await.unwrap();
+    let h = fs.open(ino, RO, 1).await.unwrap();
+    fs.release(h.fh).await.unwrap();
+    assert_eq!(told.lock().unwrap().len(), 1, "told once");
 }
