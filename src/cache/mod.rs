@@ -142,6 +142,12 @@ impl CacheLayer for BlockCache {
             Arc::clone(&object).store(first, data.clone(), underway);
             let to = ((range.end - start) as usize).min(data.len());
             let from = ((range.start - start) as usize).min(to);
+            // A slice keeps the whole buffer alive for as long as the reader holds it, and the memory budget
+            // counted only what was asked for: a small read (random, or a lookup's first bytes) of a big
+            // block is copied out so the block's buffer goes once it is stored.
+            if (to - from) * 2 < data.len() {
+                return Ok(Bytes::copy_from_slice(&data[from..to]));
+            }
             return Ok(data.slice(from..to));
         }
         // Fetch each run of missing blocks with one GET.
@@ -287,6 +293,20 @@ mod tests {
         assert_eq!(fake.counts(), before, "went to the bucket");
         assert!(cache.counters.hits.load(Ordering::Relaxed) >= 5);
         assert!(Arc::ptr_eq(c.layer().cache(), &cache));
+    }
+
+    /// A small read of a block not cached yet is its own buffer, not a slice that keeps the whole block
+    /// alive (and uncounted) for as long as the reader holds it.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_small_cold_read_holds_only_its_own_bytes() {
+        let (_fake, etag, data, _dir, _cache, c) = cached_object(300_000).await;
+        let small = c.read("k", 70_000..72_000, &etag).await.unwrap();
+        assert_eq!(&small[..], &data[70_000..72_000]);
+        let own = small.try_into_mut().expect("a buffer of its own");
+        assert!(own.capacity() < 16 * 1024, "{}", own.capacity());
+        // A read of most of a block is the block's own buffer, not copied.
+        let big = c.read("k", 131_072..190_000, &etag).await.unwrap();
+        assert_eq!(&big[..], &data[131_072..190_000]);
     }
 
     #[tokio::test(flavor = "multi_thread")]
