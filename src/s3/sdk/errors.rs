@@ -190,7 +190,16 @@ pub(crate) fn classify(
             bucket: bucket.to_string(),
         };
     }
-    if matches!(code, "NoSuchKey" | "NotFound" | "NoSuchUpload") || status == 404 {
+    // The multipart upload is gone (aborted by a lifecycle rule or another client): the file's object is
+    // not missing, its upload failed, which a writer must report as an I/O error, not as ENOENT.
+    if code == "NoSuchUpload" {
+        return ClientError::Service {
+            status,
+            code: code.to_string(),
+            message,
+        };
+    }
+    if matches!(code, "NoSuchKey" | "NotFound") || status == 404 {
         return if key.is_empty() {
             ClientError::NoSuchBucket {
                 bucket: bucket.to_string(),
@@ -297,12 +306,15 @@ mod tests {
                 bucket: "bkt".into()
             }
         );
-        assert_eq!(
-            map_get(404, Some("NoSuchUpload")),
-            ClientError::NotFound {
-                key: "dir/file".into()
-            }
+        // A multipart upload gone is a failed write, not a missing file.
+        let gone = map_get(404, Some("NoSuchUpload"));
+        assert_eq!(gone.code(), "NoSuchUpload");
+        assert!(
+            !matches!(gone, ClientError::NotFound { .. }),
+            "{gone:?}"
         );
+        let errno = crate::fuse::errno(&crate::fs::FsError::client("dir/file", gone));
+        assert_eq!(errno, fuser::Errno::EIO);
         // Bucket-level calls turn every 404 into a missing bucket.
         let err = get_error(404, None);
         assert_eq!(
