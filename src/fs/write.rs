@@ -412,16 +412,31 @@ impl Writer {
         self.attrs.as_deref().copied()
     }
 
+    /// What an append may add to: the version the open found or the last append (or metadata copy) made,
+    /// so that an object another client replaced meanwhile is not appended to.
+    fn append_condition(&self) -> WriteCondition {
+        match self.uploaded.as_deref() {
+            Some(r) if !r.etag.is_empty() => WriteCondition::IfMatch(r.etag.clone()),
+            _ => WriteCondition::None,
+        }
+    }
+
     async fn send_part(&mut self, part: Bytes) -> FsResult<()> {
         if let Mode::Append { offset } = self.mode {
             let len = part.len() as u64;
-            self.client
-                .append_object(&self.key, offset, part, WriteCondition::None)
+            let condition = self.append_condition();
+            let r = self
+                .client
+                .append_object(&self.key, offset, part, condition)
                 .await
                 .map_err(|e| FsError::client(&self.key, e))?;
             self.mode = Mode::Append {
                 offset: offset + len,
             };
+            self.uploaded = Some(Box::new(PutResult {
+                etag: r.etag,
+                size: Some(offset + len),
+            }));
             return Ok(());
         }
         if self.multipart.is_none() {
@@ -510,12 +525,13 @@ impl Writer {
         let key = self.key.clone();
         let client = Arc::clone(&self.client);
         let err = |e| FsError::client(&key, e);
+        let append_condition = self.append_condition();
         match &mut self.mode {
             Mode::Append { offset } => {
                 let body = self.buffer.split().freeze();
                 let len = body.len() as u64;
                 let r = client
-                    .append_object(&key, *offset, body, WriteCondition::None)
+                    .append_object(&key, *offset, body, append_condition)
                     .await
                     .map_err(err)?;
                 *offset += len;
@@ -955,6 +971,40 @@ mod tests {
         w.write(8, b"three").await.unwrap();
         w.commit().await.unwrap();
         assert_eq!(&fake.object("log").unwrap()[..], b"one two three");
+    }
+
+    /// Each append is conditional on the version the last one made (If-Match): an object another client
+    /// replaced with one of the same size is never appended to as if it were ours.
+    #[tokio::test]
+    async fn an_append_to_an_object_replaced_meanwhile_fails() {
+        for part_size in [4, 1 << 20] {
+            let fake = Arc::new(FakeClient::new("b", true));
+            fake.put_object("log", Bytes::from_static(b"one "), WriteCondition::None)
+                .await
+                .unwrap();
+            let mut options = opts(None);
+            options.part_size = part_size;
+            let mut w = Writer::append(
+                fake.clone(),
+                "log".into(),
+                base(&fake, "log").await,
+                options,
+            );
+            w.write(4, b"two ").await.unwrap();
+            w.commit().await.unwrap();
+            fake.put_object("log", Bytes::from_static(b"XXXXXXXX"), WriteCondition::None)
+                .await
+                .unwrap();
+            let appended = match w.write(8, b"three").await {
+                Ok(_) => w.commit().await.map(drop),
+                Err(e) => Err(e),
+            };
+            assert!(
+                matches!(appended, Err(FsError::ObjectChanged { .. })),
+                "{appended:?} with parts of {part_size}"
+            );
+            assert_eq!(&fake.object("log").unwrap()[..], b"XXXXXXXX");
+        }
     }
 
     /// What an open for appending finds: the object as it is.

@@ -309,10 +309,7 @@ mod tests {
         // A multipart upload gone is a failed write, not a missing file.
         let gone = map_get(404, Some("NoSuchUpload"));
         assert_eq!(gone.code(), "NoSuchUpload");
-        assert!(
-            !matches!(gone, ClientError::NotFound { .. }),
-            "{gone:?}"
-        );
+        assert!(!matches!(gone, ClientError::NotFound { .. }), "{gone:?}");
         let errno = crate::fuse::errno(&crate::fs::FsError::client("dir/file", gone));
         assert_eq!(errno, fuser::Errno::EIO);
         // Bucket-level calls turn every 404 into a missing bucket.
