@@ -569,9 +569,10 @@ impl InodeTable {
         node.lookups = node.lookups.saturating_sub(n);
         if node.lookups == 0 && !node.is_being_written() {
             let parent = node.parent;
-            // Only drop the name if it still points at this node, so cached listings keep other nodes.
+            // Only drop the name if it still points at this node, so cached listings keep other nodes. A
+            // directory made here and still empty exists nowhere else: its name stays while it does.
             let named = self.children.get(parent, &node.name) == Some(ino);
-            if !named || node.expires <= Instant::now() {
+            if !named || !node.is_fresh(Instant::now()) {
                 if named {
                     self.children.remove(parent, &node.name);
                     // The name may still exist in the bucket: its directory no longer has every name.

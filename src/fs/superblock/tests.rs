@@ -706,3 +706,28 @@ async fn a_listing_landing_in_the_middle_of_a_rename_renews_the_directory_once_i
     ));
     assert_eq!(fake.counts().since(&before).total(), 0, "known missing");
 }
+
+/// A directory made here and still empty exists only in the table: when the kernel forgets it past the
+/// metadata TTL, it stays, and a lookup by name finds it (until it is removed, or the mount ends).
+#[tokio::test]
+async fn an_empty_directory_made_here_outlives_the_kernel_forgetting_it() {
+    for directory in [true, false] {
+        let mut c = config();
+        c.metadata_ttl = Duration::from_millis(20);
+        let (_, fs) = fs_with(&[], c, directory).await;
+        let d = fs.sb.mkdir(ROOT_INO, "d").await.unwrap();
+        tokio::time::sleep(Duration::from_millis(40)).await;
+        fs.forget(d.ino, 1);
+        let found = fs.sb.lookup(ROOT_INO, "d").await.unwrap();
+        assert_eq!((found.ino, found.kind), (d.ino, FileKind::Directory));
+        let names: Vec<String> = fs
+            .sb
+            .entries(ROOT_INO)
+            .await
+            .unwrap()
+            .iter()
+            .map(|e| e.name.clone())
+            .collect();
+        assert!(names.contains(&"d".to_string()), "{names:?}");
+    }
+}
