@@ -164,9 +164,14 @@ impl Superblock {
         let prefix = self
             .is_prefix(parent, name, &format!("{key}/"), None, false)
             .await?;
-        Ok(Some(
-            matches!(prefix, Prefix::Directory(_)).then(|| (Kind::Directory, Stat::directory())),
-        ))
+        let appeared = matches!(prefix, Prefix::Directory(_));
+        if appeared {
+            // The name is not missing after all: the next lookup asks the bucket instead of answering
+            // ENOENT from what was known before.
+            self.negative.forget(parent.ino(), name);
+            self.table().doubt_names(parent.ino());
+        }
+        Ok(Some(appeared.then(|| (Kind::Directory, Stat::directory()))))
     }
 
     /// [`Self::resolve`], with a link's target when the name is a link; `links`: ask for the link at all.

@@ -544,7 +544,8 @@ async fn rmdir_of_a_directory_with_a_marker_object_deletes_the_marker() {
 
 /// A create in a directory that knows every name it holds asks nothing; a mkdir there still asks whether the
 /// prefix holds keys (the new directory would otherwise know every name from a listing up to a TTL old), so a
-/// directory another client made meanwhile is EEXIST, not an empty directory that hides its files.
+/// directory another client made meanwhile is EEXIST, not an empty directory that hides its files. That
+/// directory shows the listing was out of date: the directory no longer vouches for its names.
 #[tokio::test]
 async fn a_mkdir_in_a_directory_that_knows_every_name_still_asks() {
     for directory in [true, false] {
@@ -556,14 +557,17 @@ async fn a_mkdir_in_a_directory_that_knows_every_name_still_asks() {
             .await
             .unwrap();
         let lists = fake.count(Op::List);
+        let (_, fh) = fs.create(d.ino, "new", 0).await.unwrap();
+        fs.release(fh).await.unwrap();
+        assert_eq!(fake.count(Op::List), lists, "the create asked nothing");
         assert!(matches!(
             fs.sb.mkdir(d.ino, "sub").await,
             Err(FsError::Exists)
         ));
         assert_eq!(fake.count(Op::List) - lists, 1);
-        let (_, fh) = fs.create(d.ino, "new", 0).await.unwrap();
+        let (_, fh) = fs.create(d.ino, "newer", 0).await.unwrap();
         fs.release(fh).await.unwrap();
-        assert_eq!(fake.count(Op::List) - lists, 1, "the create asked nothing");
+        assert!(fake.count(Op::List) - lists > 1, "the create asked again");
     }
 }
 
@@ -729,5 +733,35 @@ async fn an_empty_directory_made_here_outlives_the_kernel_forgetting_it() {
             .map(|e| e.name.clone())
             .collect();
         assert!(names.contains(&"d".to_string()), "{names:?}");
+    }
+}
+
+/// A name looked up missing, then made a directory by another client: mkdir and create here refuse it
+/// (EEXIST), and a lookup then finds the directory instead of answering ENOENT from what it knew before.
+#[tokio::test]
+async fn a_name_refused_because_a_directory_appeared_is_then_found() {
+    for directory in [true, false] {
+        let (fake, fs) = fs_with(&[], config(), directory).await;
+        for (n, make_dir) in [("x", true), ("y", false)] {
+            assert!(matches!(
+                fs.sb.lookup(ROOT_INO, n).await,
+                Err(FsError::NotFound)
+            ));
+            fake.put_object(
+                &format!("{n}/f"),
+                Bytes::from_static(b"1"),
+                WriteCondition::None,
+            )
+            .await
+            .unwrap();
+            let made = if make_dir {
+                fs.sb.mkdir(ROOT_INO, n).await.map(drop)
+            } else {
+                fs.create(ROOT_INO, n, 1).await.map(drop)
+            };
+            assert!(matches!(made, Err(FsError::Exists)), "{n}: {made:?}");
+            let found = fs.sb.lookup(ROOT_INO, n).await.unwrap();
+            assert_eq!(found.kind, FileKind::Directory, "{n}");
+        }
     }
 }
