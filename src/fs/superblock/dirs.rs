@@ -104,11 +104,7 @@ impl Superblock {
         }
         // Two keys: a directory made by another tool (the console, s3fs, rclone) has a marker object named
         // like the prefix itself, which is the directory, not something in it.
-        let page = self
-            .client
-            .list_objects(&prefix, Some("/"), None, 2)
-            .await
-            .map_err(|e| FsError::client(&prefix, e))?;
+        let page = self.first_listed(&prefix, 2).await?;
         let marker = page.objects.iter().any(|o| o.key == prefix);
         if page.objects.len() > usize::from(marker) || !page.common_prefixes.is_empty() {
             return Err(FsError::NotEmpty);

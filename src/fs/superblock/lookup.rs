@@ -12,6 +12,7 @@ use crate::fs::in_flight::{self, Answer, Asking, Joined};
 use crate::fs::inode::{InodeTable, Kind, Node, Stat};
 use crate::fs::listing;
 use crate::fs::{Attr, FsError, FsResult, names};
+use crate::s3::ListPage;
 
 /// Longest a lookup waits for its directory's listing under way before it sends its LIST of `name/` after all: a
 /// listing of a few pages lands well within it, and a directory too big to list does not hold lookups up longer.
@@ -231,6 +232,24 @@ impl Superblock {
 
     /// Whether the prefix `dir_prefix` (`name/` in `parent`) holds any key: from the parent's listing under way
     /// (`landing`) if it lands, else from a LIST of one key, or of a page with `page` (see [`Hint::page`]).
+    /// The first page of what `dir_prefix` holds (delimited, at most `max_keys`) that says anything: a page
+    /// may come back empty with a token to go on, and only an empty page without one means nothing is there.
+    pub(super) async fn first_listed(&self, dir_prefix: &str, max_keys: i32) -> FsResult<ListPage> {
+        let mut token = None;
+        loop {
+            let list = self
+                .client
+                .list_objects(dir_prefix, Some("/"), token.as_deref(), max_keys)
+                .await
+                .map_err(|e| FsError::client(dir_prefix, e))?;
+            let empty = list.objects.is_empty() && list.common_prefixes.is_empty();
+            match list.next_continuation_token {
+                Some(next) if empty => token = Some(next),
+                _ => return Ok(list),
+            }
+        }
+    }
+
     async fn is_prefix(
         &self,
         parent: &Node,
@@ -257,10 +276,8 @@ impl Superblock {
             });
         }
         let list = self
-            .client
-            .list_objects(dir_prefix, Some("/"), None, if page { 1000 } else { 1 })
-            .await
-            .map_err(|e| FsError::client(dir_prefix, e))?;
+            .first_listed(dir_prefix, if page { 1000 } else { 1 })
+            .await?;
         if list.objects.is_empty() && list.common_prefixes.is_empty() {
             return Ok(Prefix::Empty);
         }

@@ -765,3 +765,24 @@ async fn a_name_refused_because_a_directory_appeared_is_then_found() {
         }
     }
 }
+
+/// A listing whose first page is empty but carries a continuation token has more to say: a directory
+/// looked up is still found, and one that holds a file is not removed as empty.
+#[tokio::test]
+async fn an_empty_first_page_with_a_token_is_not_an_empty_directory() {
+    for directory in [true, false] {
+        let mut c = config();
+        c.allow_delete = true;
+        let (fake, fs) = fs_with(&[("d/x", b"1"), ("e/y", b"2")], c, directory).await;
+        fake.faults().empty_first_pages(1);
+        let d = fs.sb.lookup(ROOT_INO, "d").await.unwrap();
+        assert_eq!(d.kind, FileKind::Directory);
+        fs.sb.lookup(ROOT_INO, "e").await.unwrap();
+        fake.faults().empty_first_pages(1);
+        assert!(matches!(
+            fs.sb.rmdir(ROOT_INO, "e").await,
+            Err(FsError::NotEmpty)
+        ));
+        assert!(fake.object("e/y").is_some());
+    }
+}

@@ -146,6 +146,8 @@ struct Plan {
     /// Requests of an operation let through before its planned failures start.
     skips: HashMap<Op, u64>,
     gates: HashMap<Op, Gate>,
+    /// First pages of listings still to answer empty, with a token to go on (as S3 may).
+    empty_first_pages: u64,
 }
 
 impl FaultPlan {
@@ -169,6 +171,20 @@ impl FaultPlan {
     pub fn fail_after(&self, op: Op, skip: u64, n: u64, error: ClientError) {
         self.fail_next(op, n, error);
         self.plan().skips.insert(op, skip);
+    }
+
+    /// The next `n` listings get an empty first page that still carries a continuation token: the service
+    /// may answer so (a page's worth of keys it skipped), and only the token says there is more.
+    pub fn empty_first_pages(&self, n: u64) {
+        self.plan().empty_first_pages = n;
+    }
+
+    /// Whether this listing's first page is to be an empty one ([`Self::empty_first_pages`]).
+    pub(super) fn take_empty_first_page(&self) -> bool {
+        let mut plan = self.plan();
+        let take = plan.empty_first_pages > 0;
+        plan.empty_first_pages = plan.empty_first_pages.saturating_sub(1);
+        take
     }
 
     /// Holds every later answer of `op` until the returned gate lets it through.

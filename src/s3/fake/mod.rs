@@ -539,6 +539,14 @@ impl ObjectClient for FakeClient {
         max_keys: i32,
     ) -> Result<ListPage, ClientError> {
         self.send(Op::List)?;
+        if continuation_token.is_none() && self.faults().take_empty_first_page() {
+            // A token before every entry: the next page is the first one there would have been.
+            let empty = ListPage {
+                next_continuation_token: Some(format!("{:016x}:", 0)),
+                ..ListPage::default()
+            };
+            return self.answer(Op::List, Ok(empty)).await;
+        }
         let result = self.list_page(prefix, delimiter, continuation_token, max_keys);
         self.answer(Op::List, result).await
     }
