@@ -54,6 +54,11 @@ impl StagedFiles {
         self.map().get(&ino).cloned()
     }
 
+    /// Whether `shared` is still the staged file of `ino` (its last release has not removed it).
+    pub(super) fn holds(&self, ino: u64, shared: &Arc<SharedStaged>) -> bool {
+        self.map().get(&ino).is_some_and(|s| Arc::ptr_eq(s, shared))
+    }
+
     /// Every staged file, with its inode.
     pub(super) fn all(&self) -> Vec<(u64, Arc<SharedStaged>)> {
         self.map()
@@ -247,6 +252,12 @@ impl S3Filesystem {
         };
         let result = {
             let mut file = shared.file.lock().await;
+            // A handle found by name may have been released meanwhile, its staged file uploaded and gone
+            // (removed under this lock): a change now would be counted and never uploaded. The caller makes
+            // it again as on a closed file.
+            if !attached && !self.handles.staged.holds(ino, &shared) {
+                return None;
+            }
             let result = change(&mut file);
             self.note_staged(ino, &shared, &file);
             result
