@@ -572,10 +572,14 @@ impl S3Filesystem {
                     self.until_released_writer_lands(*ino, Patience::new())
                         .await?;
                 }
-                // Staged since this handle opened: it sees what was written through the mount.
+                // Staged since this handle opened: it sees what was written through the mount (unless
+                // those changes failed for good: then the file is what the bucket holds).
                 if let Some(shared) = self.handles.staged.peek(*ino) {
-                    saw_edit.store(true, Ordering::SeqCst);
-                    return shared.file.lock().await.read(offset, size as u64).await;
+                    let mut file = shared.file.lock().await;
+                    if !file.has_failed() {
+                        saw_edit.store(true, Ordering::SeqCst);
+                        return file.read(offset, size as u64).await;
+                    }
                 }
                 let mut reader = reader.lock().await;
                 if followed {

@@ -225,6 +225,12 @@ impl StagedFile {
         self.present.len_below(self.base_len) + (self.size - self.base_len)
     }
 
+    /// Its changes can never reach the bucket (another client replaced the object): it keeps the error for
+    /// its own handles, and new opens read what the bucket holds.
+    pub fn has_failed(&self) -> bool {
+        self.conflict.is_some()
+    }
+
     fn check(&self) -> FsResult<()> {
         match &self.conflict {
             Some(e) => Err(e.clone()),

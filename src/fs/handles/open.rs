@@ -123,6 +123,8 @@ impl S3Filesystem {
         let plain_read = !mode.write && !mode.direct && !mode.truncate && !mode.not_for_reading;
         let first_open = self.claim_page_cache(ino, plain_read);
         let patience = Patience::new();
+        // The node's stat is a failed writer's, not the bucket's: this open asks the bucket.
+        let mut stat_is_a_failed_writers = false;
         for attempt in 1.. {
             if attempt > 3 {
                 return Err(FsError::Busy("the file is being written"));
@@ -143,9 +145,18 @@ impl S3Filesystem {
                     "overwriting an object needs --allow-overwrite",
                 ));
             }
-            // Open already, staged: every handle shares the one staged file.
+            // Open already, staged: every handle shares the one staged file. One whose changes failed for
+            // good (its close said EIO, its release has not come yet) is not shared with a reader: the file
+            // is again what the bucket holds.
             if let Some(shared) = self.handles.staged.attach(ino) {
-                return self.open_staged(ino, shared, mode, pid).await;
+                let failed = !mode.write && shared.file.lock().await.has_failed();
+                if !failed {
+                    return self.open_staged(ino, shared, mode, pid).await;
+                }
+                let _ = self.release_staged(ino, shared).await;
+                node = self.sb.node(ino)?;
+                stat_is_a_failed_writers = true;
+                break;
             }
             // Being written by a streaming writer: its bytes move to a staged file both handles share. A
             // reader of a file whose writer has uploaded everything reads the bucket, as any other reader.
@@ -170,8 +181,10 @@ impl S3Filesystem {
             return Ok(fh);
         }
         // Refresh the ETag if our view is stale, so reads are pinned to what exists now.
-        let attr_fresh =
-            !mode.direct && node.is_fresh(Instant::now()) && node.stat().etag.is_some();
+        let attr_fresh = !mode.direct
+            && !stat_is_a_failed_writers
+            && node.is_fresh(Instant::now())
+            && node.stat().etag.is_some();
         let (size, etag) = if attr_fresh {
             self.sb.note_fresh_open(&node);
             (

@@ -4,6 +4,7 @@ use crate::fs::attrs::StoredAttrs;
 use crate::fs::test_support::{RO, RW, config, fs_with, overwriting};
 use crate::fs::{FsError, OpenMode, ROOT_INO};
 use crate::s3::fake::Op;
+use crate::s3::{ObjectClient, WriteCondition};
 
 #[tokio::test]
 async fn a_second_open_of_a_streamed_file_shares_its_bytes() {
@@ -300,5 +301,36 @@ async fn a_reader_that_saw_an_edit_keeps_seeing_it_after_the_upload() {
         let tail = fs.read(r.fh, (3 << 20) - 4, 4).await.unwrap();
         assert_eq!(&tail[..], b"aaaa", "directory bucket: {directory}");
         fs.release(r.fh).await.unwrap();
+    }
+}
+
+/// A staged file whose close failed because another client replaced the object keeps its error for its own
+/// descriptor; an open for reading before that descriptor's release reads what the bucket holds, not the
+/// failed file's error.
+#[tokio::test]
+async fn a_reader_opened_after_a_failed_close_reads_the_bucket() {
+    for directory in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut c = overwriting(&dir);
+        c.metadata_ttl = std::time::Duration::ZERO;
+        let (fake, fs) = fs_with(&[("f", b"old bytes")], c, directory).await;
+        let ino = fs.sb.lookup(ROOT_INO, "f").await.unwrap().ino;
+        let h = fs.open(ino, RW, 1).await.unwrap();
+        fs.write(h.fh, 0, b"OUR").await.unwrap();
+        fake.put_object(
+            "f",
+            bytes::Bytes::from_static(b"theirs"),
+            WriteCondition::None,
+        )
+        .await
+        .unwrap();
+        assert!(fs.flush(h.fh, 1).await.is_err(), "the close failed");
+        let r = fs.open(ino, RO, 1).await.unwrap();
+        assert_eq!(&fs.read(r.fh, 0, 100).await.unwrap()[..], b"theirs");
+        assert!(fs.read(h.fh, 0, 100).await.is_err(), "its own error");
+        assert!(fs.release(h.fh).await.is_err());
+        assert_eq!(&fs.read(r.fh, 0, 100).await.unwrap()[..], b"theirs");
+        fs.release(r.fh).await.unwrap();
+        assert_eq!(fake.object("f").unwrap(), &b"theirs"[..]);
     }
 }
