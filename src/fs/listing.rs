@@ -117,7 +117,10 @@ impl Merged {
             }
         }
         for object in page.objects {
-            let Some(name) = names::name_of_object(dir_key, &object.key) else {
+            // A link's object name is 11 bytes longer than the link's own: judged by the link's name, so a
+            // link with a name of up to 255 bytes shows although its object's name is longer.
+            let link = object.key.strip_prefix(dir_key).and_then(names::link_name);
+            let Some(name) = link.or_else(|| names::name_of_object(dir_key, &object.key)) else {
                 continue;
             };
             let stat = Stat {
@@ -126,7 +129,7 @@ impl Merged {
                 etag: Some(object.etag),
                 attrs: None,
             };
-            match names::link_name(name) {
+            match link {
                 Some(link) => {
                     self.links.insert(link.to_string(), (Kind::Symlink, stat));
                 }

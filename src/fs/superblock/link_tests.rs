@@ -266,3 +266,26 @@ async fn a_create_sends_no_request_about_links() {
         (1, 1, 2)
     );
 }
+
+/// A link whose own name is close to the 255-byte limit has an object name over it (`.rclonelink` adds 11
+/// bytes): it still shows in listings, and is found by name.
+#[tokio::test]
+async fn a_link_with_a_long_name_shows_in_listings() {
+    let long = "l".repeat(250);
+    let key = format!("d/{long}.rclonelink");
+    let files: [(&str, &[u8]); 2] = [("d/f", b"plain"), (key.as_str(), b"f")];
+    for directory in [true, false] {
+        let (_, fs) = fs_with(&files, config(), directory).await;
+        let d = fs.sb.lookup(ROOT_INO, "d").await.unwrap().ino;
+        assert_eq!(
+            entries(&fs, d).await,
+            vec![
+                ("f".to_string(), FileKind::File),
+                (long.clone(), FileKind::Symlink),
+            ]
+        );
+        let link = fs.sb.lookup(d, &long).await.unwrap();
+        assert_eq!(link.kind, FileKind::Symlink);
+        assert_eq!(&fs.sb.readlink(link.ino).await.unwrap()[..], b"f");
+    }
+}
