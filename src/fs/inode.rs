@@ -705,6 +705,9 @@ impl InodeTable {
             n.parent = new_parent;
             n.name = new_name.to_string();
             n.key = n.kind.key(&parent_key, new_name);
+            // What stands under the new name is known as of now: a listing sent before the move (which saw
+            // the object the move replaced) must not take its place.
+            n.stat_at = n.stat_at.max(Instant::now());
         }
         self.children.insert(new_parent, new_name, ino);
     }
@@ -1028,6 +1031,27 @@ mod tests {
         let newer = Instant::now() + std::time::Duration::from_millis(5);
         t.upsert(ROOT_INO, "f", Kind::File, stat(7), later(), newer);
         assert_eq!(t.get(ino).unwrap().stat.size, 7);
+    }
+
+    #[test]
+    fn a_listing_sent_before_a_rename_does_not_replace_what_moved() {
+        let mut t = InodeTable::new("");
+        let stat = |size| Stat {
+            size,
+            mtime: SystemTime::UNIX_EPOCH,
+            etag: Some(format!("e{size}")),
+            attrs: None,
+        };
+        let uploaded = Instant::now();
+        let tmp = t.upsert(ROOT_INO, "tmp", Kind::File, stat(5), later(), uploaded);
+        t.upsert(ROOT_INO, "x", Kind::File, stat(1), later(), uploaded);
+        // A listing is sent, sees the old x; then tmp is moved onto x; then the listing's answer lands.
+        let listing_sent = Instant::now();
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        t.rename(ROOT_INO, "tmp", ROOT_INO, "x");
+        let x = t.upsert(ROOT_INO, "x", Kind::File, stat(1), later(), listing_sent);
+        assert_eq!(x, tmp);
+        assert_eq!(t.get(x).unwrap().stat.size, 5);
     }
 
     #[test]
