@@ -6,12 +6,14 @@
 //! an entry that does not match (another object, truncated, tampered) is ignored and counted, never returned.
 //! Misses are filled in the background with a conditional PUT (If-None-Match), bounded in concurrency.
 
+use std::num::NonZeroUsize;
 use std::ops::Range;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use bytes::{Bytes, BytesMut};
+use lru::LruCache;
 use sha2::{Digest, Sha256};
 use tokio::sync::Semaphore;
 use tracing::{debug, warn};
@@ -54,7 +56,13 @@ pub struct SharedCache {
     max_object_size: u64,
     fills: Arc<Semaphore>,
     pub counters: Arc<SharedCounters>,
+    /// Versions a miss found too big for an entry: later reads of them go straight to the layers below,
+    /// instead of asking the cache bucket and fetching the object's first `max_object_size` bytes each time.
+    too_big: Mutex<LruCache<(String, String), ()>>,
 }
+
+/// How many too-big versions are remembered.
+const TOO_BIG_REMEMBERED: usize = 4096;
 
 impl SharedCache {
     pub fn new(cache: Arc<dyn ObjectClient>, max_object_size: u64) -> SharedCache {
@@ -63,7 +71,20 @@ impl SharedCache {
             max_object_size,
             fills: Arc::new(Semaphore::new(MAX_FILLS)),
             counters: Arc::new(SharedCounters::default()),
+            too_big: Mutex::new(LruCache::new(
+                NonZeroUsize::new(TOO_BIG_REMEMBERED).expect("not zero"),
+            )),
         }
+    }
+
+    fn known_too_big(&self, key: &str, etag: &str) -> bool {
+        let mut too_big = self.too_big.lock().unwrap_or_else(|e| e.into_inner());
+        too_big.get(&(key.to_string(), etag.to_string())).is_some()
+    }
+
+    fn found_too_big(&self, key: &str, etag: &str) {
+        let mut too_big = self.too_big.lock().unwrap_or_else(|e| e.into_inner());
+        too_big.put((key.to_string(), etag.to_string()), ());
     }
 
     /// `bucket` is the source bucket the object is read from.
@@ -211,7 +232,7 @@ impl CacheLayer for SharedCache {
         etag: &str,
     ) -> Result<Bytes, ClientError> {
         // Only reads pinned to an ETag within the first `max_object_size` bytes can be served from an entry.
-        if etag.is_empty() || range.end > self.max_object_size {
+        if etag.is_empty() || range.end > self.max_object_size || self.known_too_big(key, etag) {
             return below.read(key, range, etag).await;
         }
         let bucket = below.bucket();
@@ -221,6 +242,8 @@ impl CacheLayer for SharedCache {
         let data = self.read_on_miss(below, key, etag).await?;
         if data.len() as u64 <= self.max_object_size {
             self.fill_in_background(bucket, key, etag, data.clone());
+        } else {
+            self.found_too_big(key, etag);
         }
         Ok(slice(&data, &range))
     }
@@ -254,7 +277,7 @@ impl CacheLayer for SharedCache {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::s3::fake::FakeClient;
+    use crate::s3::fake::{FakeClient, Op};
     use crate::source::{BucketSource, Cached};
 
     /// One host's shared cache in front of `source`.
@@ -263,6 +286,32 @@ mod tests {
             SharedCache::new(cache.clone(), 4096),
             BucketSource::shared(source.clone()),
         )
+    }
+
+    /// A version found too big for an entry is remembered: later reads of it ask neither the cache bucket
+    /// nor the source for more than they want.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_version_too_big_for_an_entry_is_read_around_the_cache_from_then_on() {
+        let source = Arc::new(FakeClient::new("src", true));
+        let cache = Arc::new(FakeClient::new("cache", true));
+        let etag = source
+            .put_object("big", Bytes::from(vec![7u8; 20_000]), WriteCondition::None)
+            .await
+            .unwrap()
+            .etag;
+        let c = host(&source, &cache);
+        assert_eq!(c.read("big", 0..100, &etag).await.unwrap().len(), 100);
+        let (asked, fetched) = (cache.count(Op::Get), source.count(Op::Get));
+        for block in 1..8u64 {
+            let range = block * 500..block * 500 + 100;
+            assert_eq!(c.read("big", range, &etag).await.unwrap().len(), 100);
+        }
+        assert_eq!(
+            cache.count(Op::Get),
+            asked,
+            "the cache bucket was asked again"
+        );
+        assert_eq!(source.count(Op::Get) - fetched, 7);
     }
 
     /// Hosts running other versions share the bucket: an entry's name must not change with the code.
