@@ -92,6 +92,11 @@ fn pattern(seed: u8, len: usize) -> Vec<u8> {
         .collect()
 }
 
+/// NoSuchUpload: a failed write, not a missing object.
+fn upload_gone(key: &str) -> ClientError {
+    ClientError::UploadGone { key: key.into() }
+}
+
 fn not_found(key: &str) -> ClientError {
     ClientError::NotFound { key: key.into() }
 }
@@ -487,7 +492,7 @@ async fn multipart_complete_and_abort(c: Arc<dyn ObjectClient>) {
     assert_eq!(
         c.complete_multipart_upload("m/obj", &id, parts, WriteCondition::None)
             .await,
-        Err(not_found("m/obj"))
+        Err(upload_gone("m/obj"))
     );
 
     // A second upload with If-None-Match is refused and stays open until aborted.
@@ -503,22 +508,22 @@ async fn multipart_complete_and_abort(c: Arc<dyn ObjectClient>) {
     assert_eq!(
         c.upload_part("m/other", &id2, 2, Bytes::from_static(b"x"))
             .await,
-        Err(not_found("m/other"))
+        Err(upload_gone("m/other"))
     );
     c.abort_multipart_upload("m/obj", &id2).await.unwrap();
     assert_eq!(
         c.abort_multipart_upload("m/obj", &id2).await,
-        Err(not_found("m/obj"))
+        Err(upload_gone("m/obj"))
     );
     assert_eq!(
         c.upload_part("m/obj", &id2, 2, Bytes::from_static(b"x"))
             .await,
-        Err(not_found("m/obj"))
+        Err(upload_gone("m/obj"))
     );
     assert_eq!(
         c.complete_multipart_upload("m/obj", &id2, small, WriteCondition::None)
             .await,
-        Err(not_found("m/obj"))
+        Err(upload_gone("m/obj"))
     );
     assert_eq!(c.head_object("m/obj").await.unwrap().etag, info.etag);
 }

@@ -9,6 +9,11 @@ pub enum ClientError {
     #[error("object not found: {key}")]
     NotFound { key: String },
 
+    /// NoSuchUpload: the multipart upload is gone (completed, or aborted by a lifecycle rule or another
+    /// client). A failed write, not a missing file.
+    #[error("multipart upload gone for {key}")]
+    UploadGone { key: String },
+
     /// NoSuchBucket / 404 on the bucket.
     #[error("bucket not found: {bucket}")]
     NoSuchBucket { bucket: String },
@@ -64,6 +69,7 @@ impl ClientError {
         match self {
             ClientError::NotFound { .. } => "NoSuchKey",
             ClientError::NoSuchBucket { .. } => "NoSuchBucket",
+            ClientError::UploadGone { .. } => "NoSuchUpload",
             ClientError::PreconditionFailed { .. } => "PreconditionFailed",
             ClientError::Conflict { .. } => "ConditionalRequestConflict",
             ClientError::InvalidWriteOffset { .. } => "InvalidWriteOffset",

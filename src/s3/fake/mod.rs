@@ -320,7 +320,7 @@ impl FakeClient {
             .uploads
             .get_mut(upload_id)
             .filter(|u| u.key == key)
-            .ok_or_else(|| ClientError::NotFound { key: key.into() })?;
+            .ok_or_else(|| ClientError::UploadGone { key: key.into() })?;
         upload.parts.insert(part_number, (etag.clone(), body));
         Ok(UploadedPart {
             part_number,
@@ -341,7 +341,7 @@ impl FakeClient {
             .uploads
             .get(upload_id)
             .filter(|u| u.key == key)
-            .ok_or_else(|| ClientError::NotFound { key: key.into() })?;
+            .ok_or_else(|| ClientError::UploadGone { key: key.into() })?;
         let mut data = Vec::new();
         for (i, p) in parts.iter().enumerate() {
             if i > 0 && p.part_number <= parts[i - 1].part_number {
@@ -677,7 +677,7 @@ impl ObjectClient for FakeClient {
                     state.uploads.remove(upload_id);
                     Ok(())
                 }
-                _ => Err(ClientError::NotFound { key: key.into() }),
+                _ => Err(ClientError::UploadGone { key: key.into() }),
             }
         };
         self.answer(Op::AbortUpload, result).await

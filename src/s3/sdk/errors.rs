@@ -193,11 +193,7 @@ pub(crate) fn classify(
     // The multipart upload is gone (aborted by a lifecycle rule or another client): the file's object is
     // not missing, its upload failed, which a writer must report as an I/O error, not as ENOENT.
     if code == "NoSuchUpload" {
-        return ClientError::Service {
-            status,
-            code: code.to_string(),
-            message,
-        };
+        return ClientError::UploadGone { key: key_string() };
     }
     if matches!(code, "NoSuchKey" | "NotFound") || status == 404 {
         return if key.is_empty() {
@@ -308,8 +304,12 @@ mod tests {
         );
         // A multipart upload gone is a failed write, not a missing file.
         let gone = map_get(404, Some("NoSuchUpload"));
-        assert_eq!(gone.code(), "NoSuchUpload");
-        assert!(!matches!(gone, ClientError::NotFound { .. }), "{gone:?}");
+        assert_eq!(
+            gone,
+            ClientError::UploadGone {
+                key: "dir/file".into()
+            }
+        );
         let errno = crate::fuse::errno(&crate::fs::FsError::client("dir/file", gone));
         assert_eq!(errno, fuser::Errno::EIO);
         // Bucket-level calls turn every 404 into a missing bucket.
