@@ -298,6 +298,15 @@ impl Args {
             return Err("--max-threads must be at least 1".into());
         }
         crate::config::max_attempts(std::env::var("AWS_MAX_ATTEMPTS").ok().as_deref())?;
+        let on_descriptor = matches!(
+            self.mount_target()?,
+            crate::mountpoint::MountTarget::Descriptor(_)
+        );
+        if self.auto_unmount && !on_descriptor && !(self.allow_other || self.allow_root) {
+            // fusermount3 makes an auto_unmount mount, and the FUSE library we use allows it only for a mount
+            // others may enter: said here rather than as its own error at mount time.
+            return Err("--auto-unmount needs --allow-root (or --allow-other) as well".into());
+        }
         if let crate::mountpoint::MountTarget::Descriptor(fd) = self.mount_target()? {
             if self.auto_unmount {
                 return Err(format!(
@@ -557,7 +566,18 @@ mod tests {
         }
         let e = parse(&["b--use1-az4--x-s3", "/dev/fd/seven"]).unwrap_err();
         assert!(e.contains("/dev/fd/N"), "{e}");
-        // Elsewhere those flags stand.
+        // Elsewhere those flags stand; --auto-unmount with one of the two.
+        let e = parse(&["b--use1-az4--x-s3", "/mnt", "--auto-unmount"]).unwrap_err();
+        assert!(e.contains("--allow-root"), "{e}");
+        assert!(
+            parse(&[
+                "b--use1-az4--x-s3",
+                "/mnt",
+                "--allow-root",
+                "--auto-unmount"
+            ])
+            .is_ok()
+        );
         assert!(
             parse(&[
                 "b--use1-az4--x-s3",

@@ -5,7 +5,7 @@
 //! the mount is live, or prints why it is not and exits 1. `--foreground` stays attached. SIGINT/SIGTERM
 //! unmount cleanly; an external `umount` ends the session and the daemon exits 0. SIGUSR2 toggles debug logs.
 
-use std::io::{Read, Write};
+use std::io::{BufRead, Write};
 use std::os::fd::OwnedFd;
 use std::path::Path;
 use std::sync::Arc;
@@ -206,13 +206,15 @@ enum Detached {
 
 /// Forks (before any thread exists). The parent waits for the child's report and returns its exit code.
 fn detach() -> std::io::Result<Detached> {
-    let (read_end, write_end) = nix::unistd::pipe()?;
+    // Close-on-exec: with --auto-unmount, fusermount3 lives as long as the mount and (before libfuse 3.17)
+    // keeps what it inherited; the report is one line either way, so the parent reads no further than it.
+    let (read_end, write_end) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
     // SAFETY: single-threaded at this point (no runtime, no logging thread yet).
     match unsafe { nix::unistd::fork() }? {
         nix::unistd::ForkResult::Parent { .. } => {
             drop(write_end);
             let mut answer = String::new();
-            let _ = std::fs::File::from(read_end).read_to_string(&mut answer);
+            let _ = std::io::BufReader::new(std::fs::File::from(read_end)).read_line(&mut answer);
             let line = answer.lines().next().unwrap_or("");
             if line.starts_with("OK") {
                 Ok(Detached::Parent(0))

@@ -138,6 +138,96 @@ fn background_mount_is_live_when_the_command_returns_and_sigterm_unmounts() {
     assert!(!is_mounted(dir.path()), "SIGTERM did not unmount");
 }
 
+/// With `--auto-unmount` the kernel mount is made by `fusermount3`, which stays alive beside the daemon for
+/// as long as the mount and (before libfuse 3.17) keeps every descriptor it inherited: the command must still
+/// return once the mount is ready, not wait for the daemon's report pipe to close.
+#[test]
+fn a_background_mount_with_auto_unmount_returns_when_ready() {
+    let dir = empty_dir();
+    let bucket = fresh_bucket(true, "autounmount");
+    put(emulator(), &bucket, "hello.txt", b"hi".to_vec());
+    let mut cmd = expressfs_command(emulator());
+    cmd.args([
+        &bucket,
+        dir.path().to_str().unwrap(),
+        "--auto-unmount",
+        "--allow-root",
+    ]);
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().expect("run expressfs");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break Some(status);
+        }
+        if Instant::now() > deadline {
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let ready = is_mounted(dir.path());
+    let pid = find_daemon(&bucket);
+    if status.is_none() {
+        let _ = child.kill();
+    }
+    let read = ready.then(|| std::fs::read(dir.path().join("hello.txt")));
+    if let Some(pid) = pid {
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGTERM,
+        )
+        .unwrap();
+    }
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while is_mounted(dir.path()) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let status = status.expect("the command did not return once the mount was ready");
+    let mut stderr = String::new();
+    if let Some(mut e) = child.stderr.take() {
+        let _ = std::io::Read::read_to_string(&mut e, &mut stderr);
+    }
+    assert!(status.success(), "{status:?}: {stderr}");
+    assert!(ready, "not mounted when the command returned");
+    assert_eq!(read.unwrap().unwrap(), b"hi");
+    assert!(!is_mounted(dir.path()), "SIGTERM did not unmount");
+}
+
+/// SIGTERM while the mount is busy (a file open on it, a shell's working directory in it): the daemon does
+/// not hang or leave a dead mount behind; it detaches the mount, finishes, and exits.
+#[test]
+fn sigterm_on_a_busy_mount_detaches_it_and_exits() {
+    let dir = empty_dir();
+    let bucket = fresh_bucket(true, "busystop");
+    put(emulator(), &bucket, "held.txt", b"held".to_vec());
+    let mut cmd = expressfs_command(emulator());
+    cmd.args([&bucket, dir.path().to_str().unwrap()]);
+    let out = run(cmd);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let held = std::fs::File::open(dir.path().join("held.txt")).unwrap();
+    let pid = find_daemon(&bucket).expect("daemon process");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while find_daemon(&bucket).is_some() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let gone = find_daemon(&bucket).is_none();
+    let mounted = is_mounted(dir.path());
+    drop(held);
+    assert!(gone, "the daemon did not exit");
+    assert!(!mounted, "the mount was left behind");
+}
+
 /// `umount` then an immediate mount at the same path (a remount): the old daemon, on its way out, must not
 /// unmount the path again, which now holds the new mount.
 #[test]

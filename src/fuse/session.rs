@@ -18,6 +18,9 @@ pub struct MountedFs {
     closing: Closing,
     /// Served on a descriptor the caller mounted (`/dev/fd/N`): we have no mount to take down.
     by_descriptor: bool,
+    /// Our mount: its path, and the device number its root had once mounted (which tells our mount from
+    /// one made at the same path after someone else unmounted ours).
+    ours: Option<(std::path::PathBuf, u64)>,
     /// Shared with the adapter: refuse every request from now on.
     stopping: Arc<std::sync::atomic::AtomicBool>,
 }
@@ -120,17 +123,85 @@ impl MountedFs {
             session,
             closing,
             by_descriptor,
+            ours,
             stopping,
         } = self;
-        if by_descriptor {
+        let detached = match &ours {
+            Some((path, dev)) if !session.guard.is_finished() => {
+                take_down(path, *dev)? == TakenDown::Detached
+            }
+            _ => false,
+        };
+        if by_descriptor || detached {
+            if detached {
+                warn!(
+                    "the mount was busy (files open, or a working directory in it): detached; its open files \
+                     are abandoned"
+                );
+            }
             stopping.store(true, std::sync::atomic::Ordering::SeqCst);
             let left = closing.abandon(limit);
             std::mem::forget(session);
             return Ok(left);
         }
+        // Unmounted above (fuser's own unmount then finds nothing to do), or by someone else already.
         session.umount_and_join()?;
         Ok(closing.finish(limit))
     }
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum TakenDown {
+    /// Unmounted (or no longer ours to unmount): the session ends.
+    Unmounted,
+    /// Busy, so detached lazily: the path is free, and the connection lives while files on it are open.
+    Detached,
+}
+
+/// Unmounts our mount at `path` (its root on device `dev`). With `--auto-unmount` fuser leaves that to
+/// fusermount3, which (before libfuse 3.17) may not do it, and its plain unmount fails when the mount is
+/// busy; so it is done here: as root with umount(2), lazily when busy, otherwise with `fusermount3 -u`.
+fn take_down(path: &std::path::Path, dev: u64) -> std::io::Result<TakenDown> {
+    use nix::errno::Errno;
+    use nix::mount::{MntFlags, umount2};
+    use std::os::unix::fs::MetadataExt;
+    // A mount made at the same path after ours went is not ours to take down.
+    if std::fs::metadata(path).map(|m| m.dev()).ok() != Some(dev) {
+        return Ok(TakenDown::Unmounted);
+    }
+    match umount2(path, MntFlags::empty()) {
+        Ok(()) | Err(Errno::EINVAL) => return Ok(TakenDown::Unmounted),
+        Err(Errno::EBUSY) => {
+            umount2(path, MntFlags::MNT_DETACH)?;
+            return Ok(TakenDown::Detached);
+        }
+        Err(Errno::EPERM) => {}
+        Err(e) => return Err(e.into()),
+    }
+    // Not root: the setuid helper unmounts for the user who mounted.
+    let helper = |lazy: bool| {
+        let mut cmd = std::process::Command::new("fusermount3");
+        cmd.arg("-u").arg("-q");
+        if lazy {
+            cmd.arg("-z");
+        }
+        cmd.arg(path)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    if helper(false) {
+        return Ok(TakenDown::Unmounted);
+    }
+    if helper(true) {
+        return Ok(TakenDown::Detached);
+    }
+    Err(std::io::Error::other(format!(
+        "could not unmount {}: fusermount3 -u failed",
+        path.display()
+    )))
 }
 
 impl Closing {
@@ -318,6 +389,15 @@ pub fn mount(
         }
     };
     let _ = notifier.set(session.notifier());
+    let ours = match &options.target {
+        MountTarget::Directory(path) => {
+            use std::os::unix::fs::MetadataExt;
+            std::fs::metadata(path)
+                .ok()
+                .map(|m| (path.clone(), m.dev()))
+        }
+        MountTarget::Descriptor(_) => None,
+    };
     Ok(MountedFs {
         session,
         closing: Closing {
@@ -326,6 +406,7 @@ pub fn mount(
             runtime,
         },
         by_descriptor: matches!(options.target, MountTarget::Descriptor(_)),
+        ours,
         stopping,
     })
 }
