@@ -431,7 +431,8 @@ fn serve(
         }
         std::thread::sleep(Duration::from_millis(50));
     };
-    if outstanding > 0 {
+    let lost = outstanding > 0;
+    if lost {
         tracing::error!(
             outstanding,
             "releases still unfinished {FINISH_AFTER_UNMOUNT:?} after unmount; abandoned: the uploads among them are lost"
@@ -446,5 +447,6 @@ fn serve(
         info!(counters = %shared, "shared cache at unmount");
     }
     runtime.shutdown_timeout(Duration::from_secs(5));
-    0
+    // Not "unmounted cleanly" when closed files' uploads were cut short.
+    i32::from(lost)
 }
