@@ -463,14 +463,17 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
 }
 
 fn parse_ttl(s: &str) -> Result<Duration, String> {
+    // What "indefinite" means, and the most any number of seconds means: a deadline further out would
+    // overflow the clock's arithmetic.
+    const INDEFINITE: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
     match s {
         "minimal" => Ok(Duration::ZERO),
-        "indefinite" => Ok(Duration::from_secs(100 * 365 * 24 * 3600)),
+        "indefinite" => Ok(INDEFINITE),
         _ => s
             .parse::<f64>()
             .ok()
             .filter(|v| v.is_finite() && *v >= 0.0)
-            .map(Duration::from_secs_f64)
+            .map(|v| Duration::from_secs_f64(v.min(INDEFINITE.as_secs_f64())))
             .ok_or_else(|| {
                 format!("{s:?} is not a number of seconds, \"minimal\" or \"indefinite\"")
             }),
@@ -479,8 +482,35 @@ fn parse_ttl(s: &str) -> Result<Duration, String> {
 
 /// Options that mount(8)/fstab pass but that mean nothing to us.
 const IGNORED_MOUNT_OPTIONS: &[&str] = &[
-    "defaults", "auto", "noauto", "nofail", "_netdev", "user", "users", "nouser", "rw", "dev",
-    "suid", "exec", "noexec", "nodev", "nosuid", "atime", "noatime", "relatime",
+    "defaults",
+    "auto",
+    "noauto",
+    "nofail",
+    "_netdev",
+    "user",
+    "users",
+    "nouser",
+    "nousers",
+    "owner",
+    "group",
+    "rw",
+    "dev",
+    "suid",
+    "exec",
+    "noexec",
+    "nodev",
+    "nosuid",
+    "atime",
+    "noatime",
+    "relatime",
+    "strictatime",
+    "lazytime",
+    "nodiratime",
+    "diratime",
+    "async",
+    "nosymfollow",
+    "default_permissions",
+    "comment",
 ];
 
 /// Expands `-o a,b=c` into `--a --b c` (underscores become dashes), the form fstab and mount(8) use.
@@ -502,10 +532,7 @@ pub fn expand_mount_options(argv: Vec<String>) -> Result<Vec<String>, String> {
             let (name, value) = opt
                 .split_once('=')
                 .map_or((opt, None), |(n, v)| (n, Some(v)));
-            if IGNORED_MOUNT_OPTIONS.contains(&name)
-                || name.starts_with("x-systemd.")
-                || name.starts_with("comment=")
-            {
+            if IGNORED_MOUNT_OPTIONS.contains(&name) || name.starts_with("x-systemd.") {
                 continue;
             }
             let flag = match name {
@@ -600,6 +627,9 @@ mod tests {
         assert!(parse_mode("999").is_err());
         assert_eq!(parse_ttl("minimal").unwrap(), Duration::ZERO);
         assert_eq!(parse_ttl("2.5").unwrap(), Duration::from_millis(2500));
+        // A number past "indefinite" means "indefinite", not an overflow later.
+        assert_eq!(parse_ttl("1e19").unwrap(), parse_ttl("indefinite").unwrap());
+        assert_eq!(parse_ttl("2e19").unwrap(), parse_ttl("indefinite").unwrap());
         assert!(parse_ttl("-1").is_err());
         assert_eq!(parse_memory_target("2048").unwrap(), 2048 << 20);
         assert_eq!(parse_memory_target("1G").unwrap(), 1 << 30);
@@ -617,6 +647,14 @@ mod tests {
         ])
         .unwrap();
         assert!(a.read_only && a.allow_other);
+        // What mount(8) passes on from a common fstab line, with nothing for us to do.
+        let common = parse(&[
+            "b--use1-az4--x-s3",
+            "/mnt",
+            "-o",
+            "rw,noatime,nodiratime,lazytime,owner,nosymfollow,default_permissions,comment=x,_netdev",
+        ]);
+        assert!(common.is_ok(), "{:?}", common.err());
         let escaped = parse(&[
             "bkt",
             "/mnt",
