@@ -147,6 +147,22 @@ pub struct DiskCache {
     keep_disk_free: bool,
 }
 
+/// The process that was writing temporary block file `name` (`.tmp-<block>-<pid>-<n>`), if it is one.
+fn writer_of_temp_file(name: &str) -> Option<i32> {
+    let rest = name.strip_prefix(".tmp-")?;
+    let mut fields = rest.rsplitn(3, '-');
+    let _serial = fields.next()?;
+    fields.next()?.parse().ok()
+}
+
+fn process_runs(pid: i32) -> bool {
+    // Signal 0 checks only that the process exists (EPERM: it does, as another user's).
+    !matches!(
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None),
+        Err(nix::errno::Errno::ESRCH)
+    )
+}
+
 impl DiskCache {
     /// Opens (or creates, mode 0700) the cache directory and indexes blocks left by earlier mounts.
     pub fn open(dir: &Path, max_bytes: u64) -> std::io::Result<DiskCache> {
@@ -169,6 +185,14 @@ impl DiskCache {
             let entry = entry?;
             let name = entry.file_name().to_string_lossy().into_owned();
             if name.len() != 64 || !name.bytes().all(|b| b.is_ascii_hexdigit()) {
+                // A block being written by a daemon that died (SIGKILL, OOM) before it could rename it: in no
+                // index, so never counted nor evicted. Removed, unless its writer is still running (a mount
+                // sharing the directory).
+                if let Some(pid) = writer_of_temp_file(&name)
+                    && !process_runs(pid)
+                {
+                    let _ = fs::remove_file(entry.path());
+                }
                 continue;
             }
             let meta = entry.metadata()?;
@@ -403,6 +427,24 @@ mod tests {
         assert!(fits);
         index.unreserve(100);
         assert_eq!(index.used, 200, "a failed write gives its bytes back");
+    }
+
+    /// A block left half written by a daemon that died is removed when the cache opens; one a running
+    /// process is writing stays.
+    #[test]
+    fn temporary_files_of_dead_writers_are_removed_at_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let block = "a".repeat(64);
+        // Pid 0x7fff_fff0 is above pid_max (at most 2^22): no process has it.
+        let dead = dir.path().join(format!(".tmp-{block}-{}-0", 0x7fff_fff0));
+        let alive = dir
+            .path()
+            .join(format!(".tmp-{block}-{}-1", std::process::id()));
+        std::fs::write(&dead, vec![0u8; 4096]).unwrap();
+        std::fs::write(&alive, vec![0u8; 4096]).unwrap();
+        let _cache = DiskCache::open_with(dir.path(), 1 << 20, false).unwrap();
+        assert!(!dead.exists(), "a dead writer's file stayed");
+        assert!(alive.exists(), "a running writer's file went");
     }
 
     #[test]
