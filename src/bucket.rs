@@ -149,9 +149,11 @@ pub fn parse(input: &str) -> Result<BucketName, String> {
                 "directory bucket name {name:?}: the base name must be non-empty, without '--' or '.'"
             ));
         }
-        let valid_zone = zone.split_once("-az").is_some_and(|(region, n)| {
-            !region.is_empty()
-                && region.bytes().all(|b| b.is_ascii_alphanumeric())
+        // An AZ ID (`use1-az4`), or a Local Zone's (`usw2-lax1-az1`).
+        let valid_zone = zone.rsplit_once("-az").is_some_and(|(region, n)| {
+            region
+                .split('-')
+                .all(|part| !part.is_empty() && part.bytes().all(|b| b.is_ascii_alphanumeric()))
                 && !n.is_empty()
                 && n.bytes().all(|b| b.is_ascii_digit())
         });
@@ -185,7 +187,8 @@ pub fn parse(input: &str) -> Result<BucketName, String> {
 
 /// The region of an AZ ID such as `use1-az4`, when known.
 pub fn region_of_zone(zone: &str) -> Option<&'static str> {
-    let prefix = zone.split_once("-az")?.0;
+    // A Local Zone's ID starts with its parent region's code too (`usw2-lax1-az1`).
+    let prefix = zone.split(['-']).next()?;
     AZ_PREFIXES
         .iter()
         .find(|(p, _)| *p == prefix)
@@ -203,6 +206,12 @@ mod tests {
         assert_eq!(region_of_zone("use1-az4"), Some("us-east-1"));
         assert_eq!(region_of_zone("usw2-az1"), Some("us-west-2"));
         assert_eq!(region_of_zone("zzz9-az1"), None);
+        // Directory buckets in a Local Zone name its ID, which has a hyphen of its own.
+        let local = parse("data--usw2-lax1-az1--x-s3").unwrap();
+        assert_eq!(local.zone.as_deref(), Some("usw2-lax1-az1"));
+        assert_eq!(region_of_zone("usw2-lax1-az1"), Some("us-west-2"));
+        assert!(parse("data--usw2--az1--x-s3").is_err());
+        assert!(parse("data--usw2-lax1-az--x-s3").is_err());
         assert!(!parse("my.bucket-1").unwrap().is_directory());
         assert_eq!(parse("s3://plain-bucket/").unwrap().name, "plain-bucket");
     }
