@@ -152,7 +152,8 @@ pub struct Args {
     #[arg(long, default_value = "8M", value_parser = parse_size, help_heading = "Performance and caching")]
     pub write_part_size: u64,
     /// Sets both --read-part-size and --write-part-size
-    #[arg(long, value_parser = parse_size, help_heading = "Performance and caching")]
+    #[arg(long, value_parser = parse_size, help_heading = "Performance and caching",
+          conflicts_with_all = ["read_part_size", "write_part_size"])]
     pub part_size: Option<u64>,
     /// Most bytes fetched ahead for one sequential reader (default 64M, or as --maximum-throughput-gbps sets).
     /// All readers of the mount together hold at most twice this, each one part at least
@@ -189,13 +190,14 @@ pub struct Args {
     #[arg(long, help_heading = "Performance and caching")]
     pub cache: Option<PathBuf>,
     /// Most MiB the data cache may use (it also keeps 5% of the disk free)
-    #[arg(long, help_heading = "Performance and caching")]
+    #[arg(long, help_heading = "Performance and caching", requires = "cache")]
     pub max_cache_size: Option<u64>,
     /// Second bucket shared by a fleet of hosts as a cache for small objects
     #[arg(long, help_heading = "Performance and caching")]
     pub cache_xz: Option<String>,
     /// Largest object kept in the --cache-xz bucket
-    #[arg(long, default_value = "1M", value_parser = parse_size, help_heading = "Performance and caching")]
+    #[arg(long, default_value = "1M", value_parser = parse_size, help_heading = "Performance and caching",
+          requires = "cache_xz")]
     pub cache_xz_max_object_size: u64,
     /// Size of a cached block in KiB
     #[arg(long, default_value_t = 1024, help_heading = "Performance and caching")]
@@ -647,6 +649,17 @@ mod tests {
         ])
         .unwrap();
         assert!(a.read_only && a.allow_other);
+        // Flags that would be overridden or mean nothing without another are refused, not ignored.
+        for args in [
+            &["b", "/mnt", "--part-size", "4M", "--write-part-size", "16M"][..],
+            &["b", "/mnt", "--part-size", "4M", "--read-part-size", "16M"][..],
+            &["b", "/mnt", "--max-cache-size", "100"][..],
+            &["b", "/mnt", "--cache-xz-max-object-size", "64K"][..],
+        ] {
+            assert!(parse(args).is_err(), "{args:?}");
+        }
+        let one = parse(&["b", "/mnt", "--part-size", "6M"]);
+        assert!(one.is_ok(), "{:?}", one.err());
         // What mount(8) passes on from a common fstab line, with nothing for us to do.
         let common = parse(&[
             "b--use1-az4--x-s3",
