@@ -6,7 +6,7 @@ mod common;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{emulator, expressfs_command, fresh_bucket, is_mounted, put};
+use common::{emulator, expressfs_command, fresh_bucket, get, is_mounted, put};
 
 fn run(mut cmd: Command) -> Output {
     cmd.stdin(Stdio::null());
@@ -287,6 +287,32 @@ fn umount_of_a_live_mount_ends_the_daemon_promptly_and_quietly() {
     assert!(
         !log.to_lowercase().contains("unmount failed"),
         "a failed unmount logged:\n{log}"
+    );
+}
+
+/// SIGTERM (`systemctl stop`, Ctrl-C) of a foreground mount: it unmounts, uploads what closed files still
+/// hold, exits 0, and logs no failed unmount.
+#[test]
+fn sigterm_unmounts_uploads_and_exits_zero() {
+    let bucket = fresh_bucket(true, "sigterm");
+    put(emulator(), &bucket, "d/f.bin", vec![5u8; 70_000]);
+    let mount = common::Mount::new(&bucket, &[]);
+    assert_eq!(
+        std::fs::read(mount.path().join("d/f.bin")).unwrap().len(),
+        70_000
+    );
+    std::fs::write(mount.path().join("d/new.bin"), b"written").unwrap();
+    let dir = mount.path().to_path_buf();
+    let (status, log) = mount.terminate_with_log();
+    assert_eq!(status.and_then(|s| s.code()), Some(0), "{log}");
+    assert!(!is_mounted(&dir));
+    assert!(
+        !log.to_lowercase().contains("unmount failed"),
+        "a failed unmount logged:\n{log}"
+    );
+    assert_eq!(
+        get(emulator(), &bucket, "d/new.bin").as_deref(),
+        Some(&b"written"[..])
     );
 }
 

@@ -147,6 +147,9 @@ pub struct DiskCache {
     keep_disk_free: bool,
 }
 
+/// How old a temporary block file of a process that is gone must be before it is removed.
+const TEMP_FILE_STALE: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// The process that was writing temporary block file `name` (`.tmp-<block>-<pid>-<n>`), if it is one.
 fn writer_of_temp_file(name: &str) -> Option<i32> {
     let rest = name.strip_prefix(".tmp-")?;
@@ -188,7 +191,14 @@ impl DiskCache {
                 // A block being written by a daemon that died (SIGKILL, OOM) before it could rename it: in no
                 // index, so never counted nor evicted. Removed, unless its writer is still running (a mount
                 // sharing the directory).
+                // (A minute old at least: a mount in another pid namespace may be writing one whose pid
+                // means nothing here, and a block takes far less than that to write.)
+                let stale = entry
+                    .metadata()
+                    .and_then(|m| m.modified())
+                    .is_ok_and(|t| t.elapsed().is_ok_and(|age| age > TEMP_FILE_STALE));
                 if let Some(pid) = writer_of_temp_file(&name)
+                    && stale
                     && !process_runs(pid)
                 {
                     let _ = fs::remove_file(entry.path());
@@ -440,11 +450,23 @@ mod tests {
         let alive = dir
             .path()
             .join(format!(".tmp-{block}-{}-1", std::process::id()));
-        std::fs::write(&dead, vec![0u8; 4096]).unwrap();
-        std::fs::write(&alive, vec![0u8; 4096]).unwrap();
+        let young = dir.path().join(format!(".tmp-{block}-{}-2", 0x7fff_fff0));
+        let old = std::time::SystemTime::now() - std::time::Duration::from_secs(600);
+        for path in [&dead, &alive, &young] {
+            std::fs::write(path, vec![0u8; 4096]).unwrap();
+        }
+        for path in [&dead, &alive] {
+            std::fs::File::options()
+                .write(true)
+                .open(path)
+                .unwrap()
+                .set_modified(old)
+                .unwrap();
+        }
         let _cache = DiskCache::open_with(dir.path(), 1 << 20, false).unwrap();
         assert!(!dead.exists(), "a dead writer's file stayed");
         assert!(alive.exists(), "a running writer's file went");
+        assert!(young.exists(), "a file too young to be stale went");
     }
 
     #[test]

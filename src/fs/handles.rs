@@ -583,8 +583,10 @@ impl S3Filesystem {
                 }
                 let mut reader = reader.lock().await;
                 if followed {
+                    // Not while another writer holds the file: its stat is that writer's size, not the
+                    // uploaded version's (the reader follows once that writer's bytes have landed).
                     let node = self.sb.node(*ino)?;
-                    if let Some(etag) = &node.stat().etag {
+                    if let (Some(etag), false) = (&node.stat().etag, node.is_being_written()) {
                         reader.follow_version(node.key(), etag, node.stat().size);
                     }
                 }

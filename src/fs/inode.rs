@@ -572,7 +572,9 @@ impl InodeTable {
             // Only drop the name if it still points at this node, so cached listings keep other nodes. A
             // directory made here and still empty exists nowhere else: its name stays while it does.
             let named = self.children.get(parent, &node.name) == Some(ino);
-            if !named || !node.is_fresh(Instant::now()) {
+            let only_here =
+                node.kind == Kind::Directory && node.local && !self.children.any_in(ino);
+            if !named || (node.expires <= Instant::now() && !only_here) {
                 if named {
                     self.children.remove(parent, &node.name);
                     // The name may still exist in the bucket: its directory no longer has every name.

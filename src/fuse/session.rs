@@ -132,6 +132,13 @@ impl MountedFs {
             }
             _ => false,
         };
+        if ours.is_some() && !by_descriptor && !detached {
+            // Unmounted above, or by someone else already: the session ends by itself. Not through fuser's
+            // own unmount, which (0.18) takes a mount that is gone for a live one and fails with EINVAL, and
+            // which could take down a mount made at the same path since.
+            join_ended(session)?;
+            return Ok(closing.finish(limit));
+        }
         if by_descriptor || detached {
             if detached {
                 warn!(
@@ -144,10 +151,19 @@ impl MountedFs {
             std::mem::forget(session);
             return Ok(left);
         }
-        // Unmounted above (fuser's own unmount then finds nothing to do), or by someone else already.
+        // A mount whose path we could not tell apart at mount time: fuser unmounts it.
         session.umount_and_join()?;
         Ok(closing.finish(limit))
     }
+}
+
+/// Waits for the thread of a session whose kernel side is gone, without letting fuser unmount anything.
+fn join_ended(mut session: fuser::BackgroundSession) -> std::io::Result<()> {
+    let guard = std::mem::replace(&mut session.guard, std::thread::spawn(|| Ok(())));
+    std::mem::forget(session);
+    guard
+        .join()
+        .map_err(|_| std::io::Error::other("the file system's session thread panicked"))?
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -164,19 +180,28 @@ enum TakenDown {
 fn take_down(path: &std::path::Path, dev: u64) -> std::io::Result<TakenDown> {
     use nix::errno::Errno;
     use nix::mount::{MntFlags, umount2};
-    use std::os::unix::fs::MetadataExt;
-    // A mount made at the same path after ours went is not ours to take down.
-    if std::fs::metadata(path).map(|m| m.dev()).ok() != Some(dev) {
+    // A mount made at the same path after ours went is not ours to take down. (Asked of the mount table,
+    // not of the mount's root: a stat there is a request to this very session, which may be stuck.)
+    if mounted_device(path) != Some(dev) {
         return Ok(TakenDown::Unmounted);
     }
-    match umount2(path, MntFlags::empty()) {
-        Ok(()) | Err(Errno::EINVAL) => return Ok(TakenDown::Unmounted),
-        Err(Errno::EBUSY) => {
-            umount2(path, MntFlags::MNT_DETACH)?;
-            return Ok(TakenDown::Detached);
+    // The kernel may call a mount busy for a moment while a last access drains: asked a few times before
+    // it is detached.
+    let mut busy = 0;
+    loop {
+        match umount2(path, MntFlags::empty()) {
+            Ok(()) | Err(Errno::EINVAL) => return Ok(TakenDown::Unmounted),
+            Err(Errno::EBUSY) if busy < 5 => {
+                busy += 1;
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            Err(Errno::EBUSY) => {
+                umount2(path, MntFlags::MNT_DETACH)?;
+                return Ok(TakenDown::Detached);
+            }
+            Err(Errno::EPERM) => break,
+            Err(e) => return Err(e.into()),
         }
-        Err(Errno::EPERM) => {}
-        Err(e) => return Err(e.into()),
     }
     // Not root: the setuid helper unmounts for the user who mounted.
     let helper = |lazy: bool| {
@@ -202,6 +227,49 @@ fn take_down(path: &std::path::Path, dev: u64) -> std::io::Result<TakenDown> {
         "could not unmount {}: fusermount3 -u failed",
         path.display()
     )))
+}
+
+/// The device number of the topmost mount at `path` (`/proc/self/mountinfo`), if something is mounted there.
+fn mounted_device(path: &std::path::Path) -> Option<u64> {
+    let table = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    let wanted = path.to_str()?;
+    table
+        .lines()
+        .filter_map(|line| {
+            let mut fields = line.split(' ');
+            let device = fields.nth(2)?;
+            let point = fields.nth(1)?;
+            (unescape_mount_point(point) == wanted).then_some(device)
+        })
+        .last()
+        .and_then(|device| {
+            let (major, minor) = device.split_once(':')?;
+            Some(libc::makedev(major.parse().ok()?, minor.parse().ok()?))
+        })
+}
+
+/// A mount point as the mount table writes it (space, tab, newline and backslash as `\ooo`).
+fn unescape_mount_point(field: &str) -> String {
+    let mut out = String::with_capacity(field.len());
+    let mut rest = field;
+    while let Some(at) = rest.find('\\') {
+        out.push_str(&rest[..at]);
+        match rest
+            .get(at + 1..at + 4)
+            .and_then(|c| u8::from_str_radix(c, 8).ok())
+        {
+            Some(byte) => {
+                out.push(char::from(byte));
+                rest = &rest[at + 4..];
+            }
+            None => {
+                out.push('\\');
+                rest = &rest[at + 1..];
+            }
+        }
+    }
+    out.push_str(rest);
+    out
 }
 
 impl Closing {
@@ -389,13 +457,11 @@ pub fn mount(
         }
     };
     let _ = notifier.set(session.notifier());
+    // Its path as the mount table has it, and its device there.
     let ours = match &options.target {
-        MountTarget::Directory(path) => {
-            use std::os::unix::fs::MetadataExt;
-            std::fs::metadata(path)
-                .ok()
-                .map(|m| (path.clone(), m.dev()))
-        }
+        MountTarget::Directory(path) => std::fs::canonicalize(path)
+            .ok()
+            .and_then(|path| mounted_device(&path).map(|dev| (path, dev))),
         MountTarget::Descriptor(_) => None,
     };
     Ok(MountedFs {
@@ -409,4 +475,25 @@ pub fn mount(
         ours,
         stopping,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mount_points_are_read_as_the_mount_table_escapes_them() {
+        assert_eq!(unescape_mount_point("/tmp/plain"), "/tmp/plain");
+        assert_eq!(unescape_mount_point(r"/mnt/a\040b\011c"), "/mnt/a b\tc");
+        assert_eq!(
+            unescape_mount_point(r"/mnt/back\134slash"),
+            r"/mnt/back\slash"
+        );
+        assert_eq!(unescape_mount_point(r"/mnt/odd\x"), r"/mnt/odd\x");
+        // The root is always mounted; a directory that is no mount point has no device of its own there.
+        assert!(mounted_device(std::path::Path::new("/")).is_some());
+        let dir = tempfile::tempdir().unwrap();
+        let path = std::fs::canonicalize(dir.path()).unwrap();
+        assert!(mounted_device(&path).is_none());
+    }
 }

@@ -377,6 +377,29 @@ impl Mount {
         (status, started.elapsed(), self.log())
     }
 
+    /// SIGTERMs the daemon (`systemctl stop`) and waits (at most 20 s) for it to exit: its status, and its log.
+    pub fn terminate_with_log(mut self) -> (Option<ExitStatus>, String) {
+        let Some(mut child) = self.child.take() else {
+            return (None, self.log());
+        };
+        let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break Some(status);
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let _ = nix::mount::umount2(self.dir.path(), nix::mount::MntFlags::MNT_DETACH);
+        (status, self.log())
+    }
+
     /// The daemon's process id, while it runs.
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(Child::id)

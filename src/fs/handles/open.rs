@@ -149,7 +149,9 @@ impl S3Filesystem {
             // good (its close said EIO, its release has not come yet) is not shared with a reader: the file
             // is again what the bucket holds.
             if let Some(shared) = self.handles.staged.attach(ino) {
-                let failed = !mode.write && shared.file.lock().await.has_failed();
+                // Not waited for: a file whose lock is held is being uploaded, not failed yet.
+                let failed =
+                    !mode.write && shared.file.try_lock().is_ok_and(|file| file.has_failed());
                 if !failed {
                     return self.open_staged(ino, shared, mode, pid).await;
                 }

@@ -12,7 +12,10 @@ use crate::fs::in_flight::{self, Answer, Asking, Joined};
 use crate::fs::inode::{InodeTable, Kind, Node, Stat};
 use crate::fs::listing;
 use crate::fs::{Attr, FsError, FsResult, names};
-use crate::s3::ListPage;
+use crate::s3::{ClientError, ListPage};
+
+/// Empty pages with a token to go on that a listing follows before it gives up.
+const MAX_EMPTY_PAGES: usize = 100;
 
 /// Longest a lookup waits for its directory's listing under way before it sends its LIST of `name/` after all: a
 /// listing of a few pages lands well within it, and a directory too big to list does not hold lookups up longer.
@@ -235,8 +238,8 @@ impl Superblock {
     /// The first page of what `dir_prefix` holds (delimited, at most `max_keys`) that says anything: a page
     /// may come back empty with a token to go on, and only an empty page without one means nothing is there.
     pub(super) async fn first_listed(&self, dir_prefix: &str, max_keys: i32) -> FsResult<ListPage> {
-        let mut token = None;
-        loop {
+        let mut token: Option<String> = None;
+        for _ in 0..MAX_EMPTY_PAGES {
             let list = self
                 .client
                 .list_objects(dir_prefix, Some("/"), token.as_deref(), max_keys)
@@ -244,10 +247,19 @@ impl Superblock {
                 .map_err(|e| FsError::client(dir_prefix, e))?;
             let empty = list.objects.is_empty() && list.common_prefixes.is_empty();
             match list.next_continuation_token {
-                Some(next) if empty => token = Some(next),
+                // (A server that hands back the token it was given would never get anywhere.)
+                Some(next) if empty && token.as_deref() != Some(next.as_str()) => {
+                    token = Some(next)
+                }
                 _ => return Ok(list),
             }
         }
+        Err(FsError::Client {
+            key: dir_prefix.to_string(),
+            source: ClientError::Malformed(format!(
+                "{MAX_EMPTY_PAGES} empty listing pages in a row, each with a token to go on"
+            )),
+        })
     }
 
     async fn is_prefix(

@@ -733,6 +733,15 @@ async fn an_empty_directory_made_here_outlives_the_kernel_forgetting_it() {
             .map(|e| e.name.clone())
             .collect();
         assert!(names.contains(&"d".to_string()), "{names:?}");
+        // One that holds a file is in the bucket: forgotten like any other, and found there again.
+        let e = fs.sb.mkdir(ROOT_INO, "e").await.unwrap();
+        let (_, fh) = fs.create(e.ino, "f", 1).await.unwrap();
+        fs.release(fh).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(40)).await;
+        fs.forget(e.ino, 1);
+        assert!(fs.sb.table().get(e.ino).is_none(), "kept for ever");
+        let found = fs.sb.lookup(ROOT_INO, "e").await.unwrap();
+        assert_eq!(found.kind, FileKind::Directory);
     }
 }
 
