@@ -235,13 +235,13 @@ fn mounted_device(path: &std::path::Path) -> Option<u64> {
     let wanted = path.to_str()?;
     table
         .lines()
-        .filter_map(|line| {
+        .rev()
+        .find_map(|line| {
             let mut fields = line.split(' ');
             let device = fields.nth(2)?;
             let point = fields.nth(1)?;
             (unescape_mount_point(point) == wanted).then_some(device)
         })
-        .last()
         .and_then(|device| {
             let (major, minor) = device.split_once(':')?;
             Some(libc::makedev(major.parse().ok()?, minor.parse().ok()?))
