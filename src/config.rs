@@ -39,6 +39,8 @@ pub struct CacheConfig {
 const PREFETCH_AT_10_GBPS: u64 = 64 << 20;
 /// mount-s3's cap on one reader's window.
 const MAX_PREFETCH_WINDOW: u64 = 2 << 30;
+/// Attempts per request to the `--cache-xz` bucket: a miss there costs a read of the mounted bucket.
+const CACHE_CLIENT_ATTEMPTS: u32 = 2;
 
 impl Args {
     /// The mounted bucket (name, access point ARN or alias, or the bucket of an `s3://` URI), checked against
@@ -180,6 +182,9 @@ impl Args {
         config.storage_class = None;
         config.infer_content_type = false;
         config.requester_pays = false;
+        // A cache that does not answer is a miss, and the mounted bucket has the bytes: two attempts, not a
+        // read held up by a whole retry budget for a cache bucket that is down.
+        config.max_attempts = config.max_attempts.min(CACHE_CLIENT_ATTEMPTS);
         config
     }
 
@@ -531,6 +536,7 @@ mod tests {
         assert_eq!(cache.expected_bucket_owner.as_deref(), Some("123456789012"));
         assert_eq!(cache.storage_class, None);
         assert!(!cache.infer_content_type && !cache.requester_pays);
+        assert_eq!(cache.max_attempts, CACHE_CLIENT_ATTEMPTS, "a cache gives up early");
         let c = args(&["--transfer-acceleration"]).client_config(&general, "us-east-1");
         assert!(c.transfer_acceleration);
 
