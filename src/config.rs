@@ -536,7 +536,10 @@ mod tests {
         assert_eq!(cache.expected_bucket_owner.as_deref(), Some("123456789012"));
         assert_eq!(cache.storage_class, None);
         assert!(!cache.infer_content_type && !cache.requester_pays);
-        assert_eq!(cache.max_attempts, CACHE_CLIENT_ATTEMPTS, "a cache gives up early");
+        assert_eq!(
+            cache.max_attempts, CACHE_CLIENT_ATTEMPTS,
+            "a cache gives up early"
+        );
         let c = args(&["--transfer-acceleration"]).client_config(&general, "us-east-1");
         assert!(c.transfer_acceleration);
 
