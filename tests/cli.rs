@@ -3,6 +3,7 @@
 
 mod common;
 
+use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -99,14 +100,7 @@ fn background_mount_is_live_when_the_command_returns_and_sigterm_unmounts() {
     let dir = empty_dir();
     let bucket = fresh_bucket(true, "bg");
     put(emulator(), &bucket, "hello.txt", b"hi".to_vec());
-    let mut cmd = expressfs_command(emulator());
-    cmd.args([&bucket, dir.path().to_str().unwrap()]);
-    let out = run(cmd);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    mount_in_background(&bucket, dir.path());
     assert!(
         is_mounted(dir.path()),
         "mount not live when the command returned"
@@ -125,17 +119,8 @@ fn background_mount_is_live_when_the_command_returns_and_sigterm_unmounts() {
     );
 
     // The daemon is the process holding the mount; SIGTERM unmounts cleanly.
-    let pid = find_daemon(&bucket).expect("daemon process");
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(pid),
-        nix::sys::signal::Signal::SIGTERM,
-    )
-    .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while is_mounted(dir.path()) && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    assert!(!is_mounted(dir.path()), "SIGTERM did not unmount");
+    terminate(find_daemon(&bucket).expect("daemon process"));
+    assert!(until_unmounted(dir.path()), "SIGTERM did not unmount");
 }
 
 /// With `--auto-unmount` the kernel mount is made by `fusermount3`, which stays alive beside the daemon for
@@ -174,16 +159,9 @@ fn a_background_mount_with_auto_unmount_returns_when_ready() {
     }
     let read = ready.then(|| std::fs::read(dir.path().join("hello.txt")));
     if let Some(pid) = pid {
-        nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(pid),
-            nix::sys::signal::Signal::SIGTERM,
-        )
-        .unwrap();
+        terminate(pid);
     }
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while is_mounted(dir.path()) && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let unmounted = until_unmounted(dir.path());
     let status = status.expect("the command did not return once the mount was ready");
     let mut stderr = String::new();
     if let Some(mut e) = child.stderr.take() {
@@ -192,7 +170,7 @@ fn a_background_mount_with_auto_unmount_returns_when_ready() {
     assert!(status.success(), "{status:?}: {stderr}");
     assert!(ready, "not mounted when the command returned");
     assert_eq!(read.unwrap().unwrap(), b"hi");
-    assert!(!is_mounted(dir.path()), "SIGTERM did not unmount");
+    assert!(unmounted, "SIGTERM did not unmount");
 }
 
 /// SIGTERM while the mount is busy (a file open on it, a shell's working directory in it): the daemon does
@@ -202,21 +180,9 @@ fn sigterm_on_a_busy_mount_detaches_it_and_exits() {
     let dir = empty_dir();
     let bucket = fresh_bucket(true, "busystop");
     put(emulator(), &bucket, "held.txt", b"held".to_vec());
-    let mut cmd = expressfs_command(emulator());
-    cmd.args([&bucket, dir.path().to_str().unwrap()]);
-    let out = run(cmd);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    mount_in_background(&bucket, dir.path());
     let held = std::fs::File::open(dir.path().join("held.txt")).unwrap();
-    let pid = find_daemon(&bucket).expect("daemon process");
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(pid),
-        nix::sys::signal::Signal::SIGTERM,
-    )
-    .unwrap();
+    terminate(find_daemon(&bucket).expect("daemon process"));
     let deadline = Instant::now() + Duration::from_secs(20);
     while find_daemon(&bucket).is_some() && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(50));
@@ -456,6 +422,36 @@ fn what_the_mount_does_not_offer_is_refused_quietly() {
     assert_eq!(status.code(), Some(0), "{log}");
     let warned: Vec<&str> = log.lines().filter(|l| l.contains("WARN")).collect();
     assert!(warned.is_empty(), "{warned:#?}");
+}
+
+/// Mounts `bucket` on `dir` in the background: the command returns once the mount is live.
+fn mount_in_background(bucket: &str, dir: &Path) {
+    let mut cmd = expressfs_command(emulator());
+    cmd.args([bucket, dir.to_str().unwrap()]);
+    let out = run(cmd);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// SIGTERMs the daemon with process id `pid` (`systemctl stop`).
+fn terminate(pid: i32) {
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+}
+
+/// Waits (at most 15 s) for `dir` to be no mount point; whether it is not.
+fn until_unmounted(dir: &Path) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while is_mounted(dir) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    !is_mounted(dir)
 }
 
 fn find_daemon(bucket: &str) -> Option<i32> {

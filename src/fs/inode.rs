@@ -831,6 +831,16 @@ mod tests {
         Instant::now() + Duration::from_secs(60)
     }
 
+    /// The stat of a version of `size` bytes, its ETag named after its size.
+    fn version_of_size(size: u64) -> Stat {
+        Stat {
+            size,
+            mtime: SystemTime::UNIX_EPOCH,
+            etag: Some(format!("e{size}")),
+            attrs: None,
+        }
+    }
+
     #[test]
     fn same_name_same_kind_keeps_its_number() {
         let mut t = InodeTable::new("pre/");
@@ -1015,12 +1025,7 @@ mod tests {
     #[test]
     fn an_answer_to_an_older_request_does_not_replace_a_newer_stat() {
         let mut t = InodeTable::new("");
-        let stat = |size| Stat {
-            size,
-            mtime: SystemTime::UNIX_EPOCH,
-            etag: Some(format!("e{size}")),
-            attrs: None,
-        };
+        let stat = version_of_size;
         let listing_sent = Instant::now();
         let ino = t.upsert(ROOT_INO, "f", Kind::File, stat(599), later(), listing_sent);
         // Our own upload finished after the listing was sent ...
@@ -1038,12 +1043,7 @@ mod tests {
     #[test]
     fn a_listing_sent_before_a_rename_does_not_replace_what_moved() {
         let mut t = InodeTable::new("");
-        let stat = |size| Stat {
-            size,
-            mtime: SystemTime::UNIX_EPOCH,
-            etag: Some(format!("e{size}")),
-            attrs: None,
-        };
+        let stat = version_of_size;
         let uploaded = Instant::now();
         let tmp = t.upsert(ROOT_INO, "tmp", Kind::File, stat(5), later(), uploaded);
         t.upsert(ROOT_INO, "x", Kind::File, stat(1), later(), uploaded);
