@@ -285,6 +285,13 @@ impl S3Filesystem {
             .await
     }
 
+    /// A truncation by name made again from the top, on what is there now (the attributes of the call
+    /// were done already).
+    async fn cut_again(&self, ino: u64, size: u64, patience: Patience) -> FsResult<Attr> {
+        let cut = self.setattr_within(ino, Some(size), None, StoredAttrs::default(), patience);
+        Box::pin(cut).await
+    }
+
     /// [`Self::setattr`], its retries after a wait for a released writer bounded by the first call's
     /// `patience`.
     async fn setattr_within(
@@ -385,16 +392,8 @@ impl S3Filesystem {
                 (None, Some(owner @ Handle::Write { state, counted, .. })) => {
                     let mut state = state.lock().await;
                     if released(owner) {
-                        // (The attributes are done already.)
                         drop(state);
-                        let cut = self.setattr_within(
-                            ino,
-                            Some(size),
-                            None,
-                            StoredAttrs::default(),
-                            patience,
-                        );
-                        return Box::pin(cut).await;
+                        return self.cut_again(ino, size, patience).await;
                     }
                     if let WriteState::Stream(w) = &mut *state
                         && w.truncate(size)
@@ -412,17 +411,9 @@ impl S3Filesystem {
                 }
                 _ => {
                     if self.sb.node(ino)?.is_being_written() {
-                        // As above: cut what the writer uploads, not the version it replaces. (The attributes
-                        // are done already.)
+                        // As above: cut what the writer uploads, not the version it replaces.
                         self.until_released_writer_lands(ino, patience).await?;
-                        let cut = self.setattr_within(
-                            ino,
-                            Some(size),
-                            None,
-                            StoredAttrs::default(),
-                            patience,
-                        );
-                        return Box::pin(cut).await;
+                        return self.cut_again(ino, size, patience).await;
                     }
                     let current = self.sb.getattr(ino).await?;
                     if current.size != size {
