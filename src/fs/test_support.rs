@@ -71,6 +71,21 @@ impl Landing {
         under: Option<&str>,
         seed: &[(&str, &[u8])],
     ) -> Landing {
+        Landing::held_after(directory, cfg, under, seed, |_| async {}).await
+    }
+
+    /// [`Landing::held`], with `meanwhile` done to the bucket (another client's request, say) after `f` is
+    /// written and before its release.
+    pub async fn held_after<F>(
+        directory: bool,
+        cfg: FsConfig,
+        under: Option<&str>,
+        seed: &[(&str, &[u8])],
+        meanwhile: impl FnOnce(Arc<FakeClient>) -> F,
+    ) -> Landing
+    where
+        F: Future<Output = ()>,
+    {
         let (fake, fs) = fs_with(seed, cfg, directory).await;
         let fs = Arc::new(fs);
         let parent = match under {
@@ -79,6 +94,7 @@ impl Landing {
         };
         let (attr, fh) = fs.create(parent, "f", 1).await.unwrap();
         fs.write(fh, 0, b"written").await.unwrap();
+        meanwhile(Arc::clone(&fake)).await;
         let gate = fake.faults().hold(Op::Put);
         let release = tokio::spawn({
             let fs = Arc::clone(&fs);
@@ -103,11 +119,25 @@ impl Landing {
         T: Send + 'static,
         F: Future<Output = T> + Send + 'static,
     {
+        let (answer, released) = self.answer_and_release(call).await;
+        released.unwrap();
+        answer
+    }
+
+    /// [`Landing::answer`], with what the release said instead of expecting it to succeed.
+    pub async fn answer_and_release<T, F>(
+        self,
+        call: impl FnOnce(Arc<S3Filesystem>) -> F,
+    ) -> (T, FsResult<()>)
+    where
+        T: Send + 'static,
+        F: Future<Output = T> + Send + 'static,
+    {
         let call = tokio::spawn(call(Arc::clone(&self.fs)));
         tokio::time::sleep(Duration::from_millis(100)).await;
         assert!(!call.is_finished(), "answered before the upload landed");
         self.gate.open();
-        self.release.await.unwrap().unwrap();
-        call.await.unwrap()
+        let released = self.release.await.unwrap();
+        (call.await.unwrap(), released)
     }
 }

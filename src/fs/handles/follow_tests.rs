@@ -9,7 +9,7 @@ use bytes::Bytes;
 use super::open::Patience;
 use crate::fs::test_support::{self, Landing, RO, RW, fs_with};
 use crate::fs::{FsConfig, FsError, OpenMode, ROOT_INO, S3Filesystem};
-use crate::s3::fake::Op;
+use crate::s3::fake::{FakeClient, Op};
 use crate::s3::{ObjectClient, WriteCondition};
 
 /// Overwriting, and deleting (a rename may replace, an unlink delete).
@@ -504,36 +504,28 @@ async fn a_wait_for_a_released_writer_ends_in_ebusy_when_its_patience_runs_out()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_overwrite_after_a_lost_race_for_a_new_name_is_refused() {
     for directory in [true, false] {
-        let (fake, fs) = fs_with(&[], test_support::config(), directory).await;
-        let fs = Arc::new(fs);
-        let (attr, fh) = fs.create(ROOT_INO, "f", 1).await.unwrap();
-        fs.write(fh, 0, b"mine").await.unwrap();
-        let theirs = Bytes::from_static(b"theirs");
-        fake.put_object("f", theirs, WriteCondition::None)
-            .await
-            .unwrap();
-        let gate = fake.faults().hold(Op::Put);
-        let release = tokio::spawn({
-            let fs = Arc::clone(&fs);
-            async move { fs.release(fh).await }
-        });
-        while gate.held() == 0 {
-            tokio::task::yield_now().await;
-        }
+        let theirs = |fake: Arc<FakeClient>| async move {
+            let body = Bytes::from_static(b"theirs");
+            fake.put_object("f", body, WriteCondition::None)
+                .await
+                .unwrap();
+        };
+        let landing =
+            Landing::held_after(directory, test_support::config(), None, &[], theirs).await;
+        let (fake, fs, ino) = (
+            Arc::clone(&landing.fake),
+            Arc::clone(&landing.fs),
+            landing.ino,
+        );
         let truncating = OpenMode {
             read: false,
             truncate: true,
             ..RW
         };
-        let open = tokio::spawn({
-            let fs = Arc::clone(&fs);
-            async move { fs.open(attr.ino, truncating, 1).await }
-        });
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        assert!(!open.is_finished(), "answered before the upload landed");
-        gate.open();
-        assert!(release.await.unwrap().is_err(), "the upload lost the race");
-        match open.await.unwrap() {
+        let open = move |fs: Arc<S3Filesystem>| async move { fs.open(ino, truncating, 1).await };
+        let (opened, released) = landing.answer_and_release(open).await;
+        assert!(released.is_err(), "the upload lost the race");
+        match opened {
             Err(FsError::Stale) => {}
             Err(e) => panic!("{e:?}"),
             Ok(opened) => {
