@@ -78,6 +78,8 @@ pub fn check_fuse_descriptor(fd: RawFd) -> Result<(), String> {
 pub struct MountEntry {
     pub fstype: String,
     pub source: String,
+    /// The device number of the mount (`st_dev` of its root), which tells two mounts at one path apart.
+    pub device: u64,
 }
 
 impl MountEntry {
@@ -114,7 +116,12 @@ pub fn prepare(path: &Path) -> Result<Option<String>, String> {
                         path.display()
                     ));
                 }
-                detach(&at)?;
+                detach(&at).map_err(|e| {
+                    format!(
+                        "mount point {} is a dead expressfs mount that could not be detached ({e})",
+                        path.display()
+                    )
+                })?;
                 note = Some(format!(
                     "mount point {} was a dead expressfs mount ({}) left by a daemon that exited; \
                      detached it lazily",
@@ -154,7 +161,7 @@ pub fn prepare(path: &Path) -> Result<Option<String>, String> {
 
 /// The path as mountinfo writes it: absolute, with the parent's symlinks resolved (the path itself cannot
 /// be resolved while its mount is dead).
-fn resolved(path: &Path) -> PathBuf {
+pub fn resolved(path: &Path) -> PathBuf {
     let absolute = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
     match (absolute.parent(), absolute.file_name()) {
         (Some(parent), Some(name)) => parent
@@ -164,7 +171,7 @@ fn resolved(path: &Path) -> PathBuf {
     }
 }
 
-fn mountinfo() -> Option<String> {
+pub fn mountinfo() -> Option<String> {
     std::fs::read_to_string("/proc/self/mountinfo").ok()
 }
 
@@ -178,9 +185,11 @@ pub fn mounted_at(info: &str, at: &Path) -> Option<MountEntry> {
         }
         // Optional fields end at "-"; then come the type and the source.
         let dash = fields.iter().position(|f| *f == "-")?;
+        let (major, minor) = fields.get(2)?.split_once(':')?;
         Some(MountEntry {
             fstype: unescape(fields.get(dash + 1)?),
             source: unescape(fields.get(dash + 2)?),
+            device: libc::makedev(major.parse().ok()?, minor.parse().ok()?),
         })
     })
 }
@@ -208,8 +217,9 @@ fn unescape(field: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-/// Lazy unmount: umount2(MNT_DETACH) as root, else fusermount3 -u -z (a user's own FUSE mount).
-fn detach(at: &Path) -> Result<(), String> {
+/// Lazy unmount: umount2(MNT_DETACH) as root, else fusermount3 -u -z (a user's own FUSE mount). The error
+/// says why neither worked.
+pub fn detach(at: &Path) -> Result<(), String> {
     let direct = nix::mount::umount2(at, nix::mount::MntFlags::MNT_DETACH);
     if direct.is_ok() {
         return Ok(());
@@ -220,20 +230,12 @@ fn detach(at: &Path) -> Result<(), String> {
         .arg(at)
         .stdin(std::process::Stdio::null())
         .output();
-    match helper {
-        Ok(out) if out.status.success() => Ok(()),
-        Ok(out) => Err(format!(
-            "mount point {} is a dead expressfs mount that could not be detached ({:?}; fusermount3: {})",
-            at.display(),
-            direct.unwrap_err(),
-            String::from_utf8_lossy(&out.stderr).trim()
-        )),
-        Err(e) => Err(format!(
-            "mount point {} is a dead expressfs mount that could not be detached ({:?}; fusermount3: {e})",
-            at.display(),
-            direct.unwrap_err()
-        )),
-    }
+    let because = match helper {
+        Ok(out) if out.status.success() => return Ok(()),
+        Ok(out) => String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        Err(e) => e.to_string(),
+    };
+    Err(format!("{:?}; fusermount3: {because}", direct.unwrap_err()))
 }
 
 #[cfg(test)]
@@ -303,6 +305,7 @@ mod tests {
         assert!(ours.is_ours());
         let sshfs = mounted_at(INFO, Path::new("/mnt/other")).unwrap();
         assert_eq!(sshfs.source, "host:/srv");
+        assert_eq!(sshfs.device, libc::makedev(0, 51));
         assert!(!sshfs.is_ours());
         // A tmpfs mounted over our mount at the same place is what a stat there meets.
         let top = mounted_at(INFO, Path::new("/mnt/data")).unwrap();
@@ -311,14 +314,16 @@ mod tests {
         assert!(
             MountEntry {
                 fstype: "fuse".into(),
-                source: "expressfs:b/p".into()
+                source: "expressfs:b/p".into(),
+                device: 0,
             }
             .is_ours()
         );
         assert!(
             !MountEntry {
                 fstype: "fuse".into(),
-                source: "s3fs".into()
+                source: "s3fs".into(),
+                device: 0,
             }
             .is_ours()
         );

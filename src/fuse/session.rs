@@ -196,80 +196,34 @@ fn take_down(path: &std::path::Path, dev: u64) -> std::io::Result<TakenDown> {
                 std::thread::sleep(Duration::from_millis(100));
             }
             Err(Errno::EBUSY) => {
-                umount2(path, MntFlags::MNT_DETACH)?;
+                crate::mountpoint::detach(path).map_err(std::io::Error::other)?;
                 return Ok(TakenDown::Detached);
             }
             Err(Errno::EPERM) => break,
             Err(e) => return Err(e.into()),
         }
     }
-    // Not root: the setuid helper unmounts for the user who mounted.
-    let helper = |lazy: bool| {
-        let mut cmd = std::process::Command::new("fusermount3");
-        cmd.arg("-u").arg("-q");
-        if lazy {
-            cmd.arg("-z");
-        }
-        cmd.arg(path)
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success())
-    };
-    if helper(false) {
+    // Not root: the setuid helper unmounts for the user who mounted, lazily if it must.
+    let unmounted = std::process::Command::new("fusermount3")
+        .arg("-u")
+        .arg("-q")
+        .arg(path)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if unmounted {
         return Ok(TakenDown::Unmounted);
     }
-    if helper(true) {
-        return Ok(TakenDown::Detached);
-    }
-    Err(std::io::Error::other(format!(
-        "could not unmount {}: fusermount3 -u failed",
-        path.display()
-    )))
+    crate::mountpoint::detach(path)
+        .map_err(|e| std::io::Error::other(format!("could not unmount {}: {e}", path.display())))?;
+    Ok(TakenDown::Detached)
 }
 
-/// The device number of the topmost mount at `path` (`/proc/self/mountinfo`), if something is mounted there.
+/// The device number of the topmost mount at `path`, if something is mounted there.
 fn mounted_device(path: &std::path::Path) -> Option<u64> {
-    let table = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    let wanted = path.to_str()?;
-    table
-        .lines()
-        .rev()
-        .find_map(|line| {
-            let mut fields = line.split(' ');
-            let device = fields.nth(2)?;
-            let point = fields.nth(1)?;
-            (unescape_mount_point(point) == wanted).then_some(device)
-        })
-        .and_then(|device| {
-            let (major, minor) = device.split_once(':')?;
-            Some(libc::makedev(major.parse().ok()?, minor.parse().ok()?))
-        })
-}
-
-/// A mount point as the mount table writes it (space, tab, newline and backslash as `\ooo`).
-fn unescape_mount_point(field: &str) -> String {
-    let mut out = String::with_capacity(field.len());
-    let mut rest = field;
-    while let Some(at) = rest.find('\\') {
-        out.push_str(&rest[..at]);
-        match rest
-            .get(at + 1..at + 4)
-            .and_then(|c| u8::from_str_radix(c, 8).ok())
-        {
-            Some(byte) => {
-                out.push(char::from(byte));
-                rest = &rest[at + 4..];
-            }
-            None => {
-                out.push('\\');
-                rest = &rest[at + 1..];
-            }
-        }
-    }
-    out.push_str(rest);
-    out
+    crate::mountpoint::mounted_at(&crate::mountpoint::mountinfo()?, path).map(|entry| entry.device)
 }
 
 impl Closing {
@@ -459,9 +413,10 @@ pub fn mount(
     let _ = notifier.set(session.notifier());
     // Its path as the mount table has it, and its device there.
     let ours = match &options.target {
-        MountTarget::Directory(path) => std::fs::canonicalize(path)
-            .ok()
-            .and_then(|path| mounted_device(&path).map(|dev| (path, dev))),
+        MountTarget::Directory(path) => {
+            let path = crate::mountpoint::resolved(path);
+            mounted_device(&path).map(|dev| (path, dev))
+        }
         MountTarget::Descriptor(_) => None,
     };
     Ok(MountedFs {
@@ -482,14 +437,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn mount_points_are_read_as_the_mount_table_escapes_them() {
-        assert_eq!(unescape_mount_point("/tmp/plain"), "/tmp/plain");
-        assert_eq!(unescape_mount_point(r"/mnt/a\040b\011c"), "/mnt/a b\tc");
-        assert_eq!(
-            unescape_mount_point(r"/mnt/back\134slash"),
-            r"/mnt/back\slash"
-        );
-        assert_eq!(unescape_mount_point(r"/mnt/odd\x"), r"/mnt/odd\x");
+    fn a_mount_is_known_by_its_device_in_the_mount_table() {
         // The root is always mounted; a directory that is no mount point has no device of its own there.
         assert!(mounted_device(std::path::Path::new("/")).is_some());
         let dir = tempfile::tempdir().unwrap();
