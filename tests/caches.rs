@@ -417,3 +417,49 @@ fn metadata_ttl_and_negative_ttl_behave_as_documented() {
         "negative entry did not expire"
     );
 }
+
+/// The kernel keeps a name no longer than the mount trusts it: a name answered from a listing taken a while ago
+/// is kept only for what is left of that listing's TTL, so another client's delete shows within one TTL of the
+/// listing, not one TTL after the last lookup.
+#[test]
+fn the_kernel_keeps_a_name_only_as_long_as_the_mount_trusts_it() {
+    const TTL: Duration = Duration::from_secs(3);
+    let bucket = fresh_bucket(true, "kttl");
+    put(emulator(), &bucket, "dir/gone.txt", b"here".to_vec());
+    let mount = Mount::new(&bucket, &["--metadata-ttl", "3"]);
+    let dir = mount.path().join("dir");
+    let file = dir.join("gone.txt");
+    std::fs::metadata(&dir).unwrap();
+    let names: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    let listed = std::time::Instant::now();
+    assert_eq!(names, ["gone.txt"]);
+    // The kernel lets go of what the listing gave it; the mount still has the listing.
+    std::fs::write("/proc/sys/vm/drop_caches", "2").unwrap();
+    let client = common::s3_client(emulator());
+    common::runtime()
+        .block_on(
+            client
+                .delete_object()
+                .bucket(&bucket)
+                .key("dir/gone.txt")
+                .send(),
+        )
+        .unwrap();
+    // Halfway through the listing's TTL a lookup is answered from it (still within the TTL: documented).
+    std::thread::sleep(TTL / 2);
+    let looked_up = std::time::Instant::now();
+    assert_eq!(std::fs::metadata(&file).unwrap().len(), 4);
+    // Past the listing's TTL, well before one TTL after that lookup: the delete shows.
+    std::thread::sleep(
+        (listed + TTL + Duration::from_millis(300))
+            .saturating_duration_since(std::time::Instant::now()),
+    );
+    assert!(
+        looked_up.elapsed() < TTL,
+        "the machine was too slow for this test to tell"
+    );
+    assert_eq!(common::errno_of(std::fs::metadata(&file)), libc::ENOENT);
+}

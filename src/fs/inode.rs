@@ -4,7 +4,7 @@
 //! the kind stays the same; when a name changes kind (a file replaced by a directory), it gets a new number.
 
 use std::collections::{HashMap, VecDeque};
-use std::time::{Instant, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 mod child_names;
 
@@ -211,6 +211,11 @@ impl Node {
 
     pub fn is_fresh(&self, now: Instant) -> bool {
         self.is_pending() || self.expires > now
+    }
+
+    /// How much longer than `now` what the bucket last said of it is trusted (zero once expired).
+    pub fn trusted_after(&self, now: Instant) -> Duration {
+        self.expires.saturating_duration_since(now)
     }
 
     /// Trusted without asking the bucket until `expires`.

@@ -138,6 +138,9 @@ pub struct Attr {
     /// With `--preserve-metadata`, a file known only from a listing: mode, owner and times are the mount's
     /// defaults until a HEAD reads its metadata, so the kernel must not keep them.
     pub provisional: bool,
+    /// How long the kernel may keep these attributes and the name that led to them: no longer than the mount
+    /// itself trusts them, so that another client's change shows within one TTL, not two.
+    pub trusted_for: Duration,
 }
 
 #[derive(Debug, Clone)]

@@ -154,6 +154,7 @@ impl Superblock {
             uid: self.config.uid,
             gid: self.config.gid,
             provisional: false,
+            trusted_for: self.config.metadata_ttl,
         };
         if self.config.preserve_metadata && node.kind() == Kind::File {
             match node.stat().attrs {
@@ -167,6 +168,13 @@ impl Superblock {
                 }
                 None => attr.provisional = !node.is_pending(),
             }
+        }
+        // A directory's attributes are the mount's own and the kernel walks through it on every path: it keeps
+        // them the whole TTL. An object's are what the bucket said, for as long as the mount trusts that.
+        if attr.provisional {
+            attr.trusted_for = Duration::ZERO;
+        } else if node.kind() != Kind::Directory && !node.is_pending() {
+            attr.trusted_for = node.trusted_after(Instant::now()).min(attr.trusted_for);
         }
         attr
     }

@@ -83,7 +83,6 @@ struct Adapter {
     fs: Arc<S3Filesystem>,
     runtime: tokio::runtime::Handle,
     outstanding: Arc<Outstanding>,
-    ttl: Duration,
     block_size: u32,
     /// Test builds only ([`late_releases`]): how long every release waits before it is acted on.
     release_delay: Option<Duration>,
@@ -257,14 +256,14 @@ impl Adapter {
 
     /// Replies with an entry: lookup and mkdir.
     fn entry(&self) -> impl FnOnce(ReplyEntry, Attr) + Send + 'static {
-        let (ttl, bs) = (self.ttl, self.block_size);
-        move |reply, a| reply.entry(&ttl, &file_attr(&a, bs), Generation(0))
+        let bs = self.block_size;
+        move |reply, a| reply.entry(&a.trusted_for, &file_attr(&a, bs), Generation(0))
     }
 
     /// Replies with attributes: getattr and setattr.
     fn attr(&self) -> impl FnOnce(ReplyAttr, Attr) + Send + 'static {
-        let (ttl, bs) = (self.ttl, self.block_size);
-        move |reply, a| reply.attr(&ttl, &file_attr(&a, bs))
+        let bs = self.block_size;
+        move |reply, a| reply.attr(&a.trusted_for, &file_attr(&a, bs))
     }
 }
 
@@ -508,7 +507,7 @@ impl Filesystem for Adapter {
             let (a, fh) = fs.create_as(parent.0, &name?, pid, owner).await?;
             Ok((a, fh, fs.writes_bypass_page_cache()))
         };
-        let (ttl, bs) = (self.ttl, self.block_size);
+        let bs = self.block_size;
         self.serve(
             "create",
             span,
@@ -521,7 +520,7 @@ impl Filesystem for Adapter {
                     FopenFlags::empty()
                 };
                 reply.created(
-                    &ttl,
+                    &a.trusted_for,
                     &file_attr(&a, bs),
                     Generation(0),
                     FileHandle(fh),
@@ -717,7 +716,7 @@ impl Filesystem for Adapter {
         offset: u64,
         reply: ReplyDirectoryPlus,
     ) {
-        let (fs, ttl, bs) = (Arc::clone(&self.fs), self.ttl, self.block_size);
+        let (fs, bs) = (Arc::clone(&self.fs), self.block_size);
         let listed = Arc::clone(&fs);
         let work = async move { listed.readdir(fh.0, offset).await };
         let span = debug_span!("readdirplus", ino = ino.0, offset);
@@ -732,17 +731,11 @@ impl Filesystem for Adapter {
                         continue;
                     };
                     let dots = entry.name == "." || entry.name == "..";
-                    // Attributes still to be read from the object's metadata: the kernel asks again.
-                    let ttl = if attr.provisional {
-                        Duration::ZERO
-                    } else {
-                        ttl
-                    };
                     if reply.add(
                         INodeNo(entry.ino),
                         i as u64 + 1,
                         &entry.name,
-                        &ttl,
+                        &attr.trusted_for,
                         &file_attr(&attr, bs),
                         Generation(0),
                     ) {

@@ -326,7 +326,6 @@ pub fn mount(
     runtime: tokio::runtime::Handle,
     options: &FuseOptions,
 ) -> std::io::Result<MountedFs> {
-    let ttl = fs.config().metadata_ttl;
     let release_delay = late_releases();
     if let Some(delay) = release_delay {
         warn!(
@@ -349,7 +348,6 @@ pub fn mount(
         fs: Arc::clone(&fs),
         runtime: runtime.clone(),
         outstanding: Arc::clone(&outstanding),
-        ttl,
         block_size: 128 * 1024,
         release_delay,
         drop_releases,

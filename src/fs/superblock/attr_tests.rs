@@ -416,3 +416,26 @@ async fn a_change_by_name_waits_for_a_released_writers_upload() {
         assert_eq!((now.uid, now.gid, now.size), (1234, 5678, 7));
     }
 }
+
+/// The kernel is told to keep an object's attributes only for what is left of the mount's own trust in them;
+/// a directory's (the mount's own) and a file being written (only here) for the whole TTL.
+#[tokio::test]
+async fn the_kernel_keeps_attributes_no_longer_than_the_mount_trusts_them() {
+    let ttl = Duration::from_secs(60);
+    let cfg = FsConfig {
+        metadata_ttl: ttl,
+        ..config()
+    };
+    let (_fake, fs) = fs_with(&[("d/a", b"a")], cfg, true).await;
+    let dir = fs.sb.lookup(ROOT_INO, "d").await.unwrap();
+    let first = fs.sb.lookup(dir.ino, "a").await.unwrap();
+    assert!(first.trusted_for <= ttl && first.trusted_for > ttl - Duration::from_secs(5));
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    // Answered from what the mount holds: what is left of the TTL.
+    let again = fs.sb.lookup(dir.ino, "a").await.unwrap();
+    assert!(again.trusted_for <= first.trusted_for - Duration::from_millis(50));
+    assert!(fs.sb.getattr(again.ino).await.unwrap().trusted_for <= again.trusted_for);
+    assert_eq!(fs.sb.getattr(dir.ino).await.unwrap().trusted_for, ttl);
+    let (made, _fh) = fs.create(dir.ino, "new", 0).await.unwrap();
+    assert_eq!(made.trusted_for, ttl);
+}
