@@ -281,6 +281,15 @@ async fn appends(c: Arc<dyn ObjectClient>) {
         c.get_object("log", 0..100, None).await.unwrap(),
         &b"hello world"[..]
     );
+    // An empty append is refused, as S3 Express refuses it, and changes nothing.
+    let empty = c
+        .append_object("log", 11, Bytes::new(), WriteCondition::None)
+        .await;
+    assert!(
+        matches!(empty, Err(ClientError::Service { status: 400, ref code, .. }) if code == "InvalidRequest"),
+        "{empty:?}"
+    );
+    assert_eq!(c.head_object("log").await.unwrap().etag, appended.etag);
     // A wrong offset and a stale ETag change nothing.
     let wrong = c
         .append_object("log", 3, Bytes::from_static(b"!"), WriteCondition::None)

@@ -214,6 +214,33 @@ fn delete_needs_the_flag_and_rmdir_checks_emptiness() {
     );
 }
 
+/// Appends of exactly whole parts: every byte is sent as the parts fill, and the fsync and the close that
+/// follow have nothing left to send. S3 Express refuses an empty append; neither sends one.
+#[test]
+fn appends_of_whole_parts_send_no_empty_append() {
+    const PART: usize = 5 * 1024 * 1024;
+    let bucket = fresh_bucket(true, "append-parts");
+    put(common::emulator(), &bucket, "log.bin", b"head".to_vec());
+    let mount = Mount::new(
+        &bucket,
+        &["--incremental-upload", "--write-part-size", "5M"],
+    );
+    let p = mount.path().join("log.bin");
+    let body = pattern(7, 2 * PART);
+    let mut f = OpenOptions::new().append(true).open(&p).unwrap();
+    f.write_all(&body[..PART]).unwrap();
+    f.sync_all().unwrap();
+    f.write_all(&body[PART..]).unwrap();
+    // SAFETY: closes the descriptor `f` gives up; nothing else holds it.
+    let closed = unsafe { libc::close(std::os::fd::IntoRawFd::into_raw_fd(f)) };
+    assert_eq!(closed, 0, "close: {}", std::io::Error::last_os_error());
+    let mut want = b"head".to_vec();
+    want.extend_from_slice(&body);
+    let stored = get(common::emulator(), &bucket, "log.bin").unwrap();
+    assert!(stored == want, "{} bytes stored", stored.len());
+    assert_eq!(fs::metadata(&p).unwrap().len(), want.len() as u64);
+}
+
 #[test]
 fn append_on_directory_bucket_and_concurrent_writer_gets_eio() {
     let bucket = fresh_bucket(true, "append");

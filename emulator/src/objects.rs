@@ -466,6 +466,11 @@ fn keep_if_short(blob: &Blob) {
 async fn append(state: &Arc<State>, ctx: &Ctx, body: Incoming, offset: u64) -> Answer {
     let meta = crate::meta::from_request(&ctx.headers)?;
     let (tmp, received, _) = receive_verified(state, ctx, body, "append", true).await?;
+    if received.size == 0 {
+        return Err(S3Error::invalid_request(
+            "Request body cannot be empty when 'write offset' is specified.",
+        ));
+    }
     let blob = Blob::new(tmp, received.size);
     keep_if_short(&blob);
     let blob = (blob, 0, received.size);

@@ -489,6 +489,11 @@ async fn appends() {
         bad_offset,
         "offset past end",
     );
+    expect(
+        append(DIR, 13, b"").await,
+        (400, "InvalidRequest"),
+        "empty append",
+    );
     assert_eq!(get(&c, DIR, "log").await, b"one two three");
 
     put(&c, GP, "log", b"one ".to_vec()).await;

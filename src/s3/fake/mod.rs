@@ -284,6 +284,14 @@ impl FakeClient {
         if !self.directory {
             return Err(ClientError::NotSupported("append".into()));
         }
+        if body.is_empty() {
+            // As S3 Express answers.
+            return Err(ClientError::Service {
+                status: 400,
+                code: "InvalidRequest".into(),
+                message: "Request body cannot be empty when 'write offset' is specified.".into(),
+            });
+        }
         let mut state = self.state();
         self.check(&state, key, condition)?;
         let (current, metadata) = state
