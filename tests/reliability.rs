@@ -719,3 +719,24 @@ fn aws_max_attempts_bounds_the_attempts_of_a_failing_get() {
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("AWS_MAX_ATTEMPTS"), "{stderr}");
 }
+
+/// A conditional write that another writer raced gets 409 ConditionalRequestConflict from S3 when the other
+/// write landed while it was under way (412 when it had landed before): both are the same lost race. A rename
+/// onto a name someone else just took is EEXIST, and the file stays whole under its old name.
+#[test]
+fn a_conflict_answer_is_a_lost_race_like_a_failed_precondition() {
+    let (bucket, emu) = own_emulator(false, "conflict");
+    put(&emu, &bucket, "a.bin", pattern(8, 1000));
+    let mount = Mount::on(&emu, &bucket, &["--metadata-ttl", "minimal"]);
+    assert!(mount.path().join("a.bin").exists());
+    fault_only(&emu, &["CopyObject"], &["conditional-conflict"]);
+    let renamed = std::fs::rename(mount.path().join("a.bin"), mount.path().join("b.bin"));
+    assert_eq!(common::errno_of(renamed), libc::EEXIST);
+    set_faults(&emu, 0.0, 0, &[], &[]);
+    assert_eq!(get(&emu, &bucket, "a.bin").unwrap(), pattern(8, 1000));
+    assert!(get(&emu, &bucket, "b.bin").is_none());
+    assert_eq!(
+        std::fs::read(mount.path().join("a.bin")).unwrap(),
+        pattern(8, 1000)
+    );
+}

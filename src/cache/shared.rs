@@ -165,7 +165,8 @@ impl SharedCache {
                     counters.fills.fetch_add(1, Ordering::Relaxed);
                     true
                 }
-                Err(ClientError::PreconditionFailed { .. }) => true,
+                // Another mount filled it first (or is filling it right now).
+                Err(e) if e.is_lost_race() => true,
                 Err(e) => {
                     if counters.errors.fetch_add(1, Ordering::Relaxed) == 0 {
                         warn!(error = %e, "shared cache write failed; reads continue from the source");

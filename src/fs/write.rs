@@ -528,10 +528,11 @@ impl Writer {
         let append_condition = self.append_condition();
         // Every byte already went out with the appends of full parts: S3 refuses an empty append, and there
         // is nothing to send anyway.
-        if matches!(self.mode, Mode::Append { .. }) && self.buffer.is_empty() {
-            if let Some(last) = self.uploaded.as_deref() {
-                return Ok(last.clone());
-            }
+        if matches!(self.mode, Mode::Append { .. })
+            && self.buffer.is_empty()
+            && let Some(last) = self.uploaded.as_deref()
+        {
+            return Ok(last.clone());
         }
         match &mut self.mode {
             Mode::Append { offset } => {
