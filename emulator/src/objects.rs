@@ -593,12 +593,10 @@ pub fn rename_object(state: &Arc<State>, ctx: &Ctx) -> Answer {
         if source == ctx.key {
             None
         } else {
+            // RenameObject keeps the object as it was, last-modified date included (User Guide, "Renaming
+            // objects in directory buckets").
             b.objects.remove(&source);
-            let moved = Object {
-                last_modified: SystemTime::now(),
-                ..(*src).clone()
-            };
-            b.objects.insert(ctx.key.clone(), Arc::new(moved))
+            b.objects.insert(ctx.key.clone(), src)
         }
     };
     drop(replaced); // its blobs go once no reader holds them
