@@ -740,3 +740,49 @@ fn a_conflict_answer_is_a_lost_race_like_a_failed_precondition() {
         pattern(8, 1000)
     );
 }
+
+/// Writes that land while their answers are lost (the connection drops after the server carried them out):
+/// the SDK sends each again, and the retry is refused because the first attempt changed the object (a new
+/// file's If-None-Match, an append's If-Match). The daemon reads the object back, finds exactly its bytes
+/// where it wrote them, and reports success; the bytes are there once, whole. A rename sent again carries
+/// its first attempt's idempotency token, which the service (and the emulator) answer as done.
+#[test]
+fn a_write_whose_answer_was_lost_is_recognised_as_landed() {
+    let (bucket, emu) = own_emulator(true, "lostanswer");
+    let mount = Mount::on(&emu, &bucket, &["--incremental-upload"]);
+    fault_only(&emu, &["PutObject"], &["lost-answer"]);
+    let path = mount.path().join("log.txt");
+    std::fs::write(&path, b"first\n").unwrap();
+    assert_eq!(get(&emu, &bucket, "log.txt").unwrap(), b"first\n");
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&path)
+        .unwrap();
+    f.write_all(b"second\n").unwrap();
+    f.sync_all().unwrap();
+    f.write_all(b"third\n").unwrap();
+    f.sync_all().unwrap();
+    drop(f);
+    let (_, report) = admin_get(&emu, "/_emulator/faults");
+    set_faults(&emu, 0.0, 0, &[], &[]);
+    assert!(report.contains("lost-answer"), "{report}");
+    assert_eq!(
+        get(&emu, &bucket, "log.txt").unwrap(),
+        b"first\nsecond\nthird\n"
+    );
+    assert_eq!(std::fs::read(&path).unwrap(), b"first\nsecond\nthird\n");
+    // A RenameObject sent again carries the same idempotency token, and succeeds again.
+    fault_only(&emu, &["RenameObject"], &["lost-answer"]);
+    std::fs::rename(&path, mount.path().join("moved.txt")).unwrap();
+    set_faults(&emu, 0.0, 0, &[], &[]);
+    assert!(get(&emu, &bucket, "log.txt").is_none());
+    assert_eq!(
+        get(&emu, &bucket, "moved.txt").unwrap(),
+        b"first\nsecond\nthird\n"
+    );
+    let log = mount.log();
+    assert!(
+        log.contains("had landed with its first attempt"),
+        "the recovery is logged:\n{log}"
+    );
+}

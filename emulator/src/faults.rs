@@ -30,10 +30,13 @@ pub enum Fault {
     /// with If-Match / If-None-Match; a Complete also loses its upload), as if another writer had raced it.
     /// Requests without a write condition pass untouched.
     ConditionalConflict,
+    /// The request is carried out, then its connection is dropped before a successful answer is sent: a write
+    /// that landed while its client saw only a reset, and sends it again. Error answers go through.
+    LostAnswer,
 }
 
 impl Fault {
-    pub const ALL: [(&'static str, Fault); 12] = [
+    pub const ALL: [(&'static str, Fault); 13] = [
         ("internal-error", Fault::InternalError),
         ("slow-down", Fault::SlowDown),
         ("reset-before-body", Fault::ResetBeforeBody),
@@ -46,6 +49,7 @@ impl Fault {
         ("stall", Fault::Stall),
         ("stall-mid-body", Fault::StallMidBody),
         ("conditional-conflict", Fault::ConditionalConflict),
+        ("lost-answer", Fault::LostAnswer),
     ];
 
     /// Kinds a plain `--fault-rate` mixes: the ones a client is expected to absorb by retrying. Malformed XML,
@@ -167,6 +171,8 @@ mod tests {
             Some(Fault::ConditionalConflict)
         );
         assert!(!Fault::RETRYABLE.contains(&Fault::ConditionalConflict));
+        assert_eq!(Fault::parse("lost-answer"), Some(Fault::LostAnswer));
+        assert!(!Fault::RETRYABLE.contains(&Fault::LostAnswer));
     }
 
     #[test]

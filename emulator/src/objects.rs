@@ -576,6 +576,14 @@ pub fn rename_object(state: &Arc<State>, ctx: &Ctx) -> Answer {
                 "RenameObject on general purpose buckets",
             ));
         }
+        let token = ctx.header("x-amz-client-token").map(str::to_string);
+        if let Some(token) = &token
+            && b.renames
+                .iter()
+                .any(|(t, from, to)| t == token && *from == source && *to == ctx.key)
+        {
+            return Ok(respond(200, ResponseBody::empty()));
+        }
         let src = Arc::clone(b.objects.get(&source).ok_or_else(S3Error::no_such_key)?);
         if let Some(v) = ctx.header("x-amz-rename-source-if-match")
             && !etag_matches(v, &src.etag)
@@ -596,6 +604,14 @@ pub fn rename_object(state: &Arc<State>, ctx: &Ctx) -> Answer {
             // RenameObject keeps the object as it was, last-modified date included (User Guide, "Renaming
             // objects in directory buckets").
             b.objects.remove(&source);
+            if let Some(token) = token {
+                const KEPT: usize = 10_000;
+                if b.renames.len() == KEPT {
+                    b.renames.pop_front();
+                }
+                b.renames
+                    .push_back((token, source.clone(), ctx.key.clone()));
+            }
             b.objects.insert(ctx.key.clone(), src)
         }
     };

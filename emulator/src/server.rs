@@ -503,6 +503,16 @@ async fn run(
         .unwrap_or_else(|e| e.into_inner())
         .pick(op);
     let mut body_fault = BodyFault::None;
+    // Only a first attempt's answer is lost (`amz-sdk-request: attempt=1; max=N` from the AWS SDKs), so that
+    // the attempt sent again shows what the first one left behind.
+    let lose_answer = fault == Some(Fault::LostAnswer) && first_attempt(headers);
+    if fault == Some(Fault::LostAnswer) && !lose_answer {
+        state
+            .faults
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .not_applied(Fault::LostAnswer, op);
+    }
     match fault {
         Some(Fault::InternalError) => {
             return Err(S3Error::new(
@@ -551,7 +561,7 @@ async fn run(
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .not_applied(Fault::ConditionalConflict, op),
-        None => {}
+        Some(Fault::LostAnswer) | None => {}
     }
 
     let ctx = Ctx {
@@ -590,7 +600,29 @@ async fn run(
         "ListParts" => crate::multipart::list_parts(state, &ctx),
         _ => Err(S3Error::not_implemented(op)),
     };
-    answer.map_err(Outcome::Error)
+    match answer {
+        Ok(r) if lose_answer && r.status().is_success() => Err(Outcome::Drop),
+        Err(e) if lose_answer => {
+            // Only a success is lost: the fault is taken back from the report.
+            state
+                .faults
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .not_applied(Fault::LostAnswer, op);
+            Err(Outcome::Error(e))
+        }
+        answer => answer.map_err(Outcome::Error),
+    }
+}
+
+/// Whether the request is its client's first attempt: the AWS SDKs number attempts in `amz-sdk-request`; a
+/// request without the header counts as a first attempt.
+fn first_attempt(headers: &HeaderMap) -> bool {
+    headers
+        .get("amz-sdk-request")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').find_map(|p| p.trim().strip_prefix("attempt=")))
+        .is_none_or(|n| n.trim() == "1")
 }
 
 /// Reads a small request body (XML documents) into memory, refusing more than `limit` bytes.

@@ -277,6 +277,9 @@ pub struct Bucket {
     pub order_salt: u64,
     pub objects: BTreeMap<String, Arc<Object>>,
     pub uploads: HashMap<String, Upload>,
+    /// The latest RenameObject idempotency tokens (x-amz-client-token) with the move each made, oldest
+    /// first: a retry with the same token succeeds again instead of failing on the moved source.
+    pub renames: std::collections::VecDeque<(String, String, String)>,
 }
 
 impl Bucket {
@@ -383,6 +386,7 @@ impl Store {
                 order_salt: rand::random(),
                 objects: BTreeMap::new(),
                 uploads: HashMap::new(),
+                renames: Default::default(),
             },
         );
         Ok(())

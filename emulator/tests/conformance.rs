@@ -636,17 +636,45 @@ async fn rename_object() {
     let env = start(Duration::from_secs(300));
     let c = client(&env);
     put(&c, DIR, "a/src", b"source bytes".to_vec()).await;
-    let before = c.head_object().bucket(DIR).key("a/src").send().await.unwrap();
+    let before = c
+        .head_object()
+        .bucket(DIR)
+        .key("a/src")
+        .send()
+        .await
+        .unwrap();
     tokio::time::sleep(Duration::from_millis(1100)).await;
     let rename = || c.rename_object().bucket(DIR).key("b/dst");
     rename().rename_source("/a/src").send().await.unwrap();
     assert_eq!(get(&c, DIR, "b/dst").await, b"source bytes");
     // The object moves as it is: its last-modified date and ETag stay.
-    let after = c.head_object().bucket(DIR).key("b/dst").send().await.unwrap();
+    let after = c
+        .head_object()
+        .bucket(DIR)
+        .key("b/dst")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(after.last_modified(), before.last_modified());
     assert_eq!(after.e_tag(), before.e_tag());
     let r = c.get_object().bucket(DIR).key("a/src").send().await;
     expect(r, (404, "NoSuchKey"), "renamed source");
+
+    // The same idempotency token again: done already, so 200 again, and nothing moves.
+    put(&c, DIR, "a/tok", b"token bytes".to_vec()).await;
+    let once = || {
+        c.rename_object()
+            .bucket(DIR)
+            .key("b/tok")
+            .rename_source("/a/tok")
+            .client_token("token-1")
+            .send()
+    };
+    once().await.unwrap();
+    once().await.unwrap();
+    assert_eq!(get(&c, DIR, "b/tok").await, b"token bytes");
+    let r = c.get_object().bucket(DIR).key("a/tok").send().await;
+    expect(r, (404, "NoSuchKey"), "renamed source, token reused");
 
     // Refuse to overwrite an existing destination when asked.
     put(&c, DIR, "a/other", b"other".to_vec()).await;

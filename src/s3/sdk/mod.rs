@@ -21,6 +21,7 @@ mod direct;
 mod endpoint;
 mod errors;
 mod get;
+mod landed;
 mod list_xml;
 mod options;
 mod write;

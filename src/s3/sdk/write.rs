@@ -16,6 +16,7 @@ use aws_sdk_s3::types::{
 use bytes::Bytes;
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 
+use super::landed::{Attempts, may_be_own_write};
 use super::{SdkClient, non_negative};
 use crate::s3::{
     ClientError, PutResult, UploadChecksum, UploadedPart, UserMetadata, WriteCondition,
@@ -136,26 +137,35 @@ impl SdkClient {
     ) -> Result<PutResult, ClientError> {
         let size = body.len() as u64;
         let checksum = body_checksum(self.config.upload_checksum, &body);
-        self.run(|client| {
-            let request = client
-                .put_object()
-                .bucket(&self.config.bucket)
-                .key(key)
-                .set_metadata(sdk_metadata(metadata))
-                .set_content_type(content_type(self.config.infer_content_type, key))
-                .body(ByteStream::from(body.clone()));
-            let request = with_object_settings!(request, &self.config);
-            let request = with_condition!(with_checksum!(request, &checksum), &condition);
-            let request = customize_upload!(request, checksum, self.upload_timeouts());
-            async move {
-                let out = request.send().await.map_err(self.map_err(key))?;
-                Ok(PutResult {
-                    etag: required_etag(out.e_tag(), "PutObject", key)?,
-                    size: Some(size),
-                })
+        let attempts = Attempts::default();
+        let put = self
+            .run(|client| {
+                let request = client
+                    .put_object()
+                    .bucket(&self.config.bucket)
+                    .key(key)
+                    .set_metadata(sdk_metadata(metadata))
+                    .set_content_type(content_type(self.config.infer_content_type, key))
+                    .body(ByteStream::from(body.clone()));
+                let request = with_object_settings!(request, &self.config);
+                let request = with_condition!(with_checksum!(request, &checksum), &condition);
+                let request = customize_upload!(request, checksum, self.upload_timeouts())
+                    .interceptor(attempts.clone());
+                async move {
+                    let out = request.send().await.map_err(self.map_err(key))?;
+                    Ok(PutResult {
+                        etag: required_etag(out.e_tag(), "PutObject", key)?,
+                        size: Some(size),
+                    })
+                }
+            })
+            .await;
+        match put {
+            Err(e) if condition != WriteCondition::None && may_be_own_write(&e, &attempts) => {
+                self.landed_or(key, 0, &body, e).await
             }
-        })
-        .await
+            put => put,
+        }
     }
 
     pub(super) async fn append(
@@ -176,25 +186,34 @@ impl SdkClient {
         })?;
         let expected_size = offset + body.len() as u64;
         let checksum = body_checksum(self.config.upload_checksum, &body);
-        self.run(|client| {
-            let request = client
-                .put_object()
-                .bucket(&self.config.bucket)
-                .key(key)
-                .write_offset_bytes(offset_header)
-                .body(ByteStream::from(body.clone()));
-            let request = with_condition!(with_checksum!(request, &checksum), &condition);
-            let request = customize_upload!(request, checksum, self.upload_timeouts());
-            async move {
-                let out = request.send().await.map_err(self.map_err(key))?;
-                let size = non_negative(out.size()).unwrap_or(expected_size);
-                Ok(PutResult {
-                    etag: required_etag(out.e_tag(), "PutObject(append)", key)?,
-                    size: Some(size),
-                })
+        let attempts = Attempts::default();
+        let appended = self
+            .run(|client| {
+                let request = client
+                    .put_object()
+                    .bucket(&self.config.bucket)
+                    .key(key)
+                    .write_offset_bytes(offset_header)
+                    .body(ByteStream::from(body.clone()));
+                let request = with_condition!(with_checksum!(request, &checksum), &condition);
+                let request = customize_upload!(request, checksum, self.upload_timeouts())
+                    .interceptor(attempts.clone());
+                async move {
+                    let out = request.send().await.map_err(self.map_err(key))?;
+                    let size = non_negative(out.size()).unwrap_or(expected_size);
+                    Ok(PutResult {
+                        etag: required_etag(out.e_tag(), "PutObject(append)", key)?,
+                        size: Some(size),
+                    })
+                }
+            })
+            .await;
+        match appended {
+            Err(e) if may_be_own_write(&e, &attempts) => {
+                self.landed_or(key, offset, &body, e).await
             }
-        })
-        .await
+            appended => appended,
+        }
     }
 
     pub(super) async fn create_upload(

@@ -1,0 +1,85 @@
+//! A write whose answer was lost. The SDK sends a request again when an attempt got no answer (a connection
+//! reset, a timeout); if the first attempt had landed, a conditional write's next attempt is refused (its
+//! If-None-Match or If-Match no longer holds; an append's offset has moved on), and the caller would report
+//! a failure for bytes that are in the bucket. Before such a refusal is passed on, the object is read back:
+//! when it holds exactly the bytes written, where they were written, the write is taken as done.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use aws_sdk_s3::config::interceptors::BeforeTransmitInterceptorContextRef;
+use aws_sdk_s3::config::{ConfigBag, Intercept, RuntimeComponents};
+use aws_sdk_s3::error::BoxError;
+use bytes::Bytes;
+use tracing::info;
+
+use super::SdkClient;
+use crate::s3::{ClientError, ObjectClient, PutResult};
+
+/// Counts the attempts of one request (interceptor added to that request only).
+#[derive(Debug, Clone, Default)]
+pub(super) struct Attempts(Arc<AtomicU32>);
+
+impl Attempts {
+    /// More than one attempt was sent: an earlier one may have landed unseen.
+    pub(super) fn retried(&self) -> bool {
+        self.0.load(Ordering::Relaxed) > 1
+    }
+}
+
+impl Intercept for Attempts {
+    fn name(&self) -> &'static str {
+        "expressfs::Attempts"
+    }
+
+    fn read_before_attempt(
+        &self,
+        _context: &BeforeTransmitInterceptorContextRef<'_>,
+        _runtime_components: &RuntimeComponents,
+        _cfg: &mut ConfigBag,
+    ) -> Result<(), BoxError> {
+        self.0.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+/// What a retried write's refusal may stand for: its own earlier attempt, landed.
+pub(super) fn may_be_own_write(e: &ClientError, attempts: &Attempts) -> bool {
+    attempts.retried() && (e.is_lost_race() || matches!(e, ClientError::InvalidWriteOffset { .. }))
+}
+
+impl SdkClient {
+    /// `refused`, unless `key` now ends at `offset + body.len()` with `body` at `offset`: then the write that
+    /// was refused on a later attempt had landed with an earlier one, and its result is the object's.
+    pub(super) async fn landed_or(
+        &self,
+        key: &str,
+        offset: u64,
+        body: &Bytes,
+        refused: ClientError,
+    ) -> Result<PutResult, ClientError> {
+        let end = offset + body.len() as u64;
+        let Ok(info) = ObjectClient::head_object(self, key).await else {
+            return Err(refused);
+        };
+        if info.size != end {
+            return Err(refused);
+        }
+        if !body.is_empty() {
+            match self.get_range(key, offset..end, Some(&info.etag)).await {
+                Ok(there) if there == *body => {}
+                _ => return Err(refused),
+            }
+        }
+        info!(
+            key,
+            offset,
+            len = body.len(),
+            "a write refused on its retry had landed with its first attempt, whose answer was lost"
+        );
+        Ok(PutResult {
+            etag: info.etag,
+            size: Some(end),
+        })
+    }
+}
