@@ -752,7 +752,10 @@ fn a_write_whose_answer_was_lost_is_recognised_as_landed() {
     let mount = Mount::on(&emu, &bucket, &["--incremental-upload"]);
     fault_only(&emu, &["PutObject"], &["lost-answer"]);
     let path = mount.path().join("log.txt");
-    std::fs::write(&path, b"first\n").unwrap();
+    let mut f = std::fs::File::create(&path).unwrap();
+    f.write_all(b"first\n").unwrap();
+    f.sync_all().unwrap();
+    drop(f);
     assert_eq!(get(&emu, &bucket, "log.txt").unwrap(), b"first\n");
     let mut f = std::fs::OpenOptions::new()
         .append(true)
@@ -771,6 +774,19 @@ fn a_write_whose_answer_was_lost_is_recognised_as_landed() {
         b"first\nsecond\nthird\n"
     );
     assert_eq!(std::fs::read(&path).unwrap(), b"first\nsecond\nthird\n");
+    // A CompleteMultipartUpload sent again for an upload completed with the same parts gets the same answer.
+    // (A mount without --incremental-upload: with it, new files are written by appends too.)
+    let streaming = Mount::on(&emu, &bucket, &[]);
+    fault_only(&emu, &["CompleteMultipartUpload"], &["lost-answer"]);
+    let big = pattern(9, 20 * MIB + 3);
+    let mut f = std::fs::File::create(streaming.path().join("big.bin")).unwrap();
+    f.write_all(&big).unwrap();
+    f.sync_all().unwrap();
+    drop(f);
+    let (_, report) = admin_get(&emu, "/_emulator/faults");
+    set_faults(&emu, 0.0, 0, &[], &[]);
+    assert!(report.contains("CompleteMultipartUpload"), "{report}");
+    assert!(get(&emu, &bucket, "big.bin").unwrap() == big);
     // A RenameObject sent again carries the same idempotency token, and succeeds again.
     fault_only(&emu, &["RenameObject"], &["lost-answer"]);
     std::fs::rename(&path, mount.path().join("moved.txt")).unwrap();

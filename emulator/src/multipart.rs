@@ -147,17 +147,27 @@ pub async fn complete(state: &Arc<State>, ctx: &Ctx, body: Incoming) -> Answer {
     let id = upload_id(ctx)?;
     let body = small_body(ctx, body, 4 * 1024 * 1024).await?;
     let requested = xml::parse_complete(&body)?;
+    let asked: Vec<(u32, String)> = requested
+        .iter()
+        .map(|p| (p.part_number, p.etag.trim_matches('"').to_string()))
+        .collect();
     // Validate against the stored parts and collect the files to concatenate.
     let (directory, parts, content_type, meta, seen) = {
         let buckets = state.store.buckets();
         let b = buckets
             .get(&ctx.bucket)
             .ok_or_else(S3Error::no_such_bucket)?;
-        let upload = b
-            .uploads
-            .get(&id)
-            .filter(|u| u.key == ctx.key)
-            .ok_or_else(S3Error::no_such_upload)?;
+        let Some(upload) = b.uploads.get(&id).filter(|u| u.key == ctx.key) else {
+            // Completed already with these parts (a retry whose first answer was lost): the same result.
+            let done = b
+                .completed
+                .iter()
+                .find(|(i, k, p, _)| *i == id && *k == ctx.key && *p == asked);
+            return match done {
+                Some((.., etag)) => Ok(complete_result(ctx, etag)),
+                None => Err(S3Error::no_such_upload()),
+            };
+        };
         let mut parts = Vec::with_capacity(requested.len());
         for (i, p) in requested.iter().enumerate() {
             if i > 0 && p.part_number <= requested[i - 1].part_number {
@@ -238,7 +248,18 @@ pub async fn complete(state: &Arc<State>, ctx: &Ctx, body: Incoming) -> Answer {
         return Err(e);
     }
     remove_upload(state, &ctx.bucket, &id);
+    if let Some(b) = state.store.buckets().get_mut(&ctx.bucket) {
+        const KEPT: usize = 10_000;
+        if b.completed.len() == KEPT {
+            b.completed.pop_front();
+        }
+        b.completed
+            .push_back((id, ctx.key.clone(), asked, etag.clone()));
+    }
+    Ok(complete_result(ctx, &etag))
+}
 
+fn complete_result(ctx: &Ctx, etag: &str) -> http::Response<ResponseBody> {
     let mut out = format!("{HEADER}<CompleteMultipartUploadResult xmlns=\"{NS}\">");
     el(
         &mut out,
@@ -247,9 +268,9 @@ pub async fn complete(state: &Arc<State>, ctx: &Ctx, body: Incoming) -> Answer {
     );
     el(&mut out, "Bucket", &ctx.bucket);
     el(&mut out, "Key", &ctx.key);
-    el(&mut out, "ETag", &etag);
+    el(&mut out, "ETag", etag);
     out.push_str("</CompleteMultipartUploadResult>");
-    Ok(xml_response(out))
+    xml_response(out)
 }
 
 fn invalid_part(n: u32) -> S3Error {

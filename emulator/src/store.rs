@@ -280,7 +280,13 @@ pub struct Bucket {
     /// The latest RenameObject idempotency tokens (x-amz-client-token) with the move each made, oldest
     /// first: a retry with the same token succeeds again instead of failing on the moved source.
     pub renames: std::collections::VecDeque<(String, String, String)>,
+    /// The latest completed multipart uploads: (upload ID, key, the parts asked for as (number, ETag), the
+    /// object's ETag). The service answers a CompleteMultipartUpload sent again for an upload it completed
+    /// with the same result, instead of NoSuchUpload.
+    pub completed: std::collections::VecDeque<Completed>,
 }
+
+pub type Completed = (String, String, Vec<(u32, String)>, String);
 
 impl Bucket {
     /// Position of `key` in a directory bucket's listing order.
@@ -387,6 +393,7 @@ impl Store {
                 objects: BTreeMap::new(),
                 uploads: HashMap::new(),
                 renames: Default::default(),
+                completed: Default::default(),
             },
         );
         Ok(())

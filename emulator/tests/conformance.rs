@@ -11,6 +11,7 @@ use aws_sdk_s3::config::http::HttpResponse;
 use aws_sdk_s3::config::{Credentials, Region};
 use aws_sdk_s3::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_s3::operation::complete_multipart_upload::CompleteMultipartUploadError as CompleteError;
+use aws_sdk_s3::operation::complete_multipart_upload::CompleteMultipartUploadOutput as CompleteOutput;
 use aws_sdk_s3::operation::create_session::CreateSessionError;
 use aws_sdk_s3::primitives::ByteStream;
 use aws_sdk_s3::types::{CompletedMultipartUpload, CompletedPart};
@@ -414,7 +415,7 @@ async fn complete(
     key: &str,
     id: &str,
     parts: Vec<CompletedPart>,
-) -> Result<(), SdkError<CompleteError, HttpResponse>> {
+) -> Result<CompleteOutput, SdkError<CompleteError, HttpResponse>> {
     let doc = CompletedMultipartUpload::builder().set_parts(Some(parts));
     let doc = doc.build();
     let req = c
@@ -422,7 +423,7 @@ async fn complete(
         .bucket(b)
         .key(key)
         .upload_id(id);
-    req.multipart_upload(doc).send().await.map(|_| ())
+    req.multipart_upload(doc).send().await
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -441,9 +442,15 @@ async fn multipart_rules() {
         let swapped = vec![parts[1].clone(), parts[0].clone()];
         let r = complete(&c, bucket, "m", &id, swapped).await;
         expect(r, (400, "InvalidPartOrder"), bucket);
-        complete(&c, bucket, "m", &id, parts).await.unwrap();
+        let done = complete(&c, bucket, "m", &id, parts.clone()).await.unwrap();
         let back = get(&c, bucket, "m").await;
         assert!(back == bodies.concat(), "{bucket}: content differs");
+        // Completed again with the same parts (a retry whose first answer was lost): the same result, as
+        // the service answers; with other parts, the upload is gone.
+        let again = complete(&c, bucket, "m", &id, parts.clone()).await.unwrap();
+        assert_eq!(again.e_tag(), done.e_tag(), "{bucket}");
+        let r = complete(&c, bucket, "m", &id, parts[..2].to_vec()).await;
+        expect(r, (404, "NoSuchUpload"), bucket);
 
         // A 1 KiB part that is not the last one is too small.
         let id = create_upload(&c, bucket, "small").await;
