@@ -802,3 +802,32 @@ fn a_write_whose_answer_was_lost_is_recognised_as_landed() {
         "the recovery is logged:\n{log}"
     );
 }
+
+/// CopyObject and UploadPartCopy can fail after their 200 was sent, with the error in the body (their API
+/// references). A rename on a general-purpose bucket (a copy, then a delete) answered so fails, and keeps the
+/// file under its old name: the copy never happened, so the source must not be deleted.
+#[test]
+fn a_copy_that_failed_inside_a_200_keeps_the_source() {
+    let (bucket, emu) = own_emulator(false, "copy200");
+    put(&emu, &bucket, "small.bin", pattern(10, 1000));
+    put(&emu, &bucket, "big.bin", pattern(11, 12 * MIB));
+    let mount = Mount::on(&emu, &bucket, &["--metadata-ttl", "minimal"]);
+    for (name, len, ops) in [
+        ("small.bin", 1000, &["CopyObject"][..]),
+        ("big.bin", 12 * MIB, &["CopyObject", "UploadPartCopy"][..]),
+    ] {
+        fault_only(&emu, ops, &["malformed-xml"]);
+        let renamed = std::fs::rename(mount.path().join(name), mount.path().join("moved.bin"));
+        set_faults(&emu, 0.0, 0, &[], &[]);
+        assert!(
+            renamed.is_err(),
+            "{name}: a failed copy reported as a rename"
+        );
+        let seed = if name == "small.bin" { 10 } else { 11 };
+        assert!(
+            get(&emu, &bucket, name).unwrap() == pattern(seed, len),
+            "{name}: the source is gone or changed"
+        );
+        assert!(get(&emu, &bucket, "moved.bin").is_none(), "{name}");
+    }
+}

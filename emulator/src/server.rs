@@ -422,8 +422,12 @@ fn answers_xml(op: &str) -> bool {
 
 /// The answer for a `malformed-xml` fault (see [`Fault::MalformedXml`]).
 fn malformed_xml(op: &str) -> Response<ResponseBody> {
-    let (status, body) = if op == "CompleteMultipartUpload" {
-        // The real service can fail a completion after sending 200: the error is in the body.
+    let (status, body) = if matches!(
+        op,
+        "CompleteMultipartUpload" | "CopyObject" | "UploadPartCopy"
+    ) {
+        // The real service can fail these after sending 200: the error is in the body (their API
+        // references).
         (
             200,
             "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>InternalError</Code><Message>We encountered an internal error. Please try again.</Message></Error>",
