@@ -137,9 +137,15 @@ pub fn environment_file(vars: &BTreeMap<String, String>) -> String {
         .collect()
 }
 
+/// How long systemd gives a unit to stop: SIGTERM makes the daemon unmount and finish the uploads of closed
+/// files, for at most 45 s (FINISH_AFTER_UNMOUNT, src/daemon.rs), before SIGKILL would cut them short.
+const UNIT_STOP_TIMEOUT: u32 = 60;
+
 /// The systemd-run command line that starts expressfs as unit `unit`. Type=forking: systemd-run returns
 /// once expressfs's first process has exited, i.e. once the mount is live, with its exit status; the
 /// daemon it forked stays in the unit's cgroup, and --collect drops the unit when it exits or fails.
+/// Ordered after network-online.target, so that at shutdown, which stops units in the reverse order, the
+/// daemon's uploads go out before the network does.
 pub fn systemd_run_args(
     unit: &str,
     target: &Path,
@@ -154,6 +160,9 @@ pub fn systemd_run_args(
         "--quiet".into(),
         "--property=Type=forking".into(),
         "--property=TimeoutStartSec=120".into(),
+        format!("--property=TimeoutStopSec={UNIT_STOP_TIMEOUT}"),
+        "--property=Wants=network-online.target".into(),
+        "--property=After=network-online.target".into(),
         format!("--property=EnvironmentFile={}", env_file.display()),
         "--".into(),
     ];
@@ -163,6 +172,22 @@ pub fn systemd_run_args(
         std::iter::once(binary.to_string_lossy().into_owned()).chain(args.iter().cloned());
     argv.extend(command.map(|a| a.replace('$', "$$")));
     argv
+}
+
+/// Where the log of a unit's daemon is. What goes wrong before the daemon runs (its first process's stderr)
+/// is in the unit's journal; once it runs, it logs to the files of its `--log-directory` when it has one
+/// (the driver's `--daemon-log-directory`), else to syslog, which the journal files under the unit as well.
+fn log_hint(unit: &str, args: &[String]) -> String {
+    let directory = args
+        .iter()
+        .position(|a| a == "--log-directory")
+        .and_then(|at| args.get(at + 1));
+    match directory {
+        Some(dir) => format!(
+            "on the node, journalctl -u {unit} has the daemon's start-up errors and {dir} its log"
+        ),
+        None => format!("on the node, journalctl -u {unit} has the daemon's log"),
+    }
 }
 
 /// Opens the host process's namespaces, to be joined by a child before it execs.
@@ -409,9 +434,7 @@ impl HostLauncher {
         if let Err(e) = started {
             // A unit still starting (our timeout) is stopped; a failed one was collected already.
             self.systemctl(systemd_run, &["stop", unit]).await;
-            return Err(format!(
-                "{e} (journalctl -u {unit} on the node has the daemon's log)"
-            ));
+            return Err(format!("{e} ({})", log_hint(unit, args)));
         }
         Ok(())
     }
@@ -614,6 +637,15 @@ mod tests {
         assert_eq!(argv[0], format!("--unit={unit}"));
         assert!(argv.contains(&"--collect".to_string()));
         assert!(argv.contains(&"--property=Type=forking".to_string()));
+        // Stopped before the network at shutdown, with the time the daemon's last uploads take.
+        for property in [
+            "After=network-online.target",
+            "Wants=network-online.target",
+            "TimeoutStopSec=60",
+        ] {
+            let want = format!("--property={property}");
+            assert!(argv.contains(&want), "{want} missing: {argv:?}");
+        }
         assert!(
             argv.contains(
                 &"--property=EnvironmentFile=/var/lib/expressfs-csi/run/u.env".to_string()
@@ -644,6 +676,29 @@ mod tests {
         assert_eq!(
             argv[dashes + 1..],
             ["/bin/expressfs", "--prefix=data$${x}/$$y/", "/mnt/$$HOME"]
+        );
+    }
+
+    #[test]
+    fn failures_of_a_unit_point_at_the_daemon_log() {
+        let args = |extra: &[&str]| -> Vec<String> {
+            extra
+                .iter()
+                .chain(&["--read-only", "b", "/mnt/t"])
+                .map(|a| a.to_string())
+                .collect()
+        };
+        assert_eq!(
+            log_hint("expressfs-0", &args(&[])),
+            "on the node, journalctl -u expressfs-0 has the daemon's log"
+        );
+        assert_eq!(
+            log_hint(
+                "expressfs-0",
+                &args(&["--log-directory", "/var/log/expressfs/pv-1"])
+            ),
+            "on the node, journalctl -u expressfs-0 has the daemon's start-up errors and \
+             /var/log/expressfs/pv-1 its log"
         );
     }
 

@@ -144,6 +144,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         cache_roots: args.cache_roots,
         daemon_log_directory: args.daemon_log_directory,
         lock: Default::default(),
+        departures: Default::default(),
     });
 
     // Mounts of an earlier driver keep running in their own daemons; report them. Every call reads

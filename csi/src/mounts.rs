@@ -1,10 +1,17 @@
-//! The node's mounts and the expressfs daemons behind them. Nothing is remembered between calls:
-//! /proc/self/mountinfo and /proc/PID/cmdline are the truth, so a restarted driver picks up the mounts and
-//! daemons of the one before it without any state file.
+//! The node's mounts and the expressfs daemons behind them. /proc/self/mountinfo and /proc/PID/cmdline are
+//! the truth, so a restarted driver picks up the mounts and daemons of the one before it without any state
+//! file. The one thing remembered between calls is when a mount went while its daemon still ran
+//! ([`Departures`]), and a driver without that memory counts from when it first looks.
 
+use std::collections::HashMap;
+use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
+
+use nix::errno::Errno;
+use nix::mount::MntFlags;
+use nix::sys::signal::Signal;
 
 /// One mount from /proc/self/mountinfo.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -186,53 +193,240 @@ pub async fn run_until_mounted(
     }
 }
 
-/// Unmounts `target` and waits until every daemon that served it has exited, so no daemon is left behind
-/// holding credentials and cache space. A daemon that ignores the unmount is terminated.
-pub async fn unmount(target: &Path) -> Result<(), String> {
-    let pids = daemon_pids(target);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let mut wedged = false;
-    while mounted_at(target).is_some() {
-        let health = health(target).await;
-        wedged |= health == Health::Silent;
-        let flags = if health == Health::Answers {
-            nix::mount::MntFlags::empty()
-        } else {
-            // Nobody answers behind a dead or wedged mount; only a lazy detach takes it away.
-            nix::mount::MntFlags::MNT_DETACH
-        };
-        match nix::mount::umount2(target, flags) {
-            Ok(()) | Err(nix::errno::Errno::EINVAL) | Err(nix::errno::Errno::ENOENT) => {}
-            Err(nix::errno::Errno::EBUSY) if Instant::now() < deadline => {
-                tokio::time::sleep(Duration::from_millis(200)).await;
+/// How long the driver tries to take a mount away: the kernel may call it busy while a last access drains.
+const DETACH_LIMIT: Duration = Duration::from_secs(20);
+/// The pause between two tries, so a mount the table keeps listing does not spin a thread.
+const DETACH_PAUSE: Duration = Duration::from_millis(200);
+
+/// How long a daemon may run on once its mount is gone. It finishes the uploads of files closed before the
+/// unmount for at most FINISH_AFTER_UNMOUNT (45 s, src/daemon.rs), ignoring SIGTERM meanwhile, then gives
+/// its runtime up to 5 s to stop; the rest is slack for a loaded node. Until then it is not killed.
+pub const FINISHING: Duration = Duration::from_secs(45 + 10);
+/// How long a daemon past `FINISHING` has after SIGTERM before SIGKILL, and SIGKILL to take effect.
+const TERM_GRACE: Duration = Duration::from_secs(5);
+const KILL_GRACE: Duration = Duration::from_secs(2);
+
+/// Why an unmount did not end with every daemon of the mount gone.
+#[derive(Debug)]
+pub enum UnmountError {
+    Unmount {
+        target: PathBuf,
+        source: Errno,
+    },
+    StillMounted {
+        target: PathBuf,
+        last: String,
+    },
+    /// Not a failure: the call has to answer before the daemons may be ended. Worth a retry.
+    Finishing {
+        target: PathBuf,
+        pids: Vec<i32>,
+        left: Duration,
+    },
+    Stuck {
+        target: PathBuf,
+        pids: Vec<i32>,
+    },
+}
+
+impl std::fmt::Display for UnmountError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            UnmountError::Unmount { target, source } => {
+                write!(f, "unmount {}: {source}", target.display())
             }
-            Err(e) => return Err(format!("unmount {}: {e}", target.display())),
-        }
-    }
-    // A daemon that answered finishes its uploads and exits by itself; a wedged one will not.
-    let grace = if wedged { 2 } else { 30 };
-    wait_gone(&pids, Duration::from_secs(grace)).await;
-    let left: Vec<i32> = pids.iter().copied().filter(|p| !is_zombie(*p)).collect();
-    if !left.is_empty() {
-        for pid in &left {
-            let pid = nix::unistd::Pid::from_raw(*pid);
-            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
-            // A stopped daemon would keep the TERM pending forever.
-            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT);
-        }
-        wait_gone(&left, Duration::from_secs(10)).await;
-        if left.iter().any(|p| !is_zombie(*p)) {
-            return Err(format!(
-                "expressfs daemons {left:?} of {} did not exit",
+            UnmountError::StillMounted { target, last } => write!(
+                f,
+                "{} is still mounted after {DETACH_LIMIT:?} of tries (last: {last})",
                 target.display()
-            ));
+            ),
+            UnmountError::Finishing { target, pids, left } => write!(
+                f,
+                "expressfs daemons {pids:?} of {} are finishing the uploads of files closed before the \
+                 unmount (for at most {} s more)",
+                target.display(),
+                left.as_secs() + 1
+            ),
+            UnmountError::Stuck { target, pids } => write!(
+                f,
+                "expressfs daemons {pids:?} of {} outlived their uploads and SIGKILL",
+                target.display()
+            ),
         }
     }
+}
+
+impl std::error::Error for UnmountError {}
+
+/// When each mount went while its daemons still ran. An unpublish that has to answer before they exit
+/// leaves the time here, so kubelet's retry knows how long they have had to finish. A driver started since,
+/// or a mount someone else took away, counts from the first time it finds the daemons without their mount:
+/// later than the truth, so never too early to end them.
+#[derive(Default)]
+pub struct Departures(std::sync::Mutex<HashMap<PathBuf, Instant>>);
+
+impl Departures {
+    fn went(&self, target: &Path, at: Instant) {
+        self.times().insert(target.to_path_buf(), at);
+    }
+
+    /// When the mount at `target` went, as far as this driver knows.
+    fn since(&self, target: &Path) -> Instant {
+        *self
+            .times()
+            .entry(target.to_path_buf())
+            .or_insert_with(Instant::now)
+    }
+
+    fn forget(&self, target: &Path) {
+        self.times().remove(target);
+    }
+
+    fn times(&self) -> std::sync::MutexGuard<'_, HashMap<PathBuf, Instant>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// One try to take a mount away: what umount2 said, and whether the daemon behind it was wedged.
+struct Attempt {
+    result: nix::Result<()>,
+    wedged: bool,
+}
+
+async fn try_unmount(target: &Path) -> Attempt {
+    let health = health(target).await;
+    let flags = if health == Health::Answers {
+        MntFlags::empty()
+    } else {
+        // Nobody answers behind a dead or wedged mount; only a lazy detach takes it away.
+        MntFlags::MNT_DETACH
+    };
+    Attempt {
+        result: nix::mount::umount2(target, flags),
+        wedged: health == Health::Silent,
+    }
+}
+
+/// Tries to take the mount at `target` away until `listed` no longer finds it, pausing between tries, and
+/// gives up at `deadline`. umount2 may succeed, or say EINVAL or ENOENT, while the table still lists the
+/// path (for a moment, or for good). Returns whether the daemon behind it was wedged.
+async fn take_away<F>(
+    target: &Path,
+    deadline: Instant,
+    mut listed: impl FnMut() -> bool,
+    mut attempt: impl FnMut() -> F,
+) -> Result<bool, UnmountError>
+where
+    F: Future<Output = Attempt>,
+{
+    let mut wedged = false;
+    loop {
+        let tried = attempt().await;
+        wedged |= tried.wedged;
+        match tried.result {
+            Ok(()) | Err(Errno::EINVAL | Errno::ENOENT | Errno::EBUSY) => {}
+            Err(source) => {
+                return Err(UnmountError::Unmount {
+                    target: target.to_path_buf(),
+                    source,
+                });
+            }
+        }
+        if !listed() {
+            return Ok(wedged);
+        }
+        if Instant::now() >= deadline {
+            let last = match tried.result {
+                Ok(()) => "umount2 succeeded".to_string(),
+                Err(e) => format!("umount2: {e}"),
+            };
+            return Err(UnmountError::StillMounted {
+                target: target.to_path_buf(),
+                last,
+            });
+        }
+        tokio::time::sleep(DETACH_PAUSE).await;
+    }
+}
+
+/// Unmounts `target` when it is mounted, and waits (until `deadline` at most) for every daemon that served
+/// it to exit, so none is left behind holding credentials and cache space. A daemon is not killed while it
+/// may still be finishing uploads (`FINISHING` after its mount went): a call that has to answer first says
+/// so (`Finishing`). One still running after that is stuck, and ended.
+pub async fn unmount(
+    target: &Path,
+    departures: &Departures,
+    deadline: Instant,
+) -> Result<(), UnmountError> {
+    let pids = daemon_pids(target);
+    if mounted_at(target).is_some() {
+        let wedged = take_away(
+            target,
+            Instant::now() + DETACH_LIMIT,
+            || mounted_at(target).is_some(),
+            || try_unmount(target),
+        )
+        .await?;
+        departures.went(target, Instant::now());
+        if wedged {
+            // A stopped daemon finishes nothing, and a hung one would not see its mount go.
+            signal_all(&pids, Signal::SIGTERM);
+        }
+    }
+    let finished_by = departures.since(target) + FINISHING;
+    wait_gone(&pids, finished_by.min(deadline)).await;
+    let left = alive(&pids);
+    if left.is_empty() {
+        departures.forget(target);
+        return Ok(());
+    }
+    let now = Instant::now();
+    if now < finished_by {
+        return Err(UnmountError::Finishing {
+            target: target.to_path_buf(),
+            pids: left,
+            left: finished_by - now,
+        });
+    }
+    tracing::warn!(
+        target = %target.display(),
+        pids = ?left,
+        "daemons still running {FINISHING:?} after their mount went: ending them"
+    );
+    end(&left).await;
+    let left = alive(&left);
+    if !left.is_empty() {
+        return Err(UnmountError::Stuck {
+            target: target.to_path_buf(),
+            pids: left,
+        });
+    }
+    departures.forget(target);
     Ok(())
 }
 
-async fn wait_gone(pids: &[i32], limit: Duration) {
-    let deadline = Instant::now() + limit;
+/// SIGTERM, then SIGKILL for a daemon that is past its uploads.
+async fn end(pids: &[i32]) {
+    signal_all(pids, Signal::SIGTERM);
+    wait_gone(pids, Instant::now() + TERM_GRACE).await;
+    signal_all(&alive(pids), Signal::SIGKILL);
+    wait_gone(pids, Instant::now() + KILL_GRACE).await;
+}
+
+/// Sends `signal` to each of `pids`, and SIGCONT after it: a stopped daemon would keep it pending forever.
+fn signal_all(pids: &[i32], signal: Signal) {
+    for pid in pids {
+        let pid = nix::unistd::Pid::from_raw(*pid);
+        let _ = nix::sys::signal::kill(pid, signal);
+        let _ = nix::sys::signal::kill(pid, Signal::SIGCONT);
+    }
+}
+
+fn alive(pids: &[i32]) -> Vec<i32> {
+    pids.iter().copied().filter(|p| !is_zombie(*p)).collect()
+}
+
+async fn wait_gone(pids: &[i32], deadline: Instant) {
     while pids.iter().any(|p| !is_zombie(*p)) && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -259,5 +453,142 @@ mod tests {
         let ours: Vec<bool> = entries.iter().map(MountEntry::is_ours).collect();
         assert_eq!(ours, [false, true, true, false]);
         assert_eq!(entries[2].source, "expressfs:b/train");
+    }
+
+    /// A try that gives `result`, counted in `tries`.
+    fn counted(
+        tries: &std::cell::Cell<u32>,
+        result: nix::Result<()>,
+    ) -> std::future::Ready<Attempt> {
+        tries.set(tries.get() + 1);
+        std::future::ready(Attempt {
+            result,
+            wedged: false,
+        })
+    }
+
+    /// umount2 says EINVAL (or ENOENT) while the table keeps listing the path: the tries pause and end at
+    /// the deadline. (The stand-in umount2 fails for real after 50 tries, so tries without a pause end the
+    /// test rather than spin it for good.)
+    #[tokio::test]
+    async fn a_mount_the_table_keeps_listing_is_given_up_at_the_deadline() {
+        for errno in [Errno::EINVAL, Errno::ENOENT] {
+            let tries = std::cell::Cell::new(0);
+            let started = Instant::now();
+            let outcome = take_away(
+                Path::new("/mnt/x"),
+                started + Duration::from_millis(500),
+                || true,
+                || match tries.get() {
+                    0..50 => counted(&tries, Err(errno)),
+                    _ => counted(&tries, Err(Errno::EPERM)),
+                },
+            )
+            .await;
+            let err = outcome.unwrap_err();
+            assert!(
+                matches!(err, UnmountError::StillMounted { .. }),
+                "{errno}: {err}"
+            );
+            assert!(err.to_string().contains(&errno.to_string()), "{err}");
+            assert!(tries.get() <= 4, "{errno}: {} tries in 500 ms", tries.get());
+            assert!(started.elapsed() >= Duration::from_millis(500));
+        }
+    }
+
+    #[tokio::test]
+    async fn a_busy_mount_is_tried_again_and_other_errors_end_the_tries() {
+        let tries = std::cell::Cell::new(0);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let outcome = take_away(
+            Path::new("/mnt/x"),
+            deadline,
+            || tries.get() < 3,
+            || match tries.get() {
+                0 | 1 => counted(&tries, Err(Errno::EBUSY)),
+                _ => counted(&tries, Ok(())),
+            },
+        )
+        .await;
+        assert!(!outcome.unwrap());
+        assert_eq!(tries.get(), 3);
+        let tries = std::cell::Cell::new(0);
+        let outcome = take_away(
+            Path::new("/mnt/x"),
+            deadline,
+            || true,
+            || counted(&tries, Err(Errno::EPERM)),
+        )
+        .await;
+        assert!(matches!(
+            outcome,
+            Err(UnmountError::Unmount {
+                source: Errno::EPERM,
+                ..
+            })
+        ));
+        assert_eq!(tries.get(), 1);
+    }
+
+    /// A process daemon_pids takes for the daemon of `target`, which ignores SIGTERM as a daemon does while
+    /// it finishes its uploads.
+    fn finishing_daemon(target: &Path) -> std::process::Child {
+        use std::os::unix::process::CommandExt;
+        std::process::Command::new("sh")
+            .arg0("/stand-in/expressfs")
+            .args(["-c", "trap '' TERM; while :; do sleep 1; done", "sh"])
+            .arg(target)
+            .spawn()
+            .unwrap()
+    }
+
+    /// Its mount already gone (an earlier call, or a driver before this one, took it away): the daemon is
+    /// finishing, and a call that has to answer first says so and leaves it running. Once the daemon has had
+    /// its time, it is stuck: ended despite ignoring SIGTERM.
+    #[tokio::test]
+    async fn a_daemon_without_its_mount_is_left_to_finish_then_ended() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("mount");
+        let mut daemon = finishing_daemon(&target);
+        let pid = daemon.id() as i32;
+        let started = Instant::now();
+        while daemon_pids(&target).is_empty() {
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "the stand-in did not start"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let departures = Departures::default();
+        let deadline = Instant::now() + Duration::from_millis(300);
+        let err = unmount(&target, &departures, deadline).await.unwrap_err();
+        assert!(
+            matches!(&err, UnmountError::Finishing { pids, .. } if pids == &[pid]),
+            "{err}"
+        );
+        assert!(Instant::now() < deadline + Duration::from_secs(1));
+        assert_eq!(
+            daemon.try_wait().unwrap(),
+            None,
+            "a finishing daemon was ended"
+        );
+        // A retry: still within its time (counted from the first call), so still left alone.
+        let err = unmount(
+            &target,
+            &departures,
+            Instant::now() + Duration::from_millis(100),
+        )
+        .await
+        .unwrap_err();
+        assert!(matches!(err, UnmountError::Finishing { .. }), "{err}");
+        assert_eq!(daemon.try_wait().unwrap(), None);
+
+        departures.went(&target, Instant::now() - FINISHING);
+        let far = Instant::now() + Duration::from_secs(60);
+        unmount(&target, &departures, far).await.unwrap();
+        let status = daemon.wait().unwrap();
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(status.signal(), Some(libc::SIGKILL), "{status:?}");
+        assert!(departures.times().is_empty());
     }
 }

@@ -31,6 +31,8 @@ const OPTIONS: &[(&str, Kind, &str)] = &[
     ("allow-delete", Kind::Flag, "--allow-delete"),
     ("allow-overwrite", Kind::Flag, "--allow-overwrite"),
     ("allow-other", Kind::Flag, "--allow-other"),
+    // Kept for PVs written for Mountpoint's driver. Implied: every mount gets --allow-other, which lets root
+    // in as well as the pod's users.
     ("allow-root", Kind::Flag, "--allow-root"),
     ("read-only", Kind::Flag, "--read-only"),
     ("ro", Kind::Flag, "--read-only"),
@@ -56,6 +58,21 @@ const OPTIONS: &[(&str, Kind, &str)] = &[
     ("cache", Kind::AbsolutePath, "--cache"),
     ("endpoint-url", Kind::Url, "--endpoint-url"),
 ];
+
+/// Options the daemon refuses next to `--read-only` (`Args::validate` in src/cli.rs): each one is about how
+/// the mount writes.
+const WRITE_ONLY: &[&str] = &[
+    "allow-delete",
+    "allow-overwrite",
+    "incremental-upload",
+    "directory-markers",
+];
+
+/// Modes that let the pod's fsGroup write, for a volume that names none: the daemon's own defaults (0755,
+/// 0644) leave the group read-only, and it checks permissions in the kernel (default_permissions), while
+/// kubelet, told that the driver applies the fsGroup (VOLUME_MOUNT_GROUP), changes no mode itself.
+const GROUP_DIR_MODE: &str = "0775";
+const GROUP_FILE_MODE: &str = "0664";
 
 /// The request fields that decide the command line.
 #[derive(Debug, Default, Clone)]
@@ -175,6 +192,52 @@ fn check_value(name: &str, kind: Kind, value: &str, input: &PublishInput) -> Res
     }
 }
 
+/// The place of option `name` (one of ours) in `OPTIONS`.
+fn index_of(name: &str) -> usize {
+    OPTIONS.iter().position(|(n, _, _)| *n == name).unwrap()
+}
+
+/// Read-only by the PV's own options: its write options contradict them, and the daemon would refuse the
+/// pair. Read-only by the request alone (a read-only claim, volume mount or access mode of a PV written for
+/// writers): the PV's write options are right for its other claims, so this mount goes without them.
+fn settle_read_only(
+    chosen: &mut BTreeMap<usize, Option<String>>,
+    forced: bool,
+) -> Result<(), String> {
+    let writes = write_only_options(chosen);
+    if writes.is_empty() {
+        return Ok(());
+    }
+    if chosen.contains_key(&index_of("read-only")) || chosen.contains_key(&index_of("ro")) {
+        return Err(format!(
+            "mount option {} cannot be combined with read-only",
+            writes[0]
+        ));
+    }
+    if forced {
+        tracing::info!(dropped = ?writes, "read-only publish: leaving out the PV's write options");
+        chosen.retain(|index, _| !writes.contains(&OPTIONS[*index].0));
+    }
+    Ok(())
+}
+
+/// The chosen options the daemon refuses on a read-only mount, by name.
+fn write_only_options(chosen: &BTreeMap<usize, Option<String>>) -> Vec<&'static str> {
+    chosen
+        .keys()
+        .map(|index| OPTIONS[*index].0)
+        .filter(|name| WRITE_ONLY.contains(name))
+        .collect()
+}
+
+/// `authenticationSource: pod`: the daemon runs on the pod's credentials (checked in full by podauth).
+fn pod_authenticated(input: &PublishInput) -> bool {
+    input
+        .volume_context
+        .get(crate::podauth::ATTR_AUTH_SOURCE)
+        .is_some_and(|source| source == "pod")
+}
+
 fn check_prefix(prefix: &str) -> Result<(), String> {
     if !plain(prefix) || !prefix.ends_with('/') || prefix.split('/').any(|p| p == "..") {
         return Err(format!(
@@ -227,7 +290,6 @@ pub fn plan(input: &PublishInput) -> Result<MountPlan, String> {
             return Err(format!("mount option {name} given twice"));
         }
     }
-    let index_of = |name: &str| OPTIONS.iter().position(|(n, _, _)| *n == name).unwrap();
     if let Some(prefix) = context_prefix {
         if chosen.contains_key(&index_of("prefix")) {
             return Err("prefix given both as a volume attribute and a mount option".into());
@@ -246,11 +308,26 @@ pub fn plan(input: &PublishInput) -> Result<MountPlan, String> {
         }
         chosen.insert(index_of("cache-xz"), Some(xz));
     }
-    // The pod's fsGroup owns the files unless the PV names a gid itself.
+    if chosen.contains_key(&index_of("cache")) && pod_authenticated(input) {
+        // The cache keeps blocks by bucket, key and ETag: a daemon that learns an ETag (a listing is enough)
+        // reads the block that another pod's credentials fetched, with no GET on its own.
+        return Err(format!(
+            "mount option cache cannot be used with {}: pod: the daemons of every pod that names the \
+             directory would read what the others' credentials fetched",
+            crate::podauth::ATTR_AUTH_SOURCE
+        ));
+    }
+    // The pod's fsGroup owns the files unless the PV names a gid itself, and may write them.
     if !input.mount_group.is_empty() && !chosen.contains_key(&index_of("gid")) {
         check_value("gid", Kind::Uint, &input.mount_group, input)?;
         chosen.insert(index_of("gid"), Some(input.mount_group.clone()));
+        for (name, mode) in [("dir-mode", GROUP_DIR_MODE), ("file-mode", GROUP_FILE_MODE)] {
+            chosen
+                .entry(index_of(name))
+                .or_insert_with(|| Some(mode.to_string()));
+        }
     }
+    settle_read_only(&mut chosen, input.read_only)?;
     if input.read_only {
         chosen.insert(index_of("read-only"), None);
         chosen.remove(&index_of("ro"));
@@ -352,10 +429,107 @@ mod tests {
                 "--cache-xz",
                 "c--use1-az4--x-s3",
                 "--gid",
-                "3000"
+                "3000",
+                "--dir-mode",
+                "0775",
+                "--file-mode",
+                "0664"
             ]
         );
         assert_eq!(plan.source(), "expressfs:b/train");
+    }
+
+    /// The value `flag` gets on the command line, if it is there.
+    fn value_of<'a>(plan: &'a MountPlan, flag: &str) -> Option<&'a str> {
+        let at = plan.args.iter().position(|a| a == flag)?;
+        plan.args.get(at + 1).map(String::as_str)
+    }
+
+    #[test]
+    fn fs_group_may_write_unless_the_volume_sets_modes() {
+        let mut i = input("b", &["allow-overwrite"]);
+        i.mount_group = "3000".into();
+        let group = plan(&i).unwrap();
+        assert_eq!(value_of(&group, "--gid"), Some("3000"));
+        assert_eq!(value_of(&group, "--dir-mode"), Some("0775"));
+        assert_eq!(value_of(&group, "--file-mode"), Some("0664"));
+        // The volume's own modes win, each on its own.
+        let mut i = input("b", &["dir-mode 0750"]);
+        i.mount_group = "3000".into();
+        let own = plan(&i).unwrap();
+        assert_eq!(value_of(&own, "--dir-mode"), Some("0750"));
+        assert_eq!(value_of(&own, "--file-mode"), Some("0664"));
+        // A PV that names the group itself, or a pod without fsGroup: the daemon's defaults.
+        let mut i = input("b", &["gid=2000"]);
+        i.mount_group = "3000".into();
+        let pv_gid = plan(&i).unwrap();
+        assert_eq!(value_of(&pv_gid, "--gid"), Some("2000"));
+        assert_eq!(value_of(&pv_gid, "--dir-mode"), None);
+        assert_eq!(
+            value_of(&plan(&input("b", &[])).unwrap(), "--file-mode"),
+            None
+        );
+    }
+
+    #[test]
+    fn read_only_publish_of_a_writers_volume_leaves_out_its_write_options() {
+        let flags = [
+            "allow-delete",
+            "allow-overwrite",
+            "incremental-upload",
+            "directory-markers",
+            "preserve-metadata",
+            "region us-east-1",
+        ];
+        let mut i = input("b", &flags);
+        i.read_only = true;
+        assert_eq!(
+            plan(&i).unwrap().args,
+            [
+                "--allow-other",
+                "--read-only",
+                "--preserve-metadata",
+                "--region",
+                "us-east-1"
+            ]
+        );
+        // Read-write, they stay.
+        i.read_only = false;
+        let args = plan(&i).unwrap().args;
+        for flag in [
+            "--allow-delete",
+            "--allow-overwrite",
+            "--incremental-upload",
+            "--directory-markers",
+        ] {
+            assert!(args.iter().any(|a| a == flag), "{flag} missing: {args:?}");
+        }
+        // A PV that asks for read-only and for writes contradicts itself: said before anything starts.
+        for read_only in ["read-only", "ro"] {
+            let err = plan(&input("b", &[read_only, "allow-delete"])).unwrap_err();
+            assert!(
+                err.contains("allow-delete cannot be combined with read-only"),
+                "{err}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_shared_cache_is_refused_with_pod_credentials() {
+        let mut i = input("b", &["cache /var/cache/x"]);
+        assert!(plan(&i).is_ok());
+        i.volume_context
+            .insert(crate::podauth::ATTR_AUTH_SOURCE.into(), "pod".into());
+        let err = plan(&i).unwrap_err();
+        assert!(
+            err.contains("cache cannot be used with authenticationSource: pod"),
+            "{err}"
+        );
+        assert!(plan(&input("b", &[])).is_ok());
+        let mut i = input("b", &[]);
+        i.volume_context
+            .insert(crate::podauth::ATTR_AUTH_SOURCE.into(), "pod".into());
+        assert!(plan(&i).is_ok(), "pod credentials without a cache");
     }
 
     #[test]

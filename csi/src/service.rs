@@ -3,6 +3,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use tokio::sync::Mutex;
 use tonic::{Request, Response, Status};
@@ -26,6 +27,21 @@ pub struct Driver {
     pub launcher: Launcher,
     /// One mount or unmount at a time: kubelet retries freely, and two calls for one target must not race.
     pub lock: Arc<Mutex<()>>,
+    /// When mounts went whose daemons were still finishing their uploads at the end of an unpublish.
+    pub departures: mounts::Departures,
+}
+
+/// kubelet gives a CSI call 2 minutes. An unpublish waits for daemons until this long after the call came
+/// in (it may have waited for the lock first), which leaves room for ending a stuck daemon (7 s) and for the
+/// launcher's cleanup (a systemctl call, 30 s at most).
+const UNPUBLISH_WAIT: Duration = Duration::from_secs(75);
+
+/// Daemons still finishing uploads are a reason to come back, not a failure: kubelet retries Unavailable.
+fn unmount_status(error: mounts::UnmountError) -> Status {
+    match error {
+        mounts::UnmountError::Finishing { .. } => Status::unavailable(error.to_string()),
+        _ => Status::internal(error.to_string()),
+    }
 }
 
 #[tonic::async_trait]
@@ -236,6 +252,7 @@ impl csi::node_server::Node for Arc<Driver> {
         &self,
         request: Request<csi::NodeUnpublishVolumeRequest>,
     ) -> Result<Response<csi::NodeUnpublishVolumeResponse>, Status> {
+        let arrived = Instant::now();
         let req = request.into_inner();
         if req.volume_id.is_empty() || req.target_path.is_empty() {
             return Err(Status::invalid_argument(
@@ -246,8 +263,12 @@ impl csi::node_server::Node for Arc<Driver> {
         let target = mounts::resolved(Path::new(&req.target_path));
         if mounts::mounted_at(&target).is_some() {
             tracing::info!(volume = %req.volume_id, target = %target.display(), "unmounting");
-            mounts::unmount(&target).await.map_err(Status::internal)?;
         }
+        // Also when the mount is gone: a retry finds the daemons of the last call still finishing, and the
+        // launcher's cleanup (SIGKILL for what is left in the mount's cgroup, the pod's token) waits for them.
+        mounts::unmount(&target, &self.departures, arrived + UNPUBLISH_WAIT)
+            .await
+            .map_err(unmount_status)?;
         self.launcher
             .forget(&target)
             .await

@@ -90,6 +90,16 @@ impl Driver {
         Driver { child, socket }
     }
 
+    /// A driver (with --allow-insecure-endpoints) whose environment, and so its daemons', has `env` too.
+    fn start_env(dir: &Path, extra: &[&str], env: &[(&str, &str)]) -> Driver {
+        let (mut cmd, socket) = Driver::command(dir, true, extra);
+        let child = cmd
+            .envs(env.iter().copied())
+            .spawn()
+            .expect("start expressfs-csi");
+        Driver { child, socket }
+    }
+
     fn command(dir: &Path, insecure: bool, extra: &[&str]) -> (Command, PathBuf) {
         let socket = dir.join("csi/csi.sock");
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_expressfs-csi"));
@@ -289,6 +299,9 @@ async fn publish_survives_driver_restart_and_unpublish_leaves_nothing() {
         .prefix("expressfs-csi-")
         .tempdir()
         .unwrap();
+    // A pod's user reaches its volume's mount point, as kubelet's directories let it.
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     let bucket = format!("csi{}--use1-az4--x-s3", std::process::id());
     let emulator = start_emulator(dir.path(), &[&bucket]);
     let endpoint = format!("endpoint-url {}", emulator.endpoint_url());
@@ -387,6 +400,17 @@ async fn publish_survives_driver_restart_and_unpublish_leaves_nothing() {
         .unwrap();
     let meta = std::fs::metadata(rw.join("hello.txt")).unwrap();
     assert_eq!((meta.uid(), meta.gid()), (1000, 2000));
+    // The pod's users are in its fsGroup: they may write, though the files are the PV's uid's.
+    let made = as_pod_user(2000, "echo 'from the pod' > \"$1/by-fs-group.txt\"", &rw);
+    assert!(
+        made.status.success(),
+        "fsGroup member cannot write: {}",
+        String::from_utf8_lossy(&made.stderr)
+    );
+    assert_eq!(
+        std::fs::read(rw.join("by-fs-group.txt")).unwrap(),
+        b"from the pod\n"
+    );
     // A second publish of the same volume is a no-op: still one daemon.
     node.node_publish_volume(request.clone()).await.unwrap();
     assert_eq!(daemons_of(&rw).len(), 1);
@@ -399,16 +423,23 @@ async fn publish_survives_driver_restart_and_unpublish_leaves_nothing() {
     assert_eq!(status.code(), Code::AlreadyExists, "{status:?}");
     assert_eq!(daemons_of(&rw).len(), 1);
 
-    // Read-only volume of the same bucket, another daemon: what it reads came through the emulator.
+    // Read-only volume of the same bucket, another daemon: what it reads came through the emulator. Its PV
+    // is written for writers; the options the daemon refuses next to --read-only are left out.
+    let writers_flags: Vec<String> = [
+        endpoint.as_str(),
+        &format!("region {REGION}"),
+        "allow-delete",
+        "allow-overwrite",
+        "incremental-upload",
+        "directory-markers",
+    ]
+    .map(str::to_string)
+    .to_vec();
     let request = publish_request(
         "pv-ro",
         &ro,
         Some(&bucket),
-        mount_capability(
-            &[endpoint.clone(), format!("region {REGION}")],
-            "",
-            Mode::MultiNodeReaderOnly,
-        ),
+        mount_capability(&writers_flags, "", Mode::MultiNodeReaderOnly),
         true,
     );
     node.node_publish_volume(request).await.unwrap();
@@ -455,6 +486,27 @@ async fn publish_survives_driver_restart_and_unpublish_leaves_nothing() {
                 .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'));
         assert!(exited, "daemon {pid} still running: {stat}");
     }
+}
+
+/// Runs `script` (sh, with `dir` as $1) as a pod's container process would: a user of its own (uid and gid
+/// 3000) whose one supplementary group is the pod's fsGroup.
+fn as_pod_user(fs_group: u32, script: &str, dir: &Path) -> std::process::Output {
+    let mut cmd = Command::new("sh");
+    cmd.args(["-c", script, "sh"]).arg(dir);
+    // SAFETY: only set*id system calls between fork and exec, on memory the closure owns.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut cmd, move || {
+            let groups = [fs_group];
+            if nix::libc::setgroups(1, groups.as_ptr()) != 0
+                || nix::libc::setgid(3000) != 0
+                || nix::libc::setuid(3000) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    cmd.output().unwrap()
 }
 
 fn libc_erofs() -> i32 {
@@ -510,6 +562,113 @@ async fn a_wedged_daemon_stalls_neither_publish_nor_unpublish() {
     .unwrap();
     assert!(!is_mounted(&target));
     assert!(daemons_of(&target).is_empty());
+}
+
+/// Every release the daemons of the next test serve is held back this long (a debug build of expressfs
+/// reads EXPRESSFS_TEST_RELEASE_DELAY_MS): a file closed just before the unpublish keeps its daemon
+/// finishing after the unmount for about this long, as a slow upload would. Within the daemon's own bound
+/// (45 s), and past the 30 s and 10 s after SIGTERM (which a finishing daemon ignores) that unpublish once
+/// waited.
+const SLOW_RELEASE: Duration = Duration::from_secs(44);
+
+/// Whether the daemon that logged to `dir` exited by itself: its summary is the last thing it logs.
+fn exited_in_order(dir: &Path) -> bool {
+    std::fs::read_dir(dir).unwrap().flatten().any(|file| {
+        std::fs::read_to_string(file.path())
+            .unwrap_or_default()
+            .contains("at unmount")
+    })
+}
+
+/// Publishes `request`, closes a file written on it, and gives the daemon a moment to get the release.
+async fn publish_and_close_a_file(
+    node: &mut NodeClient<Channel>,
+    request: csi::NodePublishVolumeRequest,
+) -> PathBuf {
+    let target = PathBuf::from(&request.target_path);
+    let name = format!("{}.bin", request.volume_id);
+    node.node_publish_volume(request).await.unwrap();
+    std::fs::write(target.join(name), b"closed just before the unpublish").unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    target
+}
+
+/// A daemon finishes the uploads of files closed before its unmount (for up to 45 s, ignoring SIGTERM).
+/// Unpublish waits for it rather than giving up and leaving the next call to kill it: the first call waits,
+/// and so does kubelet's retry of a call its deadline cut short, which with the host launcher would once
+/// have killed everything in the mount's cgroup, the finishing daemon with it. Two drivers, so that both
+/// run at once (a driver serves one mount or unmount at a time).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unpublish_waits_for_a_daemon_finishing_its_uploads() {
+    let dir = tempfile::Builder::new()
+        .prefix("expressfs-csi-finish-")
+        .tempdir()
+        .unwrap();
+    let bucket = format!("finish{}--use1-az4--x-s3", std::process::id());
+    let emulator = start_emulator(dir.path(), &[&bucket]);
+    let logs = dir.path().join("logs");
+    let delay = SLOW_RELEASE.as_millis().to_string();
+    let env = [("EXPRESSFS_TEST_RELEASE_DELAY_MS", delay.as_str())];
+    let log_args = ["--daemon-log-directory", logs.to_str().unwrap()];
+    let direct = Driver::start_env(&dir.path().join("direct"), &log_args, &env);
+    let host_dir = dir.path().join("host");
+    let me = std::process::id().to_string();
+    let host_args = [
+        &log_args[..],
+        &[
+            "--launcher",
+            "host",
+            "--host-pid",
+            &me,
+            "--host-directory",
+            host_dir.to_str().unwrap(),
+        ],
+    ]
+    .concat();
+    let host = Driver::start_env(&dir.path().join("host-driver"), &host_args, &env);
+    let first = pod_target(dir.path(), "pv-first");
+    let retried = pod_target(dir.path(), "pv-retried");
+    let _cleanup = Cleanup(vec![first.clone(), retried.clone()]);
+
+    let first_call = async {
+        let mut node = NodeClient::new(direct.connect().await);
+        let request = emulator_volume("pv-first", &first, &bucket, &emulator);
+        let target = publish_and_close_a_file(&mut node, request).await;
+        let started = Instant::now();
+        node.node_unpublish_volume(unpublish_request("pv-first", &target))
+            .await
+            .unwrap();
+        assert!(!is_mounted(&target));
+        assert!(daemons_of(&target).is_empty());
+        assert!(started.elapsed() > SLOW_RELEASE - Duration::from_secs(5));
+        assert!(exited_in_order(&logs.join("pv-first")));
+    };
+    let retry = async {
+        let mut node = NodeClient::new(host.connect().await);
+        let request = emulator_volume("pv-retried", &retried, &bucket, &emulator);
+        let target = publish_and_close_a_file(&mut node, request).await;
+        let mut cut = tonic::Request::new(unpublish_request("pv-retried", &target));
+        cut.set_timeout(Duration::from_secs(2));
+        let status = node.node_unpublish_volume(cut).await.unwrap_err();
+        assert!(
+            matches!(status.code(), Code::Cancelled | Code::DeadlineExceeded),
+            "{status:?}"
+        );
+        assert!(!is_mounted(&target));
+        assert_eq!(daemons_of(&target).len(), 1, "no daemon finishing");
+        node.node_unpublish_volume(unpublish_request("pv-retried", &target))
+            .await
+            .unwrap();
+        assert!(daemons_of(&target).is_empty());
+        assert!(
+            exited_in_order(&logs.join("pv-retried")),
+            "the daemon was killed while it finished"
+        );
+    };
+    tokio::join!(first_call, retry);
+    for dir in own_cgroup_dirs(true) {
+        let _ = std::fs::remove_dir(dir.join("expressfs-csi"));
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -914,9 +1073,7 @@ async fn host_launcher_mounts_survive_the_container_and_a_new_driver_unpublishes
     );
     // The mounts' cgroups are gone (the failed one's already at its failure); their parent stays.
     for target in [&target, &failed] {
-        let digest = sha2::Sha256::digest(target.as_os_str().as_encoded_bytes());
-        let hex: String = digest[..8].iter().map(|b| format!("{b:02x}")).collect();
-        let unit = format!("expressfs-{hex}");
+        let unit = unit_name_of(target);
         assert!(
             unit_cgroups.iter().any(|c| c.ends_with(&unit)) || target == &failed,
             "{unit} is not the daemon's cgroup: {unit_cgroups:?}"
@@ -1219,7 +1376,21 @@ async fn host_launcher_uses_systemd_run_where_the_host_has_systemd() {
     std::fs::create_dir_all(stale.parent().unwrap()).unwrap();
     std::fs::write(&stale, format!("AWS_SECRET_ACCESS_KEY=\"{SECRET_KEY}\"\n")).unwrap();
     let host_pid_arg = host_pid.to_string();
-    let driver = Driver::start_host(dir.path(), &host_pid_arg, &host_dir);
+    let logs = dir.path().join("logs");
+    let driver = Driver::start_with(
+        dir.path(),
+        true,
+        &[
+            "--launcher",
+            "host",
+            "--host-pid",
+            &host_pid_arg,
+            "--host-directory",
+            host_dir.to_str().unwrap(),
+            "--daemon-log-directory",
+            logs.to_str().unwrap(),
+        ],
+    );
     let mut node = NodeClient::new(driver.connect().await);
     let target = pod_target(&kubelet.0, "pv-unit");
     let _cleanup = Cleanup(vec![target.clone()]);
@@ -1231,7 +1402,14 @@ async fn host_launcher_uses_systemd_run_where_the_host_has_systemd() {
     let argv = std::fs::read_to_string(&recorded).unwrap();
     let argv: Vec<&str> = argv.lines().collect();
     assert!(argv[0].starts_with("--unit=expressfs-"), "{argv:?}");
-    for want in ["--collect", "--property=Type=forking"] {
+    // Stopped before the network at shutdown, and given the time the daemon's last uploads take.
+    for want in [
+        "--collect",
+        "--property=Type=forking",
+        "--property=After=network-online.target",
+        "--property=Wants=network-online.target",
+        "--property=TimeoutStopSec=60",
+    ] {
         assert!(argv.contains(&want), "{want} missing: {argv:?}");
     }
     assert_eq!(argv.last(), Some(&target.to_str().unwrap()));
@@ -1263,6 +1441,26 @@ async fn host_launcher_uses_systemd_run_where_the_host_has_systemd() {
     let calls = std::fs::read_to_string(&host.systemctl_calls).unwrap();
     assert_eq!(calls.lines().last(), Some(format!("stop {unit}").as_str()));
     assert_eq!(calls.lines().count(), 2, "{calls}");
+
+    // A unit that fails points at the daemon's log: its start-up errors in the unit's journal, the rest in
+    // the directory the driver gave it.
+    let missing = pod_target(&kubelet.0, "pv-missing");
+    let request = emulator_volume("pv-missing", &missing, "missing--use1-az4--x-s3", &emulator);
+    let status = node.node_publish_volume(request).await.unwrap_err();
+    assert_eq!(status.code(), Code::Internal, "{status:?}");
+    let hint = format!(
+        "journalctl -u {} has the daemon's start-up errors and {} its log",
+        unit_name_of(&missing),
+        logs.join("pv-missing").display()
+    );
+    assert!(status.message().contains(&hint), "{status:?}");
+}
+
+/// The driver's name for the unit (and cgroup) of the mount at `target`.
+fn unit_name_of(target: &Path) -> String {
+    let digest = sha2::Sha256::digest(target.as_os_str().as_encoded_bytes());
+    let hex: String = digest[..8].iter().map(|b| format!("{b:02x}")).collect();
+    format!("expressfs-{hex}")
 }
 
 /// A host whose systemd is older than `systemd-run --collect` and transient EnvironmentFile= (Amazon Linux 2
