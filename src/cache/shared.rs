@@ -165,8 +165,7 @@ impl SharedCache {
                     counters.fills.fetch_add(1, Ordering::Relaxed);
                     true
                 }
-                // Another mount filled it first (or is filling it right now).
-                Err(e) if e.is_lost_race() => true,
+                Err(ClientError::PreconditionFailed { .. }) => true,
                 Err(e) => {
                     if counters.errors.fetch_add(1, Ordering::Relaxed) == 0 {
                         warn!(error = %e, "shared cache write failed; reads continue from the source");

@@ -132,7 +132,7 @@ impl FsError {
         let key = || key.to_string();
         match source {
             ClientError::NotFound { .. } => FsError::NotFound,
-            ref e if e.is_lost_race() => FsError::ObjectChanged { key: key() },
+            ClientError::PreconditionFailed { .. } => FsError::ObjectChanged { key: key() },
             ClientError::AccessDenied { .. } | ClientError::NoCredentials(_) => {
                 FsError::AccessDenied { key: key(), source }
             }
@@ -192,16 +192,6 @@ mod tests {
         ));
         assert!(matches!(
             FsError::client("k", ClientError::PreconditionFailed { key: "k".into() }),
-            FsError::ObjectChanged { .. }
-        ));
-        assert!(matches!(
-            FsError::client(
-                "k",
-                ClientError::Conflict {
-                    key: "k".into(),
-                    message: "racing write".into()
-                }
-            ),
             FsError::ObjectChanged { .. }
         ));
         assert!(matches!(

@@ -64,16 +64,6 @@ pub enum ClientError {
 }
 
 impl ClientError {
-    /// A conditional write (or copy) that lost to another write of its key. S3 answers a loser 412 when the
-    /// other write had finished before its condition was checked, and 409 ConditionalRequestConflict when it
-    /// landed while this one was under way; either way the key now holds something this write did not expect.
-    pub fn is_lost_race(&self) -> bool {
-        matches!(
-            self,
-            ClientError::PreconditionFailed { .. } | ClientError::Conflict { .. }
-        )
-    }
-
     /// The service error code for logs ("NoSuchKey", "SlowDown", ...).
     pub fn code(&self) -> &str {
         match self {

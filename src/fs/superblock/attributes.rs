@@ -9,7 +9,7 @@ use super::Superblock;
 use crate::fs::attrs::StoredAttrs;
 use crate::fs::inode::{Kind, Stat};
 use crate::fs::{FsError, FsResult};
-use crate::s3::ObjectInfo;
+use crate::s3::{ClientError, ObjectInfo};
 
 impl Superblock {
     /// Writes `change` over the attributes stored with the closed file `ino`. The current metadata (other
@@ -58,8 +58,8 @@ impl Superblock {
             {
                 Ok(put) => break (asked, info, attrs, metadata, put),
                 // Replaced since our own copy: what is there now is asked for, as for any other version.
-                Err(e) if e.is_lost_race() && known => continue,
-                Err(e) if e.is_lost_race() => {
+                Err(ClientError::PreconditionFailed { .. }) if known => continue,
+                Err(e @ ClientError::PreconditionFailed { .. }) => {
                     warn!(
                         key,
                         "attributes not stored: the object was replaced meanwhile"

@@ -365,7 +365,7 @@ async fn move_object(
         .await;
     let copied = match pinned {
         // Either side refused: without the pin, a refusal is the destination's.
-        Err(e) if e.is_lost_race() && pin.is_some() => {
+        Err(ClientError::PreconditionFailed { .. }) if pin.is_some() => {
             client
                 .copy_object(key, None, destination, condition)
                 .await
@@ -401,8 +401,7 @@ async fn make_markers_anew(
             .put_object(&destination, Bytes::new(), WriteCondition::IfNoneMatch)
             .await
         {
-            Ok(_) => {}
-            Err(e) if e.is_lost_race() => {}
+            Ok(_) | Err(ClientError::PreconditionFailed { .. }) => {}
             Err(e) => return Err(FsError::client(&destination, e)),
         }
     }

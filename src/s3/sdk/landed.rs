@@ -45,7 +45,11 @@ impl Intercept for Attempts {
 
 /// What a retried write's refusal may stand for: its own earlier attempt, landed.
 pub(super) fn may_be_own_write(e: &ClientError, attempts: &Attempts) -> bool {
-    attempts.retried() && (e.is_lost_race() || matches!(e, ClientError::InvalidWriteOffset { .. }))
+    attempts.retried()
+        && matches!(
+            e,
+            ClientError::PreconditionFailed { .. } | ClientError::InvalidWriteOffset { .. }
+        )
 }
 
 impl SdkClient {

@@ -15,6 +15,7 @@ use aws_sdk_s3::types::{
 };
 use bytes::Bytes;
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
+use tracing::warn;
 
 use super::landed::{Attempts, may_be_own_write};
 use super::{SdkClient, non_negative};
@@ -139,25 +140,27 @@ impl SdkClient {
         let checksum = body_checksum(self.config.upload_checksum, &body);
         let attempts = Attempts::default();
         let put = self
-            .run(|client| {
-                let request = client
-                    .put_object()
-                    .bucket(&self.config.bucket)
-                    .key(key)
-                    .set_metadata(sdk_metadata(metadata))
-                    .set_content_type(content_type(self.config.infer_content_type, key))
-                    .body(ByteStream::from(body.clone()));
-                let request = with_object_settings!(request, &self.config);
-                let request = with_condition!(with_checksum!(request, &checksum), &condition);
-                let request = customize_upload!(request, checksum, self.upload_timeouts())
-                    .interceptor(attempts.clone());
-                async move {
-                    let out = request.send().await.map_err(self.map_err(key))?;
-                    Ok(PutResult {
-                        etag: required_etag(out.e_tag(), "PutObject", key)?,
-                        size: Some(size),
-                    })
-                }
+            .again_after_conflict(|| {
+                self.run(|client| {
+                    let request = client
+                        .put_object()
+                        .bucket(&self.config.bucket)
+                        .key(key)
+                        .set_metadata(sdk_metadata(metadata))
+                        .set_content_type(content_type(self.config.infer_content_type, key))
+                        .body(ByteStream::from(body.clone()));
+                    let request = with_object_settings!(request, &self.config);
+                    let request = with_condition!(with_checksum!(request, &checksum), &condition);
+                    let request = customize_upload!(request, checksum, self.upload_timeouts())
+                        .interceptor(attempts.clone());
+                    async move {
+                        let out = request.send().await.map_err(self.map_err(key))?;
+                        Ok(PutResult {
+                            etag: required_etag(out.e_tag(), "PutObject", key)?,
+                            size: Some(size),
+                        })
+                    }
+                })
             })
             .await;
         match put {
@@ -390,24 +393,26 @@ impl SdkClient {
     ) -> Result<PutResult, ClientError> {
         let source = copy_source(&self.config.bucket, source_key);
         let result = self
-            .run(|client| {
-                let request = client
-                    .copy_object()
-                    .bucket(&self.config.bucket)
-                    .key(destination_key)
-                    .copy_source(source.clone())
-                    .set_copy_source_if_match(source_if_match.map(str::to_string));
-                let request = with_object_settings!(request, &self.config);
-                let request = with_condition!(request, &condition);
-                let request = request.customize().config_override(self.upload_timeouts());
-                async move {
-                    let out = request.send().await.map_err(self.map_err(source_key))?;
-                    let etag = out.copy_object_result().and_then(|r| r.e_tag());
-                    Ok(PutResult {
-                        etag: required_etag(etag, "CopyObject", destination_key)?,
-                        size: None,
-                    })
-                }
+            .again_after_conflict(|| {
+                self.run(|client| {
+                    let request = client
+                        .copy_object()
+                        .bucket(&self.config.bucket)
+                        .key(destination_key)
+                        .copy_source(source.clone())
+                        .set_copy_source_if_match(source_if_match.map(str::to_string));
+                    let request = with_object_settings!(request, &self.config);
+                    let request = with_condition!(request, &condition);
+                    let request = request.customize().config_override(self.upload_timeouts());
+                    async move {
+                        let out = request.send().await.map_err(self.map_err(source_key))?;
+                        let etag = out.copy_object_result().and_then(|r| r.e_tag());
+                        Ok(PutResult {
+                            etag: required_etag(etag, "CopyObject", destination_key)?,
+                            size: None,
+                        })
+                    }
+                })
             })
             .await;
         // A 412 does not say which side refused: name the source only when it alone had a condition.
@@ -430,31 +435,58 @@ impl SdkClient {
         if_match: &str,
     ) -> Result<PutResult, ClientError> {
         let source = copy_source(&self.config.bucket, key);
-        self.run(|client| {
-            // The source is the destination: its If-Match pins the object whose metadata we replace.
-            let request = client
-                .copy_object()
-                .bucket(&self.config.bucket)
-                .key(key)
-                .copy_source(source.clone())
-                .copy_source_if_match(if_match)
-                .metadata_directive(MetadataDirective::Replace)
-                .set_metadata(sdk_metadata(metadata))
-                // Replacing the metadata replaces the Content-Type too.
-                .set_content_type(content_type(self.config.infer_content_type, key));
-            let request = with_object_settings!(request, &self.config)
-                .customize()
-                .config_override(self.upload_timeouts());
-            async move {
-                let out = request.send().await.map_err(self.map_err(key))?;
-                let etag = out.copy_object_result().and_then(|r| r.e_tag());
-                Ok(PutResult {
-                    etag: required_etag(etag, "CopyObject", key)?,
-                    size: None,
-                })
-            }
+        self.again_after_conflict(|| {
+            self.run(|client| {
+                // The source is the destination: its If-Match pins the object whose metadata we replace.
+                let request = client
+                    .copy_object()
+                    .bucket(&self.config.bucket)
+                    .key(key)
+                    .copy_source(source.clone())
+                    .copy_source_if_match(if_match)
+                    .metadata_directive(MetadataDirective::Replace)
+                    .set_metadata(sdk_metadata(metadata))
+                    // Replacing the metadata replaces the Content-Type too.
+                    .set_content_type(content_type(self.config.infer_content_type, key));
+                let request = with_object_settings!(request, &self.config)
+                    .customize()
+                    .config_override(self.upload_timeouts());
+                async move {
+                    let out = request.send().await.map_err(self.map_err(key))?;
+                    let etag = out.copy_object_result().and_then(|r| r.e_tag());
+                    Ok(PutResult {
+                        etag: required_etag(etag, "CopyObject", key)?,
+                        size: None,
+                    })
+                }
+            })
         })
         .await
+    }
+
+    /// Sends a conditional PutObject or CopyObject again after a 409 ConditionalRequestConflict, as the API
+    /// references advise: another operation on the key ran while it was under way, which says nothing about
+    /// who holds the key now (a delete may have raced it). The condition is checked anew, so a write that
+    /// really lost gets its 412 then.
+    async fn again_after_conflict<T, Fut>(&self, send: impl Fn() -> Fut) -> Result<T, ClientError>
+    where
+        Fut: std::future::Future<Output = Result<T, ClientError>>,
+    {
+        const TRIES: u32 = 4;
+        let mut tries = 1;
+        loop {
+            match send().await {
+                Err(ClientError::Conflict { key, .. }) if tries < TRIES => {
+                    tries += 1;
+                    warn!(
+                        key,
+                        tries, "conditional write raced by another operation; sending it again"
+                    );
+                    tokio::time::sleep(super::backoff_delay(tries)).await;
+                }
+                done => return done,
+            }
+        }
     }
 
     pub(super) async fn rename(
