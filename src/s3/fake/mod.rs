@@ -47,6 +47,9 @@ struct Upload {
 struct State {
     objects: BTreeMap<String, Stored>,
     uploads: HashMap<String, Upload>,
+    /// Completed uploads: (upload id, key, the parts asked for as (number, ETag)) and what completing gave. As
+    /// S3 answers, a Complete sent again with the same parts gets the same result.
+    completed: HashMap<(String, String), (Vec<(i32, String)>, PutResult)>,
 }
 
 pub struct FakeClient {
@@ -345,11 +348,19 @@ impl FakeClient {
         condition: &WriteCondition,
     ) -> Result<PutResult, ClientError> {
         let mut state = self.state();
-        let upload = state
-            .uploads
-            .get(upload_id)
-            .filter(|u| u.key == key)
-            .ok_or_else(|| ClientError::UploadGone { key: key.into() })?;
+        let asked: Vec<(i32, String)> = parts
+            .iter()
+            .map(|p| (p.part_number, p.etag.trim_matches('"').to_string()))
+            .collect();
+        let Some(upload) = state.uploads.get(upload_id).filter(|u| u.key == key) else {
+            return match state
+                .completed
+                .get(&(upload_id.to_string(), key.to_string()))
+            {
+                Some((done, result)) if *done == asked => Ok(result.clone()),
+                _ => Err(ClientError::UploadGone { key: key.into() }),
+            };
+        };
         let mut data = Vec::new();
         for (i, p) in parts.iter().enumerate() {
             if i > 0 && p.part_number <= parts[i - 1].part_number {
@@ -373,7 +384,12 @@ impl FakeClient {
             .remove(upload_id)
             .map(|u| u.metadata)
             .unwrap_or_default();
-        Ok(self.store(&mut state, key, Bytes::from(data), metadata))
+        let result = self.store(&mut state, key, Bytes::from(data), metadata);
+        state.completed.insert(
+            (upload_id.to_string(), key.to_string()),
+            (asked, result.clone()),
+        );
+        Ok(result)
     }
 
     fn rename(
@@ -406,8 +422,8 @@ impl FakeClient {
                 other => other,
             })?;
         if source_key != destination_key {
-            let mut moved = state.objects.remove(source_key).expect("checked above");
-            moved.modified = SystemTime::now();
+            // RenameObject moves the object as it is, its last-modified date included.
+            let moved = state.objects.remove(source_key).expect("checked above");
             state.objects.insert(destination_key.into(), moved);
         }
         Ok(())
