@@ -812,8 +812,8 @@ fn a_write_whose_answer_was_lost_is_recognised_as_landed() {
     );
 }
 
-/// CopyObject and UploadPartCopy can fail after their 200 was sent, with the error in the body (their API
-/// references). A rename on a general-purpose bucket (a copy, then a delete) answered so fails, and keeps the
+/// CopyObject can fail after its 200 was sent, with the error in the body (its API reference). A rename on a
+/// general-purpose bucket (a copy, then a delete; one CopyObject up to 5 GB) answered so fails, and keeps the
 /// file under its old name: the copy never happened, so the source must not be deleted.
 #[test]
 fn a_copy_that_failed_inside_a_200_keeps_the_source() {
@@ -839,4 +839,34 @@ fn a_copy_that_failed_inside_a_200_keeps_the_source() {
         );
         assert!(get(&emu, &bucket, "moved.bin").is_none(), "{name}");
     }
+}
+
+/// The other side of the read-back: a write whose first attempt went unanswered without landing, refused on
+/// its retry because another client made the object meanwhile, is not taken for our own: the close fails and
+/// the other client's object stays.
+#[test]
+fn a_retried_write_refused_for_someone_elses_object_still_fails() {
+    let (bucket, emu) = own_emulator(true, "notours");
+    let mount = Mount::on(
+        &emu,
+        &bucket,
+        &["--metadata-ttl", "60", "--negative-metadata-ttl", "60"],
+    );
+    let path = mount.path().join("k.txt");
+    assert_eq!(common::errno_of(std::fs::metadata(&path)), libc::ENOENT);
+    // Another client makes the name the mount still remembers as missing.
+    put(&emu, &bucket, "k.txt", b"theirs".to_vec());
+    // Our upload's first attempt is dropped before it is carried out; a later attempt gets the 412.
+    let body = faults_json(0.5, 3, &["PutObject"], &["reset-before-body"]);
+    let (status, answer) = admin_post(&emu, "/_emulator/faults", &body);
+    assert_eq!(status, 200, "{answer}");
+    let mut f = std::fs::File::create(&path).unwrap();
+    f.write_all(b"ours!!").unwrap();
+    let synced = f.sync_all();
+    drop(f);
+    let (_, report) = admin_get(&emu, "/_emulator/faults");
+    set_faults(&emu, 0.0, 0, &[], &[]);
+    assert!(report.contains("reset-before-body"), "{report}");
+    assert_eq!(common::errno_of(synced), libc::EIO);
+    assert_eq!(get(&emu, &bucket, "k.txt").unwrap(), b"theirs");
 }

@@ -467,6 +467,8 @@ async fn append(state: &Arc<State>, ctx: &Ctx, body: Incoming, offset: u64) -> A
     let meta = crate::meta::from_request(&ctx.headers)?;
     let (tmp, received, _) = receive_verified(state, ctx, body, "append", true).await?;
     if received.size == 0 {
+        // Not yet a blob, whose drop would remove its file.
+        let _ = std::fs::remove_file(&tmp);
         return Err(S3Error::invalid_request(
             "Request body cannot be empty when 'write offset' is specified.",
         ));

@@ -2,12 +2,14 @@
 //! reset, a timeout); if the first attempt had landed, a conditional write's next attempt is refused (its
 //! If-None-Match or If-Match no longer holds; an append's offset has moved on), and the caller would report
 //! a failure for bytes that are in the bucket. Before such a refusal is passed on, the object is read back:
-//! when it holds exactly the bytes written, where they were written, the write is taken as done.
+//! when it holds exactly the bytes written, where they were written, the write is taken as done. Only after
+//! an attempt that got no answer at all (an attempt answered 500 or 503 did not land), and never for an empty
+//! body, which says nothing about who wrote it (a marker, an empty lock file made with O_EXCL).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use aws_sdk_s3::config::interceptors::BeforeTransmitInterceptorContextRef;
+use aws_sdk_s3::config::interceptors::FinalizerInterceptorContextRef;
 use aws_sdk_s3::config::{ConfigBag, Intercept, RuntimeComponents};
 use aws_sdk_s3::error::BoxError;
 use bytes::Bytes;
@@ -16,14 +18,14 @@ use tracing::info;
 use super::SdkClient;
 use crate::s3::{ClientError, ObjectClient, PutResult};
 
-/// Counts the attempts of one request (interceptor added to that request only).
+/// Counts the attempts of one request that got no answer (interceptor added to that request only).
 #[derive(Debug, Clone, Default)]
 pub(super) struct Attempts(Arc<AtomicU32>);
 
 impl Attempts {
-    /// More than one attempt was sent: an earlier one may have landed unseen.
-    pub(super) fn retried(&self) -> bool {
-        self.0.load(Ordering::Relaxed) > 1
+    /// An attempt went unanswered (its connection dropped, or it timed out): it may have landed unseen.
+    pub(super) fn went_unanswered(&self) -> bool {
+        self.0.load(Ordering::Relaxed) > 0
     }
 }
 
@@ -32,20 +34,22 @@ impl Intercept for Attempts {
         "expressfs::Attempts"
     }
 
-    fn read_before_attempt(
+    fn read_after_attempt(
         &self,
-        _context: &BeforeTransmitInterceptorContextRef<'_>,
+        context: &FinalizerInterceptorContextRef<'_>,
         _runtime_components: &RuntimeComponents,
         _cfg: &mut ConfigBag,
     ) -> Result<(), BoxError> {
-        self.0.fetch_add(1, Ordering::Relaxed);
+        if context.response().is_none() {
+            self.0.fetch_add(1, Ordering::Relaxed);
+        }
         Ok(())
     }
 }
 
 /// What a retried write's refusal may stand for: its own earlier attempt, landed.
 pub(super) fn may_be_own_write(e: &ClientError, attempts: &Attempts) -> bool {
-    attempts.retried()
+    attempts.went_unanswered()
         && matches!(
             e,
             ClientError::PreconditionFailed { .. } | ClientError::InvalidWriteOffset { .. }
@@ -62,6 +66,9 @@ impl SdkClient {
         body: &Bytes,
         refused: ClientError,
     ) -> Result<PutResult, ClientError> {
+        if body.is_empty() {
+            return Err(refused);
+        }
         let end = offset + body.len() as u64;
         let Ok(info) = ObjectClient::head_object(self, key).await else {
             return Err(refused);
@@ -69,11 +76,9 @@ impl SdkClient {
         if info.size != end {
             return Err(refused);
         }
-        if !body.is_empty() {
-            match self.get_range(key, offset..end, Some(&info.etag)).await {
-                Ok(there) if there == *body => {}
-                _ => return Err(refused),
-            }
+        match self.get_range(key, offset..end, Some(&info.etag)).await {
+            Ok(there) if there == *body => {}
+            _ => return Err(refused),
         }
         info!(
             key,
