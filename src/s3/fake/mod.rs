@@ -49,8 +49,11 @@ struct State {
     uploads: HashMap<String, Upload>,
     /// Completed uploads: (upload id, key, the parts asked for as (number, ETag)) and what completing gave. As
     /// S3 answers, a Complete sent again with the same parts gets the same result.
-    completed: HashMap<(String, String), (Vec<(i32, String)>, PutResult)>,
+    completed: HashMap<(String, String), CompletedUpload>,
 }
+
+/// The parts a completed upload was completed with, as (number, ETag), and what completing gave.
+type CompletedUpload = (Vec<(i32, String)>, PutResult);
 
 pub struct FakeClient {
     bucket: String,
