@@ -870,3 +870,46 @@ fn a_retried_write_refused_for_someone_elses_object_still_fails() {
     assert_eq!(common::errno_of(synced), libc::EIO);
     assert_eq!(get(&emu, &bucket, "k.txt").unwrap(), b"theirs");
 }
+
+/// Copies whose answers were lost. On a general-purpose bucket, a rename's conditional copy refused on its
+/// retry is taken as landed when the destination is the source as it is (so the rename completes instead of
+/// answering EEXIST with the object under both names). On a directory bucket, where a copy gives the object a
+/// new ETag, a chmod's metadata copy refused on its retry (its source If-Match no longer holds) is taken as
+/// landed when the object carries exactly the metadata sent.
+#[test]
+fn a_copy_whose_answer_was_lost_is_recognised_as_landed() {
+    use std::os::unix::fs::PermissionsExt;
+    for directory in [false, true] {
+        let (bucket, emu) = own_emulator(directory, "lostcopy");
+        put(&emu, &bucket, "a.bin", pattern(12, 5000));
+        // (Nothing trusted without asking: the chmod reads the metadata it copies from a HEAD.)
+        let args = ["--preserve-metadata", "--metadata-ttl", "minimal"];
+        let mount = Mount::on(&emu, &bucket, &args);
+        assert!(mount.path().join("a.bin").exists());
+        fault_only(&emu, &["CopyObject"], &["lost-answer"]);
+        let name = if directory {
+            "a.bin"
+        } else {
+            std::fs::rename(mount.path().join("a.bin"), mount.path().join("b.bin")).unwrap();
+            "b.bin"
+        };
+        let mode = std::fs::Permissions::from_mode(0o600);
+        std::fs::set_permissions(mount.path().join(name), mode).unwrap();
+        let (_, report) = admin_get(&emu, "/_emulator/faults");
+        set_faults(&emu, 0.0, 0, &[], &[]);
+        let lost = if directory {
+            "\"count\":1"
+        } else {
+            "\"count\":2"
+        };
+        assert!(report.contains(lost), "{report}");
+        if !directory {
+            assert!(get(&emu, &bucket, "a.bin").is_none());
+        }
+        assert_eq!(get(&emu, &bucket, name).unwrap(), pattern(12, 5000));
+        drop(mount);
+        let again = Mount::on(&emu, &bucket, &args);
+        let shown = std::fs::metadata(again.path().join(name)).unwrap();
+        assert_eq!(shown.permissions().mode() & 0o777, 0o600, "{name}");
+    }
+}

@@ -16,7 +16,7 @@ use bytes::Bytes;
 use tracing::info;
 
 use super::SdkClient;
-use crate::s3::{ClientError, ObjectClient, PutResult};
+use crate::s3::{ClientError, ObjectClient, PutResult, UserMetadata};
 
 /// Counts the attempts of one request that got no answer (interceptor added to that request only).
 #[derive(Debug, Clone, Default)]
@@ -89,6 +89,62 @@ impl SdkClient {
         Ok(PutResult {
             etag: info.etag,
             size: Some(end),
+        })
+    }
+
+    /// A copy refused on its retry: landed if the destination is now the source as it is (same size and
+    /// ETag; on a general-purpose bucket a copy of an object made in one PUT keeps its MD5 ETag; otherwise
+    /// the refusal stands).
+    pub(super) async fn copy_landed_or(
+        &self,
+        source_key: &str,
+        destination_key: &str,
+        refused: ClientError,
+    ) -> Result<PutResult, ClientError> {
+        let (Ok(source), Ok(there)) = (
+            ObjectClient::head_object(self, source_key).await,
+            ObjectClient::head_object(self, destination_key).await,
+        ) else {
+            return Err(refused);
+        };
+        if there.size != source.size || there.etag != source.etag {
+            return Err(refused);
+        }
+        info!(
+            source_key,
+            destination_key,
+            "a copy refused on its retry had landed with its first attempt, whose answer was lost"
+        );
+        Ok(PutResult {
+            etag: there.etag,
+            size: Some(there.size),
+        })
+    }
+
+    /// A metadata replacement refused on its retry: landed if the object now carries exactly `metadata`.
+    pub(super) async fn metadata_landed_or(
+        &self,
+        key: &str,
+        metadata: &UserMetadata,
+        refused: ClientError,
+    ) -> Result<PutResult, ClientError> {
+        let Ok(there) = ObjectClient::head_object(self, key).await else {
+            return Err(refused);
+        };
+        let ours: UserMetadata = metadata
+            .iter()
+            .map(|(k, v)| (k.to_ascii_lowercase(), v.clone()))
+            .collect();
+        if metadata.is_empty() || there.metadata != ours {
+            return Err(refused);
+        }
+        info!(
+            key,
+            "a metadata copy refused on its retry had landed with its first attempt, whose answer was lost"
+        );
+        Ok(PutResult {
+            etag: there.etag,
+            size: Some(there.size),
         })
     }
 }

@@ -392,6 +392,7 @@ impl SdkClient {
         condition: WriteCondition,
     ) -> Result<PutResult, ClientError> {
         let source = copy_source(&self.config.bucket, source_key);
+        let attempts = Attempts::default();
         let result = self
             .again_after_conflict(|| {
                 self.run(|client| {
@@ -403,7 +404,10 @@ impl SdkClient {
                         .set_copy_source_if_match(source_if_match.map(str::to_string));
                     let request = with_object_settings!(request, &self.config);
                     let request = with_condition!(request, &condition);
-                    let request = request.customize().config_override(self.upload_timeouts());
+                    let request = request
+                        .customize()
+                        .config_override(self.upload_timeouts())
+                        .interceptor(attempts.clone());
                     async move {
                         let out = request.send().await.map_err(self.map_err(source_key))?;
                         let etag = out.copy_object_result().and_then(|r| r.e_tag());
@@ -415,6 +419,14 @@ impl SdkClient {
                 })
             })
             .await;
+        let result = match result {
+            Err(e @ ClientError::PreconditionFailed { .. })
+                if condition != WriteCondition::None && attempts.went_unanswered() =>
+            {
+                self.copy_landed_or(source_key, destination_key, e).await
+            }
+            result => result,
+        };
         // A 412 does not say which side refused: name the source only when it alone had a condition.
         let refused = match (source_if_match, &condition) {
             (Some(_), WriteCondition::None) => source_key,
@@ -435,33 +447,42 @@ impl SdkClient {
         if_match: &str,
     ) -> Result<PutResult, ClientError> {
         let source = copy_source(&self.config.bucket, key);
-        self.again_after_conflict(|| {
-            self.run(|client| {
-                // The source is the destination: its If-Match pins the object whose metadata we replace.
-                let request = client
-                    .copy_object()
-                    .bucket(&self.config.bucket)
-                    .key(key)
-                    .copy_source(source.clone())
-                    .copy_source_if_match(if_match)
-                    .metadata_directive(MetadataDirective::Replace)
-                    .set_metadata(sdk_metadata(metadata))
-                    // Replacing the metadata replaces the Content-Type too.
-                    .set_content_type(content_type(self.config.infer_content_type, key));
-                let request = with_object_settings!(request, &self.config)
-                    .customize()
-                    .config_override(self.upload_timeouts());
-                async move {
-                    let out = request.send().await.map_err(self.map_err(key))?;
-                    let etag = out.copy_object_result().and_then(|r| r.e_tag());
-                    Ok(PutResult {
-                        etag: required_etag(etag, "CopyObject", key)?,
-                        size: None,
-                    })
-                }
+        let attempts = Attempts::default();
+        let replaced = self
+            .again_after_conflict(|| {
+                self.run(|client| {
+                    // The source is the destination: its If-Match pins the object whose metadata we replace.
+                    let request = client
+                        .copy_object()
+                        .bucket(&self.config.bucket)
+                        .key(key)
+                        .copy_source(source.clone())
+                        .copy_source_if_match(if_match)
+                        .metadata_directive(MetadataDirective::Replace)
+                        .set_metadata(sdk_metadata(metadata))
+                        // Replacing the metadata replaces the Content-Type too.
+                        .set_content_type(content_type(self.config.infer_content_type, key));
+                    let request = with_object_settings!(request, &self.config)
+                        .customize()
+                        .config_override(self.upload_timeouts())
+                        .interceptor(attempts.clone());
+                    async move {
+                        let out = request.send().await.map_err(self.map_err(key))?;
+                        let etag = out.copy_object_result().and_then(|r| r.e_tag());
+                        Ok(PutResult {
+                            etag: required_etag(etag, "CopyObject", key)?,
+                            size: None,
+                        })
+                    }
+                })
             })
-        })
-        .await
+            .await;
+        match replaced {
+            Err(e @ ClientError::PreconditionFailed { .. }) if attempts.went_unanswered() => {
+                self.metadata_landed_or(key, metadata, e).await
+            }
+            replaced => replaced,
+        }
     }
 
     /// Sends a conditional PutObject or CopyObject again after a 409 ConditionalRequestConflict, as the API
