@@ -122,10 +122,13 @@ impl MountCgroup {
         for dir in &self.dirs {
             for level in [dir.parent().unwrap_or(dir), dir.as_path()] {
                 match std::fs::create_dir(level) {
-                    Ok(()) => inherit_cpuset(level)?,
+                    Ok(()) => {}
                     Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
                     Err(e) => return Err(format!("creating cgroup {}: {e}", level.display())),
                 }
+                // Also when it was there: the shared parent may be one another mount's start has just made
+                // and not filled in yet.
+                inherit_cpuset(level)?;
             }
         }
         Ok(())

@@ -143,7 +143,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         allow_insecure_endpoints: args.allow_insecure_endpoints,
         cache_roots: args.cache_roots,
         daemon_log_directory: args.daemon_log_directory,
-        lock: Default::default(),
+        targets: Default::default(),
         departures: Default::default(),
     });
 

@@ -3,7 +3,7 @@
 //! file. The one thing remembered between calls is when a mount went while its daemon still ran
 //! ([`Departures`]), and a driver without that memory counts from when it first looks.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -100,18 +100,56 @@ pub enum Health {
     Silent,
 }
 
-/// Stats `target` without letting a hung daemon hang the caller (and with it every CSI call, since
-/// publish and unpublish share one lock).
+/// A stat of a mount point that has not answered yet.
+#[derive(Clone)]
+struct Probe {
+    started: Instant,
+    answer: tokio::sync::watch::Receiver<Option<bool>>,
+}
+
+/// The probes in flight, by target. A stat stuck in a wedged daemon returns only when the mount goes away:
+/// later probes of the target wait for that one instead of leaving a stuck thread each.
+static PROBES: std::sync::Mutex<BTreeMap<PathBuf, Probe>> = std::sync::Mutex::new(BTreeMap::new());
+
+fn probes() -> std::sync::MutexGuard<'static, BTreeMap<PathBuf, Probe>> {
+    PROBES.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Stats `target` without letting a hung daemon hang the caller (and with it every later call for the
+/// target).
 pub async fn health(target: &Path) -> Health {
-    let path = target.to_path_buf();
-    let (answer, answered) = tokio::sync::oneshot::channel();
-    // A thread of its own, not the runtime's blocking pool: a stat stuck in a wedged daemon returns only
-    // when the mount goes away.
-    std::thread::spawn(move || {
-        let _ = answer.send(std::fs::metadata(&path).is_ok());
-    });
-    match tokio::time::timeout(ANSWER_TIMEOUT, answered).await {
-        Ok(Ok(true)) => Health::Answers,
+    let probe = {
+        let mut in_flight = probes();
+        match in_flight.get(target) {
+            Some(probe) => probe.clone(),
+            None => {
+                let (answer, answered) = tokio::sync::watch::channel(None);
+                let path = target.to_path_buf();
+                // A thread of its own, not the runtime's blocking pool, which a stuck stat would keep. It
+                // takes its entry out (before it answers, so a later probe stats again rather than take an
+                // old answer) only once this call has put it in and let go of the map.
+                std::thread::Builder::new()
+                    .name("expressfs-probe".into())
+                    .spawn(move || {
+                        let answers = std::fs::metadata(&path).is_ok();
+                        probes().remove(&path);
+                        let _ = answer.send(Some(answers));
+                    })
+                    .expect("starting a probe thread");
+                let probe = Probe {
+                    started: Instant::now(),
+                    answer: answered,
+                };
+                in_flight.insert(target.to_path_buf(), probe.clone());
+                probe
+            }
+        }
+    };
+    // A probe that has not answered within ANSWER_TIMEOUT of its start is Silent at once.
+    let deadline = tokio::time::Instant::from_std(probe.started + ANSWER_TIMEOUT);
+    let mut answer = probe.answer;
+    match tokio::time::timeout_at(deadline, answer.wait_for(Option::is_some)).await {
+        Ok(Ok(answered)) if *answered == Some(true) => Health::Answers,
         Ok(_) => Health::Dead,
         Err(_) => Health::Silent,
     }

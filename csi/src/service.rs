@@ -1,11 +1,12 @@
 //! The CSI Identity and Node services. There is no controller: a volume is a bucket that already exists,
 //! named in the PV's attributes (static provisioning).
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tokio::sync::Mutex;
+use tokio::sync::{Mutex, OwnedMutexGuard};
 use tonic::{Request, Response, Status};
 
 use crate::csi;
@@ -25,16 +26,75 @@ pub struct Driver {
     pub daemon_log_directory: Option<PathBuf>,
     /// Starts daemons: in the driver's own namespaces, or the host's so they outlive its container.
     pub launcher: Launcher,
-    /// One mount or unmount at a time: kubelet retries freely, and two calls for one target must not race.
-    pub lock: Arc<Mutex<()>>,
+    /// One mount or unmount at a time per target: kubelet retries freely, and two calls for one target must
+    /// not race; calls for other targets go on meanwhile.
+    pub targets: TargetLocks,
     /// When mounts went whose daemons were still finishing their uploads at the end of an unpublish.
     pub departures: mounts::Departures,
 }
 
 /// kubelet gives a CSI call 2 minutes. An unpublish waits for daemons until this long after the call came
-/// in (it may have waited for the lock first), which leaves room for ending a stuck daemon (7 s) and for the
-/// launcher's cleanup (a systemctl call, 30 s at most).
+/// in (it may have waited for an earlier call on its target first), which leaves room for ending a stuck
+/// daemon (7 s) and for the launcher's cleanup (a systemctl call, 30 s at most).
 const UNPUBLISH_WAIT: Duration = Duration::from_secs(75);
+
+/// A lock per target path. An unpublish may wait a minute for a daemon's uploads and a start two minutes:
+/// with one lock per node, every other pod's calls would wait behind them, past kubelet's deadline.
+#[derive(Clone, Default)]
+pub struct TargetLocks(Arc<std::sync::Mutex<HashMap<PathBuf, Slot>>>);
+
+/// A target's lock and how many calls hold it or wait for it; the entry goes with the last of them.
+struct Slot {
+    lock: Arc<Mutex<()>>,
+    users: usize,
+}
+
+/// A call's place at its target's lock, from when it starts waiting: a call dropped while it waits (its
+/// deadline passed) gives its place up too.
+pub struct TargetGuard {
+    locks: TargetLocks,
+    target: PathBuf,
+    held: Option<OwnedMutexGuard<()>>,
+}
+
+impl TargetLocks {
+    pub async fn lock(&self, target: &Path) -> TargetGuard {
+        let lock = {
+            let mut slots = self.slots();
+            let slot = slots.entry(target.to_path_buf()).or_insert_with(|| Slot {
+                lock: Default::default(),
+                users: 0,
+            });
+            slot.users += 1;
+            Arc::clone(&slot.lock)
+        };
+        let mut guard = TargetGuard {
+            locks: self.clone(),
+            target: target.to_path_buf(),
+            held: None,
+        };
+        guard.held = Some(lock.lock_owned().await);
+        guard
+    }
+
+    fn slots(&self) -> std::sync::MutexGuard<'_, HashMap<PathBuf, Slot>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl Drop for TargetGuard {
+    fn drop(&mut self) {
+        // Released before the entry may go: a call that then makes a new lock never runs beside this one.
+        self.held.take();
+        let mut slots = self.locks.slots();
+        if let Some(slot) = slots.get_mut(&self.target) {
+            slot.users -= 1;
+            if slot.users == 0 {
+                slots.remove(&self.target);
+            }
+        }
+    }
+}
 
 /// Daemons still finishing uploads are a reason to come back, not a failure: kubelet retries Unavailable.
 fn unmount_status(error: mounts::UnmountError) -> Status {
@@ -151,10 +211,12 @@ impl csi::node_server::Node for Arc<Driver> {
             Status::failed_precondition(format!("{} not found", self.expressfs.display()))
         })?;
 
-        let guard = self.lock.clone().lock_owned().await;
         let target = PathBuf::from(&req.target_path);
+        // Keyed as unpublish keys it; kubelet made the parent, so the key is the same once we make `target`.
+        let key = mounts::resolved(&target);
+        let guard = self.targets.lock(&key).await;
         // Nothing may stat a mount point before its health check: a wedged daemon would hang the call.
-        let mounted = mounts::mounted_at(&mounts::resolved(&target)).is_some();
+        let mounted = mounts::mounted_at(&key).is_some();
         if !mounted {
             std::fs::create_dir_all(&target).or_else(|e| {
                 // A dead mount of a crashed daemon: expressfs detaches it itself before mounting.
@@ -233,7 +295,7 @@ impl csi::node_server::Node for Arc<Driver> {
         // The caller's deadline (kubelet's grpc-timeout, 2 min) drops this future when it passes, and with it
         // any await in progress. The start, and its cleanup after a failure (the unit, the cgroup, the
         // environment file, the pod's token, a dead mount), runs to its end in a task of its own, which holds
-        // the lock until then.
+        // the target's lock until then.
         let driver = Arc::clone(self);
         tokio::spawn(async move {
             let _guard = guard;
@@ -259,8 +321,8 @@ impl csi::node_server::Node for Arc<Driver> {
                 "volume_id and target_path are required",
             ));
         }
-        let _guard = self.lock.lock().await;
         let target = mounts::resolved(Path::new(&req.target_path));
+        let _guard = self.targets.lock(&target).await;
         if mounts::mounted_at(&target).is_some() {
             tracing::info!(volume = %req.volume_id, target = %target.display(), "unmounting");
         }
@@ -307,5 +369,40 @@ impl csi::node_server::Node for Arc<Driver> {
             max_volumes_per_node: 0,
             accessible_topology: None,
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn waiting(locks: &TargetLocks, target: &str) -> usize {
+        locks.slots().get(Path::new(target)).map_or(0, |s| s.users)
+    }
+
+    #[tokio::test]
+    async fn calls_wait_only_for_their_own_target() {
+        let locks = TargetLocks::default();
+        let a = locks.lock(Path::new("/t/a")).await;
+        let brief = Duration::from_millis(50);
+        let b = tokio::time::timeout(brief, locks.lock(Path::new("/t/b"))).await;
+        assert!(b.is_ok(), "another target waited");
+        let again = tokio::time::timeout(brief, locks.lock(Path::new("/t/a"))).await;
+        assert!(again.is_err(), "two calls held one target");
+        // The call dropped while it waited gave its place up.
+        assert_eq!(waiting(&locks, "/t/a"), 1);
+        let next = tokio::spawn({
+            let locks = locks.clone();
+            async move {
+                let _held = locks.lock(Path::new("/t/a")).await;
+            }
+        });
+        while waiting(&locks, "/t/a") < 2 {
+            tokio::task::yield_now().await;
+        }
+        drop(a);
+        next.await.unwrap();
+        drop(b);
+        assert!(locks.slots().is_empty(), "entries outlived their calls");
     }
 }

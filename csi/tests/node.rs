@@ -513,9 +513,10 @@ fn libc_erofs() -> i32 {
     30 // EROFS on Linux
 }
 
-/// A stopped daemon leaves a mount whose every stat hangs. Publish and unpublish share one lock, so a call
-/// that stats it without a bound would stall the node's every volume; instead a republish is Unavailable,
-/// and unpublish detaches the mount and ends the daemon.
+/// A stopped daemon leaves a mount whose every stat hangs. A call that stats it without a bound would hang,
+/// and every later call for the target behind it; instead a republish is Unavailable, and unpublish detaches
+/// the mount and ends the daemon. The stat stuck there is the one probe of the target: later calls wait for
+/// it rather than leave a stuck thread each.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wedged_daemon_stalls_neither_publish_nor_unpublish() {
     let dir = tempfile::Builder::new()
@@ -552,6 +553,16 @@ async fn a_wedged_daemon_stalls_neither_publish_nor_unpublish() {
     .unwrap_err();
     assert_eq!(republish.code(), Code::Unavailable, "{republish:?}");
     assert!(started.elapsed() < Duration::from_secs(20));
+    for _ in 0..2 {
+        let started = Instant::now();
+        let republish = node.node_publish_volume(request.clone()).await.unwrap_err();
+        assert_eq!(republish.code(), Code::Unavailable, "{republish:?}");
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "a republish waited for a probe already past its time"
+        );
+    }
+    assert_eq!(probe_threads(driver.child.id()), 1);
 
     tokio::time::timeout(
         Duration::from_secs(90),
@@ -562,6 +573,18 @@ async fn a_wedged_daemon_stalls_neither_publish_nor_unpublish() {
     .unwrap();
     assert!(!is_mounted(&target));
     assert!(daemons_of(&target).is_empty());
+}
+
+/// The threads of process `pid` that stat a mount point for the driver.
+fn probe_threads(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .flatten()
+        .filter(|task| {
+            std::fs::read_to_string(task.path().join("comm"))
+                .is_ok_and(|name| name.trim() == "expressfs-probe")
+        })
+        .count()
 }
 
 /// Every release the daemons of the next test serve is held back this long (a debug build of expressfs
@@ -596,8 +619,7 @@ async fn publish_and_close_a_file(
 /// A daemon finishes the uploads of files closed before its unmount (for up to 45 s, ignoring SIGTERM).
 /// Unpublish waits for it rather than giving up and leaving the next call to kill it: the first call waits,
 /// and so does kubelet's retry of a call its deadline cut short, which with the host launcher would once
-/// have killed everything in the mount's cgroup, the finishing daemon with it. Two drivers, so that both
-/// run at once (a driver serves one mount or unmount at a time).
+/// have killed everything in the mount's cgroup, the finishing daemon with it. Two drivers, one per launcher.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unpublish_waits_for_a_daemon_finishing_its_uploads() {
     let dir = tempfile::Builder::new()
@@ -669,6 +691,57 @@ async fn unpublish_waits_for_a_daemon_finishing_its_uploads() {
     for dir in own_cgroup_dirs(true) {
         let _ = std::fs::remove_dir(dir.join("expressfs-csi"));
     }
+}
+
+/// How long the daemons of the next test hold a release back: long enough that the calls for the other
+/// target fit well within the wait for the first one's daemon.
+const HELD_RELEASE: Duration = Duration::from_secs(20);
+
+/// Calls are serialised per target, not per node: while an unpublish waits for its daemon's uploads, another
+/// pod's volume on the node is published and unpublished without waiting for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unpublish_waiting_for_uploads_holds_up_no_other_target() {
+    let dir = tempfile::Builder::new()
+        .prefix("expressfs-csi-parallel-")
+        .tempdir()
+        .unwrap();
+    let bucket = format!("parallel{}--use1-az4--x-s3", std::process::id());
+    let emulator = start_emulator(dir.path(), &[&bucket]);
+    let delay = HELD_RELEASE.as_millis().to_string();
+    let env = [("EXPRESSFS_TEST_RELEASE_DELAY_MS", delay.as_str())];
+    let driver = Driver::start_env(dir.path(), &[], &env);
+    let mut node = NodeClient::new(driver.connect().await);
+    let slow = pod_target(dir.path(), "pv-slow");
+    let other = pod_target(dir.path(), "pv-other");
+    let _cleanup = Cleanup(vec![slow.clone(), other.clone()]);
+    let request = emulator_volume("pv-slow", &slow, &bucket, &emulator);
+    publish_and_close_a_file(&mut node, request).await;
+    let mut waiting = node.clone();
+    let request = unpublish_request("pv-slow", &slow);
+    let unpublish = tokio::spawn(async move { waiting.node_unpublish_volume(request).await });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while is_mounted(&slow) {
+        assert!(Instant::now() < deadline, "the unpublish did not unmount");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(daemons_of(&slow).len(), 1, "no daemon finishing");
+
+    let started = Instant::now();
+    let request = emulator_volume("pv-other", &other, &bucket, &emulator);
+    node.node_publish_volume(request).await.unwrap();
+    assert!(is_mounted(&other));
+    node.node_unpublish_volume(unpublish_request("pv-other", &other))
+        .await
+        .unwrap();
+    let took = started.elapsed();
+    assert!(
+        !unpublish.is_finished(),
+        "the calls for another target waited for the unpublish ({took:?})"
+    );
+    assert!(!is_mounted(&other));
+    assert!(daemons_of(&other).is_empty());
+    unpublish.await.unwrap().unwrap();
+    assert!(daemons_of(&slow).is_empty());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1621,7 +1694,7 @@ async fn a_publish_past_its_deadline_still_cleans_up() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert!(credentials.exists(), "the start never wrote the token");
-    // The lock is free again: an unpublish goes through.
+    // The target's lock is free again: an unpublish goes through.
     node.node_unpublish_volume(unpublish_request("pv-deadline", &target))
         .await
         .unwrap();
