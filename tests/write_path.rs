@@ -214,6 +214,44 @@ fn delete_needs_the_flag_and_rmdir_checks_emptiness() {
     );
 }
 
+/// Another client appended since the kernel learned the file's size: an O_APPEND open must not write at the
+/// old end (over their bytes, or refused as out of place). The open sees the new size, has the kernel look
+/// the name up again, and our bytes follow theirs; with native appends and with a staged file alike.
+#[test]
+fn an_append_follows_another_clients_append() {
+    for args in [
+        &["--incremental-upload", "--metadata-ttl", "60"][..],
+        &["--allow-overwrite", "--metadata-ttl", "60"][..],
+    ] {
+        let bucket = fresh_bucket(true, "append-theirs");
+        put(common::emulator(), &bucket, "log.txt", b"first\n".to_vec());
+        let mount = Mount::new(&bucket, args);
+        let p = mount.path().join("log.txt");
+        assert_eq!(fs::metadata(&p).unwrap().len(), 6);
+        let client = common::s3_client(common::emulator());
+        common::runtime()
+            .block_on(
+                client
+                    .put_object()
+                    .bucket(&bucket)
+                    .key("log.txt")
+                    .write_offset_bytes(6)
+                    .body(b"theirs\n".to_vec().into())
+                    .send(),
+            )
+            .unwrap();
+        let mut f = OpenOptions::new().append(true).open(&p).unwrap();
+        f.write_all(b"ours\n").unwrap();
+        f.sync_all().unwrap();
+        drop(f);
+        assert_eq!(
+            get(common::emulator(), &bucket, "log.txt").unwrap(),
+            b"first\ntheirs\nours\n",
+            "{args:?}"
+        );
+    }
+}
+
 /// Appends of exactly whole parts: every byte is sent as the parts fill, and the fsync and the close that
 /// follow have nothing left to send. S3 Express refuses an empty append; neither sends one.
 #[test]

@@ -385,6 +385,18 @@ impl S3Filesystem {
         Ok(false)
     }
 
+    /// For an O_APPEND open: the kernel writes at the end it knows, so it must know the object's size. When a
+    /// listing or a HEAD found the size changed (another client appended) after the kernel was told, the open
+    /// answers ESTALE: the kernel looks the name up again, learns the size, and opens again.
+    fn kernel_knows_the_size(&self, ino: u64) -> FsResult<()> {
+        let stale = self
+            .sb
+            .table()
+            .get_mut(ino)
+            .is_some_and(|n| n.take_stale_kernel_size());
+        if stale { Err(FsError::Stale) } else { Ok(()) }
+    }
+
     /// An existing object opened for writing: O_TRUNC streams a new version; O_APPEND with
     /// `--incremental-upload` on a directory bucket appends natively; anything else edits a staged copy.
     async fn open_existing_for_write(
@@ -411,11 +423,10 @@ impl S3Filesystem {
             && self.client.is_directory_bucket()
             && (mode.append || !self.config.allow_overwrite)
         {
-            let info = self
-                .client
-                .head_object(node.key())
-                .await
-                .map_err(|e| FsError::client(node.key(), e))?;
+            let info = self.head_observed(node).await?;
+            if mode.append {
+                self.kernel_knows_the_size(node.ino())?;
+            }
             Writer::append(
                 Arc::clone(&self.client),
                 node.key().to_string(),
@@ -429,6 +440,10 @@ impl S3Filesystem {
                 ),
             )
         } else if self.config.allow_overwrite {
+            if mode.append {
+                self.head_observed(node).await?;
+                self.kernel_knows_the_size(node.ino())?;
+            }
             self.writer_slots.reserve()?;
             let shared = match self.stage_object(node).await {
                 Ok(shared) => shared,
