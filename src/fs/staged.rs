@@ -347,7 +347,16 @@ impl StagedFile {
             Err(e @ ClientError::PreconditionFailed { .. }) => {
                 Err(self.conflicted(FsError::client(&self.key, e)))
             }
+            // The base was deleted by someone else: as much a conflict as a replacement.
+            Err(ClientError::NotFound { .. }) => Err(self.conflicted(self.gone())),
             Err(e) => Err(FsError::client(&self.key, e)),
+        }
+    }
+
+    /// What an upload or a fetch pinned to the base finds when another client deleted the object.
+    fn gone(&self) -> FsError {
+        FsError::ObjectChanged {
+            key: self.key.clone(),
         }
     }
 
@@ -527,6 +536,10 @@ impl StagedFile {
                 }))
             }
             Err(e @ FsError::ObjectChanged { .. }) => Err(self.conflicted(e)),
+            // An upload pinned to a version (If-Match, or a part copied from it) that another client deleted.
+            Err(FsError::NotFound) if matches!(self.expect, WriteCondition::IfMatch(_)) => {
+                Err(self.conflicted(self.gone()))
+            }
             Err(e) => Err(e),
         }
     }
@@ -692,12 +705,28 @@ impl StagedFile {
             .duration_since(SystemTime::UNIX_EPOCH)
             .map(|d| d.as_nanos())
             .unwrap_or(0);
-        let name = format!(
-            "{}.{stamp}",
-            self.key.replace('%', "%25").replace('/', "%2F")
-        );
-        let path = dir.join(name);
+        let path = dir.join(kept_name(&self.key, stamp));
         self.local.keep_as(&path).ok()?;
         Some(path)
     }
+}
+
+/// The name a kept copy of `key` gets: the key with `/` escaped, then the time. A key whose escaped form would
+/// pass the 255 bytes a file name may have keeps its last 160 bytes (the file's own name is at the end) and a
+/// hash of the whole key, which the log line names in full.
+fn kept_name(key: &str, stamp: u128) -> String {
+    use std::hash::{Hash, Hasher};
+    const MOST: usize = 200;
+    const TAIL: usize = 160;
+    let escaped = key.replace('%', "%25").replace('/', "%2F");
+    if escaped.len() <= MOST {
+        return format!("{escaped}.{stamp}");
+    }
+    let mut start = escaped.len() - TAIL;
+    while !escaped.is_char_boundary(start) {
+        start += 1;
+    }
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    key.hash(&mut hasher);
+    format!("{:016x}.{}.{stamp}", hasher.finish(), &escaped[start..])
 }

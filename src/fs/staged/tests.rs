@@ -564,3 +564,61 @@ async fn an_edit_carries_the_last_writes_time_unless_one_is_set_after_it() {
     assert_eq!(stored().await, old.mtime);
     assert_eq!(f.mtime(), old.mtime);
 }
+
+/// A kept copy's name stays a valid file name whatever the key's length, and two long keys that end alike
+/// still get names of their own.
+#[test]
+fn a_long_key_gets_a_kept_name_that_fits() {
+    let deep = |top: &str| {
+        format!(
+            "{top}/{}/{}/checkpoint_0/array.zarr/0.0.0",
+            "d".repeat(120),
+            "e".repeat(120)
+        )
+    };
+    let (a, b) = (deep("run-a"), deep("run-b"));
+    assert!(a.len() > 255);
+    let (name_a, name_b) = (super::kept_name(&a, 7), super::kept_name(&b, 7));
+    assert!(name_a.len() <= 255, "{}", name_a.len());
+    assert!(!name_a.contains('/'));
+    assert!(name_a.ends_with("array.zarr%2F0.0.0.7"), "{name_a}");
+    assert_ne!(name_a, name_b);
+    assert_eq!(super::kept_name("dir/f", 9), "dir%2Ff.9");
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join(&name_a), b"kept").unwrap();
+}
+
+/// An object deleted by another client while a staged edit of it is open is a conflict, as a replaced one is:
+/// the upload fails with the conflict (EIO, not ENOENT), the copy is kept, later calls fail the same way and
+/// nothing is made under the key.
+#[tokio::test]
+async fn a_deleted_object_is_a_conflict() {
+    for size in [100_000, 24 * MIB] {
+        let s = setup(64 * MIB);
+        s.put("f", &pattern(size, 8)).await;
+        let mut f = s.open("f").await;
+        f.write(size / 2, b"ours").unwrap();
+        s.fake.delete_object("f").await.unwrap();
+        assert!(
+            matches!(f.upload().await, Err(FsError::ObjectChanged { ref key }) if key == "f"),
+            "size {size}"
+        );
+        assert!(s.fake.object("f").is_none());
+        assert_eq!(s.fake.open_uploads(), 0);
+        assert_eq!(s.kept().len(), 1);
+        assert!(matches!(
+            f.write(0, b"x"),
+            Err(FsError::ObjectChanged { .. })
+        ));
+    }
+    // Found by a read of the base first.
+    let s = setup(64 * MIB);
+    s.put("f", &pattern(MIB, 1)).await;
+    let mut f = s.open("f").await;
+    s.fake.delete_object("f").await.unwrap();
+    assert!(matches!(
+        f.read(0, 10).await,
+        Err(FsError::ObjectChanged { .. })
+    ));
+    assert_eq!(s.kept().len(), 1);
+}
