@@ -253,6 +253,10 @@ impl StagedFile {
     /// Gives back the disk held by base bytes fetched for reads (they can be fetched again), so reads never
     /// use up the room that writes need under `--max-staged-file-size`.
     fn drop_fetched(&mut self) {
+        // Unlinked: the base may be gone from the bucket, and these bytes are what the descriptors still read.
+        if self.discarded {
+            return;
+        }
         let fd = self.local.as_file().as_fd();
         let punch = nix::fcntl::FallocateFlags::FALLOC_FL_PUNCH_HOLE
             | nix::fcntl::FallocateFlags::FALLOC_FL_KEEP_SIZE;

@@ -622,3 +622,22 @@ async fn a_deleted_object_is_a_conflict() {
     ));
     assert_eq!(s.kept().len(), 1);
 }
+
+/// An unlinked staged file keeps the base bytes it holds when a write reaches the limit: the object is gone,
+/// so they could not be fetched again, and the descriptors still read them.
+#[tokio::test]
+async fn an_unlinked_file_keeps_its_bytes_at_the_limit() {
+    let s = setup(2 * MIB);
+    let data = pattern(MIB, 4);
+    s.put("f", &data).await;
+    let mut f = s.open("f").await;
+    assert!(f.read(0, MIB).await.unwrap() == data);
+    f.discard();
+    s.fake.delete_object("f").await.unwrap();
+    // Past the limit with what it holds: refused, and nothing it holds is given up.
+    assert!(matches!(
+        f.write(MIB, &pattern(2 * MIB, 5)),
+        Err(FsError::TooBig(_))
+    ));
+    assert!(f.read(0, MIB).await.unwrap() == data);
+}
