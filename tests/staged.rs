@@ -724,3 +724,43 @@ fn bytes_no_longer_held_after_the_unlink_read_as_an_error() {
         close(f).unwrap();
     });
 }
+
+/// A log rotated with `mv` while its writer keeps writing: the rename uploads what was written and moves the
+/// file, and the writer's later bytes follow it, however its writes fall around the move.
+#[test]
+fn a_file_renamed_while_its_writer_keeps_writing_moves() {
+    let bucket = fresh_bucket(true, "rotate");
+    let mount = Mount::new(&bucket, &["--allow-overwrite", "--allow-delete"]);
+    for round in 0..5 {
+        let path = mount.path().join(format!("app{round}.log"));
+        let moved = mount.path().join(format!("app{round}.log.1"));
+        let mut f = std::fs::File::create(&path).unwrap();
+        f.write_all(b"start\n").unwrap();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let writer = {
+            let stop = std::sync::Arc::clone(&stop);
+            std::thread::spawn(move || {
+                let mut lines = 0u32;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    f.write_all(format!("line {lines}\n").as_bytes()).unwrap();
+                    lines += 1;
+                }
+                f.sync_all().unwrap();
+                lines
+            })
+        };
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let renamed = std::fs::rename(&path, &moved);
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let lines = writer.join().unwrap();
+        renamed.unwrap_or_else(|e| panic!("round {round}: rename while writing: {e}"));
+        let mut want = b"start\n".to_vec();
+        for i in 0..lines {
+            want.extend_from_slice(format!("line {i}\n").as_bytes());
+        }
+        assert!(
+            get(emulator(), &bucket, &format!("app{round}.log.1")).unwrap() == want,
+            "round {round}"
+        );
+    }
+}
