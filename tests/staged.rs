@@ -764,3 +764,51 @@ fn a_file_renamed_while_its_writer_keeps_writing_moves() {
         );
     }
 }
+
+/// A staged edit whose fsync failed (another client replaced the object) and whose descriptor stays open holds
+/// no one else up: a new descriptor edits what the bucket holds now and uploads it, a `truncate(2)` by name
+/// goes to the bucket too, and the failed descriptor keeps its error to the end.
+#[test]
+fn a_failed_staged_edit_still_open_leaves_new_writers_alone() {
+    let bucket = fresh_bucket(true, "failedstaged");
+    put(emulator(), &bucket, "f", pattern(1, 1000));
+    let mount = Mount::new(&bucket, &["--allow-overwrite", "--metadata-ttl", "60"]);
+    let p = mount.path().join("f");
+    let mut failed = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&p)
+        .unwrap();
+    failed.write_all(b"ours").unwrap();
+    let theirs = pattern(2, 1000);
+    put(emulator(), &bucket, "f", theirs.clone());
+    assert_eq!(errno_of(failed.sync_all()), libc::EIO);
+
+    let mut second = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&p)
+        .unwrap();
+    second.write_all(b"second").unwrap();
+    second
+        .sync_all()
+        .expect("a new descriptor's edit of what the bucket holds");
+    drop(second);
+    let mut want = theirs.clone();
+    want[..6].copy_from_slice(b"second");
+    assert!(get(emulator(), &bucket, "f").unwrap() == want);
+
+    nix::unistd::truncate(&p, 10).expect("truncate(2) by name");
+    want.truncate(10);
+    assert_eq!(get(emulator(), &bucket, "f").unwrap(), want);
+
+    assert_eq!(
+        errno_of(failed.write_all(b"more").and_then(|()| failed.sync_all())),
+        libc::EIO,
+        "the failed descriptor keeps its error"
+    );
+    drop(failed);
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert_eq!(get(emulator(), &bucket, "f").unwrap(), want);
+    assert_eq!(std::fs::read(&p).unwrap(), want);
+}

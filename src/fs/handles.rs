@@ -93,6 +93,15 @@ impl WriteState {
             WriteState::Staged(_) => None,
         }
     }
+
+    /// Its changes can never reach the bucket: a failed stream, or a staged file that failed for good. Not
+    /// waited for: a staged file whose lock is held is being uploaded, not failed yet.
+    fn has_failed(&self) -> bool {
+        match self {
+            WriteState::Stream(w) => w.failure().is_some(),
+            WriteState::Staged(shared) => shared.file.try_lock().is_ok_and(|f| f.has_failed()),
+        }
+    }
 }
 
 impl Handle {
@@ -650,7 +659,7 @@ impl S3Filesystem {
             WriteState::Stream(w) if !w.needs_staging(Some(offset)) => {
                 let written = w.write(offset, data).await;
                 if w.is_failed() {
-                    self.stream_writer_failed(ino, counted);
+                    self.writer_failed(ino, counted);
                 }
                 let n = written?;
                 self.note_written(ino, counted, w);
@@ -663,7 +672,7 @@ impl S3Filesystem {
                 if let (Err(_), WriteState::Stream(w)) = (&staged, &*state)
                     && w.is_failed()
                 {
-                    self.stream_writer_failed(ino, counted);
+                    self.writer_failed(ino, counted);
                 }
                 staged?
             }
@@ -737,7 +746,7 @@ impl S3Filesystem {
         };
         let committed = w.commit().await;
         if w.is_failed() {
-            self.stream_writer_failed(ino, counted);
+            self.writer_failed(ino, counted);
         }
         let result = committed?;
         let mut table = self.sb.table();
@@ -938,10 +947,10 @@ impl S3Filesystem {
         self.handles.writer_landed.notify_waiters();
     }
 
-    /// A streaming writer failed: its bytes will never reach the bucket (its error stays for its fsync and
+    /// A writer failed (a stream, or a staged file for good): its bytes will never reach the bucket (its error stays for its fsync and
     /// close), so the file is at once what the bucket holds again, for stat and for the next open; a file
     /// made here that never got there has no name any more.
-    fn stream_writer_failed(&self, ino: u64, counted: &WriterMark) {
+    fn writer_failed(&self, ino: u64, counted: &WriterMark) {
         let mut table = self.sb.table();
         let Some(node) = table.get_mut(ino) else {
             return;

@@ -146,15 +146,15 @@ impl S3Filesystem {
                 ));
             }
             // Open already, staged: every handle shares the one staged file. One whose changes failed for
-            // good (its close said EIO, its release has not come yet) is not shared with a reader: the file
-            // is again what the bucket holds.
+            // good (its close said EIO, its release has not come yet) is shared with no new open: it leaves
+            // the table to its own handles, and the file is again what the bucket holds.
             if let Some(shared) = self.handles.staged.attach(ino) {
                 // Not waited for: a file whose lock is held is being uploaded, not failed yet.
-                let failed =
-                    !mode.write && shared.file.try_lock().is_ok_and(|file| file.has_failed());
+                let failed = shared.file.try_lock().is_ok_and(|file| file.has_failed());
                 if !failed {
                     return self.open_staged(ino, shared, mode, pid).await;
                 }
+                self.unlist_failed(ino, &shared);
                 let _ = self.release_staged(ino, shared).await;
                 node = self.sb.node(ino)?;
                 stat_is_a_failed_writers = true;
@@ -317,7 +317,7 @@ impl S3Filesystem {
     pub(super) async fn live_writer_for(&self, ino: u64) -> Option<Arc<Handle>> {
         for writer in self.handles.writers_of(ino) {
             let (_, state, _) = writer.as_writer().expect("a write handle");
-            let failed = state.lock().await.failure().is_some();
+            let failed = state.lock().await.has_failed();
             if !failed && self.handles.is_open(&writer) {
                 return Some(writer);
             }

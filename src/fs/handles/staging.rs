@@ -83,6 +83,16 @@ impl StagedFiles {
         Some(shared)
     }
 
+    /// Takes `shared` (a staged file whose changes failed for good) out of the table: its own handles keep it,
+    /// and their error, while new opens and changes by name start again from what the bucket holds.
+    pub(super) fn unlist(&self, ino: u64, shared: &Arc<SharedStaged>) {
+        let mut map = self.map();
+        if map.get(&ino).is_some_and(|s| Arc::ptr_eq(s, shared)) {
+            map.remove(&ino);
+        }
+        self.len.store(map.len(), Ordering::SeqCst);
+    }
+
     /// One handle fewer; true if it was the last.
     fn detach(&self, shared: &SharedStaged) -> bool {
         let _map = self.map();
@@ -187,7 +197,7 @@ impl S3Filesystem {
             // Staged by another handle since the look above: the bytes taken cannot go back, so the
             // writer fails as a whole rather than upload without them.
             let e = writer.refuse(FsError::Busy("the file is staged by another handle"));
-            self.stream_writer_failed(ino, counted);
+            self.writer_failed(ino, counted);
             return Err(e);
         };
         if changed {
@@ -258,6 +268,13 @@ impl S3Filesystem {
             if !attached && !self.handles.staged.holds(ino, &shared) {
                 return None;
             }
+            // Found by name but failed for good: not this change's file any more (as for a new open).
+            if attached && file.has_failed() {
+                drop(file);
+                self.unlist_failed(ino, &shared);
+                let _ = self.release_staged(ino, shared).await;
+                return None;
+            }
             let result = change(&mut file);
             self.note_staged(ino, &shared, &file);
             result
@@ -269,9 +286,20 @@ impl S3Filesystem {
         Some(result)
     }
 
+    /// A staged file whose changes failed for good leaves the table to its own handles (which keep it, and
+    /// its error) and stops counting as a writer: the node is again what the bucket holds, and new opens and
+    /// changes by name start from that.
+    pub(super) fn unlist_failed(&self, ino: u64, shared: &Arc<SharedStaged>) {
+        self.handles.staged.unlist(ino, shared);
+        self.writer_failed(ino, &shared.counted);
+    }
+
     /// The staged `file` of `shared` changed (the caller holds its lock): stat shows its size and mtime, and
-    /// the node counts the file as a writer until its upload.
+    /// the node counts the file as a writer until its upload. A file that failed for good changes nothing.
     pub(super) fn note_staged(&self, ino: u64, shared: &SharedStaged, file: &StagedFile) {
+        if file.has_failed() {
+            return;
+        }
         if let Some(n) = self.sb.table().get_mut(ino) {
             // Counted first: the node keeps aside what the bucket holds before the size changes.
             shared.counted.wrote(n);
