@@ -440,12 +440,16 @@ impl S3Filesystem {
                 ),
             )
         } else if self.config.allow_overwrite {
-            if mode.append {
-                self.head_observed(node).await?;
+            // An append checks the kernel's size first; the staged file starts from what that HEAD found.
+            let seen = if mode.append {
+                let info = self.head_observed(node).await?;
                 self.kernel_knows_the_size(node.ino())?;
-            }
+                Some(info)
+            } else {
+                None
+            };
             self.writer_slots.reserve()?;
-            let shared = match self.stage_object(node).await {
+            let shared = match self.stage_object(node, seen).await {
                 Ok(shared) => shared,
                 Err(e) => {
                     self.writer_slots.give_back();

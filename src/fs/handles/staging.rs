@@ -127,11 +127,19 @@ impl S3Filesystem {
 
     /// An existing object opened for writing without O_TRUNC (or truncated while closed): a staged file of
     /// the version there now, nothing fetched yet. A second such open shares the first one's.
-    pub(super) async fn stage_object(&self, node: &Node) -> FsResult<Arc<SharedStaged>> {
+    /// `seen`: what a HEAD just asked for this open found (else this asks).
+    pub(super) async fn stage_object(
+        &self,
+        node: &Node,
+        seen: Option<crate::s3::ObjectInfo>,
+    ) -> FsResult<Arc<SharedStaged>> {
         let ctx = self.staging_context().ok_or(FsError::NotPermitted(
             "changing an existing object needs a staging directory",
         ))?;
-        let info = self.head_observed(node).await?;
+        let info = match seen {
+            Some(info) => info,
+            None => self.head_observed(node).await?,
+        };
         let attrs = self
             .config
             .preserve_metadata
@@ -366,7 +374,7 @@ impl S3Filesystem {
                 "changing an existing object needs --allow-overwrite",
             ));
         }
-        let shared = self.stage_object(&node).await?;
+        let shared = self.stage_object(&node, None).await?;
         let truncated = {
             let mut file = shared.file.lock().await;
             let r = file.truncate(size);
